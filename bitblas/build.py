@@ -1,0 +1,110 @@
+"""Build: plan -> TensorIR -> schedule -> tvm.compile; CUDA source -> cubin with nvcc.
+
+``tvm.compile`` returns a source-only module for CUDA on machines without libcuda (CI), so CUDA
+codegen is checked there by compiling the generated source with nvcc (:func:`nvcc_compile`).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Optional, Union
+
+from . import env
+from ._tvm import tvm
+from .ir.matmul import emit_matmul
+from .plan import Plan
+from .schedule import schedule
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["cpu_target", "cuda_target", "build_plan", "lower_plan", "cuda_source", "nvcc_compile", "find_nvcc",
+           "PASS_CONFIG"]
+
+PASS_CONFIG = {"tirx.use_async_copy": True}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_target():
+    """LLVM target for this machine's CPU (its own instruction set extensions, all cores)."""
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1})
+
+
+def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
+    """A CUDA Target from None (the local GPU, else sm_80), an arch ("sm_90"), a tag, a dict or a Target."""
+    if target is None:
+        from .utils import auto_detect_nvidia_target
+        return auto_detect_nvidia_target()
+    if isinstance(target, tvm.target.Target):
+        t = target
+    elif isinstance(target, str) and target.startswith("sm_"):
+        t = tvm.target.Target({"kind": "cuda", "arch": target, "max_shared_memory_per_block": 49152,
+                               "max_threads_per_block": 1024, "thread_warp_size": 32})
+    elif isinstance(target, (str, dict)):
+        if target == "cuda":
+            from .utils import auto_detect_nvidia_target
+            return auto_detect_nvidia_target()
+        try:
+            t = tvm.target.Target(target)
+        except Exception as e:  # TVM raises several types here
+            raise ValueError(f"target={target!r} is not a valid target: {e}") from None
+    else:
+        raise TypeError(f"target: expected None, a str, a dict or a tvm Target, got {type(target).__name__}")
+    if t.kind.name != "cuda":
+        raise ValueError(f"target={target!r} is a {t.kind.name} target; a CUDA target is needed "
+                         "(CPU tensors always use the CPU backend)")
+    return t
+
+
+def lower_plan(plan: Plan, hint=None):
+    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind)."""
+    return schedule(emit_matmul(plan), plan, hint)
+
+
+def build_plan(plan: Plan, target=None, hint=None):
+    """Compile a plan; returns the runtime function ``main`` (callable on torch tensors)."""
+    mod = lower_plan(plan, hint)
+    tgt = cpu_target() if plan.target_kind == "cpu" else cuda_target(target)
+    with tvm.transform.PassContext(config=PASS_CONFIG):
+        ex = tvm.compile(mod, target=tgt)
+    return ex["main"]
+
+
+def cuda_source(plan: Plan, target=None, hint=None) -> str:
+    """CUDA C source of the plan's kernel (works without a GPU)."""
+    if plan.target_kind != "cuda":
+        raise ValueError("cuda_source needs a plan made for target_kind='cuda'")
+    mod = lower_plan(plan, hint)
+    with tvm.transform.PassContext(config=PASS_CONFIG):
+        ex = tvm.compile(mod, target=cuda_target(target))
+    return ex.mod.imports[0].inspect_source()
+
+
+def find_nvcc() -> Optional[str]:
+    """Path of the nvcc that compiles generated kernels, or None."""
+    for home in filter(None, [env.CUDA_HOME, "/usr/local/cuda-13.0", "/usr/local/cuda"]):
+        p = os.path.join(home, "bin", "nvcc")
+        if os.path.isfile(p):
+            return p
+    return shutil.which("nvcc")
+
+
+def nvcc_compile(source: str, arch: str = "sm_90", timeout: float = 300.0) -> bytes:
+    """Compile generated CUDA source to a cubin with nvcc; RuntimeError with nvcc's message on failure."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: set CUDA_HOME to a CUDA toolkit")
+    with tempfile.TemporaryDirectory(prefix="bitblas_nvcc_") as d:
+        src, out = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-lineinfo", "-o", out, src]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        with open(out, "rb") as f:
+            return f.read()

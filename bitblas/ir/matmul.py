@@ -1,0 +1,112 @@
+"""Lower a plan to one TensorIR function: decode/dequantize, matmul, epilogue.
+
+Blocks (names the schedules rely on):
+  ``B_decode`` [N, K]  the dequantized weight (codes -> values, scales and zeros applied where the
+                       plan says), in ``plan.decode_dtype``;
+  ``C``        [M, N]  the reduction over K, in ``plan.accum``;
+  ``D``        [M, N]  the epilogue (per-channel / per-token / global scales, bias, output cast).
+M is ``plan.m`` or the symbolic variable ``m``.
+"""
+from __future__ import annotations
+
+from tvm import te, tirx
+
+from ..formats import FORMATS, Format
+from ..plan import M_VAR, Plan
+
+__all__ = ["emit_matmul", "decode_code"]
+
+
+def decode_code(buf, row, k, fmt: Format):
+    """The integer code of element (row, k) of ``buf`` (codes packed along its last axis), as int32.
+
+    int: sign-extended two's complement; uint and table formats: the unsigned code / table index.
+    """
+    if fmt.packed:
+        cpb, bits = fmt.codes_per_byte, fmt.bits
+        byte = buf[row, k // cpb].astype("int32")
+        q = (byte >> ((k % cpb) * bits).astype("int32")) & ((1 << bits) - 1)
+        if fmt.kind == "int":
+            half = 1 << (bits - 1)
+            q = (q ^ half) - half
+        return q
+    q = buf[row, k].astype("int32")
+    return q if fmt.kind == "int" else q & 0xFF
+
+
+def emit_matmul(plan: Plan) -> tirx.PrimFunc:
+    c = plan.config
+    m = te.var(M_VAR, "int32") if plan.m is None else plan.m
+    ph = {}
+    for spec in plan.args:
+        if spec.role != "output":
+            shape = tuple(m if s == M_VAR else s for s in spec.shape)
+            ph[spec.name] = te.placeholder(shape, spec.dtype, name=spec.name)
+    a, w, dec, acc = plan.a, plan.w, plan.decode_dtype, plan.accum
+    gsize = c.K if plan.groups == 1 else c.group_size
+    float_decode = dec.startswith("float")
+
+    def scale_at(n, k):
+        s = ph["scale"][n, k // gsize]
+        sfmt = FORMATS.get(plan.scale_dtype)
+        if sfmt is not None and sfmt.kind == "table":
+            return ph["s_table"][s.astype("int32") & 0xFF].astype(dec if float_decode else "float32")
+        return s.astype(dec if float_decode else "float32")
+
+    def zero_at(n, k):
+        z = ph["zeros"]
+        g = k // gsize
+        if c.zeros_mode == "quantized":
+            return decode_code(z, n, g, w).astype(dec)
+        return z[n, g].astype(dec)
+
+    def weight(n, k):
+        if w.kind == "float":
+            v = ph["W"][k, n] if c.layout == "nn" else ph["W"][n, k]
+            return v.astype(dec)
+        q = decode_code(ph["W"], n, k, w)
+        v = ph["w_table"][q] if w.kind == "table" else q
+        v = v.astype(dec)
+        if not c.with_scaling or not float_decode or plan.scale_in_epilogue:
+            return v
+        s = scale_at(n, k)
+        if not c.with_zeros:
+            return v * s
+        if c.zeros_mode == "rescale":
+            return v * s - zero_at(n, k)
+        return (v - zero_at(n, k)) * s
+
+    def act(i, k):
+        if a.kind == "float":
+            return ph["A"][i, k].astype(acc)
+        q = decode_code(ph["A"], i, k, a)
+        return ph["a_table"][q] if a.kind == "table" else q
+
+    B = te.compute((c.N, c.K), weight, name="B_decode")
+    k = te.reduce_axis((0, c.K), name="k")
+    int_grouped = (not float_decode) and c.with_scaling and not plan.scale_in_epilogue
+
+    def body(i, j):
+        if int_grouped:  # integer products, float group scales: scale each product in float32
+            return te.sum((act(i, k) * B[j, k]).astype("float32") * scale_at(j, k), axis=k)
+        return te.sum(act(i, k).astype(acc) * B[j, k].astype(acc), axis=k)
+
+    C = te.compute((m, c.N), body, name="C")
+
+    def epilogue(i, j):
+        v = C[i, j]
+        if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale:
+            v = v.astype("float32")
+            if plan.scale_in_epilogue:
+                v = v * scale_at(j, 0)
+            if c.with_act_scaling:
+                v = v * ph["a_scale"][i]
+            if w.global_scale:
+                v = v * ph["global_scale"][0]
+        if c.with_bias:
+            v = v + ph["bias"][j].astype(v.dtype)
+        return v.astype(c.out_dtype)
+
+    D = te.compute((m, c.N), epilogue, name="D")
+    inputs = [ph[s.name] for s in plan.args if s.role != "output"]
+    return te.create_prim_func(inputs + [D])

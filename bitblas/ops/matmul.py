@@ -1,0 +1,267 @@
+"""The Matmul operator: checks torch inputs, picks (and lazily builds) the kernel, calls it.
+
+CPU tensors run on the CPU (LLVM) backend, CUDA tensors on CUDA kernels for ``target``. Kernels
+are built on first use for each (backend, row-count specialisation): a config with an int M gets a
+kernel specialised to that M, and any other row count (or a dynamic M) a kernel symbolic in M.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ..config import MatmulConfig
+from ..formats import FORMATS
+from ..plan import M_VAR, ArgSpec, Plan, make_plan
+from ..quantization.quantize import TORCH_DTYPES, pack_weight
+
+__all__ = ["Matmul", "MatmulConfig"]
+
+logger = logging.getLogger(__name__)
+
+# Positional extras after (A, W) fill these slots in this order (Microsoft BitBLAS's convention:
+# op(A, W, output) with no scales; op(A, W, scale, zeros, bias, output) with them).
+_POSITIONAL = ("scale", "zeros", "bias", "a_scale", "output")
+
+
+class Matmul:
+    """``Matmul(config, target=None)``; ``op(A, W, scale=None, zeros=None, bias=None, output=None)``.
+
+    A: [..., K] (int4 activations: [..., K / 2] packed); W: what :meth:`transform_weight` returns.
+    Extra keywords: ``a_scale`` (per-token activation scale, with_act_scaling) and
+    ``global_scale`` (nvfp4, float32 [1], default 1). Returns [..., N] in ``config.out_dtype``.
+    """
+
+    def __init__(self, config: MatmulConfig, target=None, enable_tuning: bool = False,
+                 from_database: bool = False, backend: str = "tir"):
+        if not isinstance(config, MatmulConfig):
+            raise TypeError(f"config: expected a bitblas.MatmulConfig, got {type(config).__name__}")
+        if backend != "tir":
+            raise ValueError(f"backend={backend!r} is invalid; accepted: 'tir'")
+        self.config = config
+        self._cpu_only = isinstance(target, str) and target in ("llvm", "cpu", "c")
+        self._target_arg = None if self._cpu_only else target
+        self._cuda_target = None
+        if self._target_arg is not None:
+            self._resolve_cuda_target()            # reject a bad target now, not at the first call
+        self._kernels: Dict[Tuple[str, Optional[int]], Tuple[Plan, object]] = {}
+        self._consts: Dict[Tuple[str, str], torch.Tensor] = {}
+        if enable_tuning:
+            self.hardware_aware_finetune()
+
+    # -- targets and kernels -------------------------------------------------------------
+    def _resolve_cuda_target(self):
+        if self._cuda_target is None:
+            from ..build import cuda_target
+            self._cuda_target = cuda_target(self._target_arg)
+        return self._cuda_target
+
+    @property
+    def target(self):
+        """The CUDA target CUDA tensors are compiled for (None for a CPU-only operator)."""
+        return None if self._cpu_only else self._resolve_cuda_target()
+
+    def _static_m(self, rows: Optional[int]) -> Optional[int]:
+        M = self.config.M
+        return M if isinstance(M, int) and rows == M else None
+
+    def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
+        return make_plan(self.config, kind, self._static_m(rows))
+
+    def _kernel(self, kind: str, rows: int):
+        key = (kind, self._static_m(rows))
+        entry = self._kernels.get(key)
+        if entry is None:
+            from ..build import build_plan
+            plan = make_plan(self.config, kind, key[1])
+            t0 = time.perf_counter()
+            fn = build_plan(plan, target=self._resolve_cuda_target() if kind == "cuda" else None)
+            logger.info("built %s kernel (m=%s) in %.2f s", kind, key[1] or M_VAR, time.perf_counter() - t0)
+            entry = self._kernels[key] = (plan, fn)
+        return entry
+
+    def _const(self, name: str, plan: Plan, device) -> torch.Tensor:
+        key = (name, str(device))
+        t = self._consts.get(key)
+        if t is None:
+            if name == "w_table":
+                vals = plan.w.table
+            elif name == "s_table":
+                vals = FORMATS[plan.scale_dtype].table
+            elif name == "a_table":
+                vals = plan.a.table
+            elif name == "global_scale":
+                vals = (1.0,)
+            else:  # pragma: no cover - the plan names no other constants
+                raise KeyError(name)
+            t = self._consts[key] = torch.tensor(vals, dtype=torch.float32, device=device)
+        return t
+
+    # -- calling -------------------------------------------------------------------------
+    def __call__(self, A, W, *args, **kwargs):
+        return self.forward(A, W, *args, **kwargs)
+
+    def forward(self, A, W, *args, scale=None, zeros=None, bias=None, output=None, a_scale=None,
+                global_scale=None):
+        given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
+                 "global_scale": global_scale}
+        if args:
+            plan0 = make_plan(self.config)
+            slots = [s for s in _POSITIONAL if s == "output" or plan0.arg(s) is not None]
+            if len(args) > len(slots):
+                raise TypeError(f"Matmul takes A, W and at most {len(slots)} more positional tensors "
+                                f"({', '.join(slots)}) for this config; got {len(args)}")
+            for slot, t in zip(slots, args):
+                if given[slot] is not None:
+                    raise TypeError(f"{slot} given both positionally and by keyword")
+                given[slot] = t
+        return self._run(A, W, given)
+
+    def _run(self, A, W, given):
+        c = self.config
+        if not isinstance(A, torch.Tensor):
+            raise TypeError(f"A: expected a torch.Tensor, got {type(A).__name__}")
+        device = A.device
+        if device.type == "cuda":
+            if self._cpu_only:
+                raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
+            kind = "cuda"
+        elif device.type == "cpu":
+            kind = "cpu"
+        else:
+            raise ValueError(f"A is on {device}; accepted devices: cpu, cuda")
+        plan0 = make_plan(c, kind, None)
+        a_spec = plan0.arg("A")
+        if A.dim() < 1 or A.shape[-1] != a_spec.shape[1]:
+            raise ValueError(f"A: expected shape [..., {a_spec.shape[1]}] (K={c.K}"
+                             f"{', two int4 codes per byte' if plan0.a.packed else ''}), got {list(A.shape)}")
+        lead = tuple(A.shape[:-1])
+        rows = math.prod(lead)
+        for name in given:
+            if given[name] is not None and plan0.arg(name) is None:
+                raise ValueError(f"{name} given, but the config takes none "
+                                 f"({_why_not(name)})")
+        plan, fn = self._kernel(kind, rows) if rows > 0 else (plan0, None)
+        out = given["output"]
+        tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
+        call = []
+        for spec in plan.args:
+            if spec.role == "table":
+                call.append(self._const(spec.name, plan, device))
+                continue
+            if spec.role == "output":
+                if out is None:
+                    out = torch.empty(*lead, c.N, dtype=TORCH_DTYPES[spec.user_dtype], device=device)
+                else:
+                    _check_tensor("output", out, spec, rows, device, lead=lead)
+                call.append(out.view(rows, c.N))
+                continue
+            t = tensors.get(spec.name)
+            if t is None:
+                if spec.optional:
+                    call.append(self._const(spec.name, plan, device))
+                    continue
+                raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
+            t = _check_tensor(spec.name, t, spec, rows, device, lead=lead if spec.name in ("A", "a_scale") else None)
+            call.append(t)
+        if rows == 0:
+            return out
+        fn(*call)
+        return out
+
+    # -- weights ---------------------------------------------------------------------------
+    def transform_weight(self, weight, scale=None, zeros=None, bias=None):
+        """Unpacked codes [N, K] (int8; see README) -> packed W, and scale/zeros in kernel form.
+
+        Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?].
+        """
+        packed = pack_weight(self.config, weight, scale, zeros)
+        if scale is None and zeros is None and bias is None:
+            return packed["W"]
+        out = [packed["W"]] + [packed[k] for k in ("scale", "zeros") if k in packed]
+        if bias is not None:
+            out.append(bias.to(TORCH_DTYPES[self.config.out_dtype]).contiguous())
+        return out
+
+    # -- inspection and timing ----------------------------------------------------------------
+    def get_source(self, kind: Optional[str] = None) -> str:
+        """CUDA C source of the kernel for the CUDA target (``kind="cpu"``: the scheduled TIR)."""
+        from ..build import cuda_source, lower_plan
+        kind = kind or ("cpu" if self._cpu_only else "cuda")
+        rows = self.config.M if isinstance(self.config.M, int) else None
+        plan = make_plan(self.config, kind, self._static_m(rows))
+        if kind == "cpu":
+            return lower_plan(plan).script()
+        return cuda_source(plan, self._resolve_cuda_target())
+
+    def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
+                        device=None) -> float:
+        """Median latency in ms of one call on fresh random inputs (GPU if available, else CPU)."""
+        from ..reference import random_inputs
+        c = self.config
+        if m is None:
+            m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
+        if device is None:
+            device = "cuda" if (torch.cuda.is_available() and not self._cpu_only) else "cpu"
+        inputs = random_inputs(c, m, device=device)
+        out = torch.empty(m, c.N, dtype=TORCH_DTYPES[c.out_dtype], device=device)
+        for _ in range(warmup):
+            self(**inputs, output=out)
+        times = []
+        cuda = torch.device(device).type == "cuda"
+        for _ in range(repeats):
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                self(**inputs, output=out)
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                self(**inputs, output=out)
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True):
+        raise NotImplementedError("hardware_aware_finetune: the Roller-style tuner is not built yet; "
+                                  "operators run with the default schedule")
+
+    def __repr__(self):
+        return f"Matmul({self.config})"
+
+
+def _why_not(name: str) -> str:
+    return {"scale": "with_scaling=False", "zeros": "with_zeros=False", "bias": "with_bias=False",
+            "a_scale": "with_act_scaling=False", "global_scale": "only nvfp4 takes a global scale"}.get(name, "")
+
+
+def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:
+    """Check one user tensor against its ArgSpec; return the view the kernel takes."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    want = TORCH_DTYPES[spec.user_dtype]
+    if t.dtype != want and not (spec.dtype == "int8" and t.dtype == torch.int8):
+        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if t.device != torch.device(device) and not (t.device.type == device.type and device.type == "cpu"):
+        raise ValueError(f"{name} is on {t.device} but A is on {device}; put all tensors on one device")
+    shape = [rows if s == M_VAR else s for s in spec.shape]
+    if lead is not None and spec.shape[0] == M_VAR:
+        expect = list(lead) + shape[1:]
+    else:
+        expect = shape
+    got = list(t.shape)
+    if got != expect:
+        # per-channel scales / zeros may come as [N], activation scales as [M] for any leading dims
+        if not (math.prod(got) == math.prod(shape) and len(shape) == 2 and shape[1] == 1 and got == shape[:1]) and \
+                not (lead is not None and len(spec.shape) == 1 and math.prod(got) == rows and got == list(lead)):
+            raise ValueError(f"{name}: expected shape {expect}, got {got}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous; call .contiguous() first")
+    if t.dtype != torch.int8 and spec.dtype == "int8":
+        t = t.view(torch.int8)
+    return t.reshape(shape)

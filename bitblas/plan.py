@@ -1,0 +1,131 @@
+"""The plan: every choice derived from a MatmulConfig, made in one place.
+
+A plan fixes, for one config, one target kind ("cpu" or "cuda") and one row count (an int, or
+None for a kernel symbolic in M): the kernel's arguments (names, shapes, dtypes, what the user
+hands over for each), the accumulation dtype, the dtype weights are decoded to, and where the
+scales are applied. The IR emitter, the schedules, the operator's argument checks and the torch
+reference all read it, so they cannot disagree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+from .config import MatmulConfig
+from .formats import FORMATS, Format
+
+__all__ = ["ArgSpec", "Plan", "make_plan", "M_VAR"]
+
+M_VAR = "m"  # the symbolic row count in shapes
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One kernel argument. ``shape`` holds ints and ``M_VAR`` for the runtime row count."""
+
+    name: str
+    shape: Tuple[Union[int, str], ...]
+    dtype: str            # what the kernel sees (float8 tensors are passed as their int8 bits)
+    user_dtype: str       # the torch dtype a user passes
+    role: str             # "input" | "table" | "output"
+    optional: bool = False
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: MatmulConfig
+    target_kind: str                 # "cpu" | "cuda"
+    m: Optional[int]                 # static row count, or None: symbolic
+    a: Format
+    w: Format
+    accum: str                       # "float32" | "int32": what the reduction accumulates in
+    decode_dtype: str                # dtype weights are dequantized to before the multiply
+    scale_dtype: Optional[str]       # dtype of the weight scale (and float zeros)
+    scale_in_epilogue: bool          # per-channel weight scale applied after the reduction
+    groups: int                      # scale groups along K
+    args: Tuple[ArgSpec, ...]
+
+    @property
+    def float_acts(self) -> bool:
+        return self.a.kind == "float"
+
+    def arg(self, name: str) -> Optional[ArgSpec]:
+        for a in self.args:
+            if a.name == name:
+                return a
+        return None
+
+    @property
+    def input_names(self) -> Tuple[str, ...]:
+        return tuple(a.name for a in self.args if a.role == "input")
+
+    def key(self) -> str:
+        c = self.config.to_dict()
+        return f"{self.target_kind}|m={self.m}|" + "|".join(f"{k}={c[k]}" for k in sorted(c))
+
+
+def _kernel_dtype(name: str) -> Tuple[str, str]:
+    """(dtype the kernel sees, torch dtype the user passes) for a format or plain dtype name."""
+    fmt = FORMATS.get(name)
+    if fmt is None or fmt.kind == "float":
+        return name, name
+    if fmt.torch_dtype:                 # float8: the kernel reads the bit patterns as int8
+        return "int8", fmt.torch_dtype
+    return "int8", "int8"               # integer codes, packed below 8 bits
+
+
+def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] = None) -> Plan:
+    if target_kind not in ("cpu", "cuda"):
+        raise ValueError(f"target_kind={target_kind!r} is invalid; accepted: 'cpu', 'cuda'")
+    c = config
+    a, w = FORMATS[c.A_dtype], FORMATS[c.W_dtype]
+    float_acts = a.kind == "float"
+    groups = 1 if c.group_size == -1 else c.K // c.group_size
+    if float_acts:
+        accum = "float32"        # accum_dtype="float16" is computed in float32: at least as accurate
+        scale_dtype = w.scale_format or c.A_dtype
+        decode = "float32" if target_kind == "cpu" or c.A_dtype == "float32" else c.A_dtype
+    else:
+        scale_dtype = w.scale_format or "float32"
+        grouped = c.with_scaling and groups > 1
+        accum = "int32" if a.integer and not grouped else "float32"
+        decode = "int32" if a.integer else "float32"
+    scale_in_epilogue = (not float_acts) and c.with_scaling and groups == 1
+    rows: Union[int, str] = m if m is not None else M_VAR
+
+    args = []
+
+    def add(name, shape, dtype, role="input", optional=False, doc=""):
+        kd, ud = _kernel_dtype(dtype)
+        args.append(ArgSpec(name, tuple(shape), kd, ud, role, optional, doc))
+
+    a_cols = c.K // a.codes_per_byte
+    add("A", (rows, a_cols), c.A_dtype,
+        doc="activations" + (" (two int4 codes per byte along K)" if a.packed else ""))
+    if c.layout == "nn":
+        add("W", (c.K, c.N), c.W_dtype, doc="weight [K, N]")
+    else:
+        add("W", (c.N, c.K // w.codes_per_byte), c.W_dtype,
+            doc="weight [N, K]" + (f" ({w.codes_per_byte} codes per byte along K)" if w.packed else ""))
+    if c.with_scaling:
+        add("scale", (c.N, groups), scale_dtype, doc=f"weight scale, one per {c.group_size if groups > 1 else c.K} K elements")
+    if c.with_zeros:
+        if c.zeros_mode == "quantized":
+            add("zeros", (c.N, -(-groups // w.codes_per_byte)), "int8", doc="zero-point codes packed like W")
+        else:
+            add("zeros", (c.N, groups), scale_dtype, doc="zero points")
+    if c.with_bias:
+        add("bias", (c.N,), c.out_dtype, doc="bias")
+    if c.with_act_scaling:
+        add("a_scale", (rows,), "float32", doc="per-token activation scale")
+    if w.global_scale:
+        add("global_scale", (1,), "float32", optional=True, doc="tensor-wide weight scale (default 1)")
+    if w.kind == "table":
+        add("w_table", (len(w.table),), "float32", role="table")
+    if c.with_scaling and scale_dtype in FORMATS and FORMATS[scale_dtype].kind == "table":
+        add("s_table", (len(FORMATS[scale_dtype].table),), "float32", role="table")
+    if a.kind == "table":
+        add("a_table", (len(a.table),), "float32", role="table")
+    add("output", (rows, c.N), c.out_dtype, role="output")
+    return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args))

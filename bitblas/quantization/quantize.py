@@ -1,0 +1,294 @@
+"""Quantize float weights and activations to any registered format, and dequantize back.
+
+``quantize(weight, config)`` returns exactly the tensors a ``Matmul(config)`` takes (packed W,
+scale, zeros, global scale); ``quantize_weight`` gives the unpacked codes; ``dequantize`` is the
+exact inverse rule the kernels and the torch reference apply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+
+from ..config import MatmulConfig
+from ..formats import FORMATS, Format, get_format
+from ..plan import make_plan
+from .utils import pack_codes, unpack_codes
+
+__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "decode_values",
+           "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
+
+TORCH_DTYPES = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "uint8": torch.uint8,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+    "float8_e4m3": torch.float8_e4m3fn,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return TORCH_DTYPES[name]
+
+
+@dataclass
+class QuantizedWeight:
+    """Unpacked result of :func:`quantize_weight`.
+
+    codes: int16 [N, K] integer codes / table indices (float formats: the tensor in that dtype);
+    scale: [N, groups] or None; zeros: [N, groups] (float, or int16 codes for zeros_mode
+    "quantized") or None; global_scale: float32 [1] or None.
+    """
+
+    codes: torch.Tensor
+    scale: Optional[torch.Tensor] = None
+    zeros: Optional[torch.Tensor] = None
+    global_scale: Optional[torch.Tensor] = None
+
+
+def _table(fmt: Format, device) -> torch.Tensor:
+    return torch.tensor(fmt.table, dtype=torch.float32, device=device)
+
+
+def _nearest_code(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """Index of the table entry nearest to each element (finite entries only)."""
+    t = torch.tensor(fmt.table, dtype=torch.float64)
+    codes = torch.arange(len(fmt.table))
+    keep = torch.isfinite(t)
+    t, codes = t[keep], codes[keep]
+    order = torch.argsort(t, stable=True)
+    t, codes = t[order], codes[order]
+    mid = (t[1:] + t[:-1]) / 2
+    idx = torch.bucketize(x.to(torch.float64).contiguous(), mid.to(x.device))
+    return codes.to(x.device)[idx].to(torch.int16)
+
+
+def _safe(s: torch.Tensor) -> torch.Tensor:
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, with_scaling: bool = True,
+                    with_zeros: bool = False, zeros_mode: str = "original", scale_dtype=torch.float16,
+                    global_scale: Optional[bool] = None) -> QuantizedWeight:
+    """Round-to-nearest quantization of ``weight`` [N, K] to ``W_dtype``.
+
+    Symmetric (absmax) scales without zeros, asymmetric (min/max) with zeros; per output channel
+    (group_size=-1) or per ``group_size`` consecutive K elements. nvfp4 always uses 16-element
+    groups with float8_e4m3 scales and, unless ``global_scale=False``, a float32 global scale.
+    """
+    fmt = get_format(W_dtype, "W")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
+        raise ValueError("weight: expected a float tensor [N, K]")
+    n, k = weight.shape
+    w = weight.detach().to(torch.float32)
+    if fmt.kind == "float":
+        return QuantizedWeight(w.to(TORCH_DTYPES[fmt.torch_dtype]))
+    if fmt.group_size is not None:
+        group_size = fmt.group_size
+    gs = k if group_size in (-1, None) else group_size
+    if k % gs:
+        raise ValueError(f"group_size={group_size} must divide K={k}")
+    wg = w.reshape(n, k // gs, gs)
+
+    if fmt.name == "nvfp4":
+        amax = wg.abs().amax(-1)
+        gscale = None
+        if global_scale is not False:
+            gscale = _safe(w.abs().amax().reshape(1) / (FORMATS["float8_e4m3"].max_abs * fmt.max_abs))
+            sb = (amax / fmt.max_abs / gscale).clamp(max=FORMATS["float8_e4m3"].max_abs).to(torch.float8_e4m3fn)
+            denom = sb.to(torch.float32) * gscale
+        else:
+            sb = (amax / fmt.max_abs).clamp(max=FORMATS["float8_e4m3"].max_abs).to(torch.float8_e4m3fn)
+            denom = sb.to(torch.float32)
+        codes = _nearest_code(wg / _safe(denom).unsqueeze(-1), fmt).reshape(n, k)
+        return QuantizedWeight(codes, sb, None, gscale)
+
+    if not with_scaling:
+        if with_zeros:
+            raise ValueError("with_zeros=True needs with_scaling=True")
+        if fmt.kind == "table":
+            if fmt.torch_dtype:
+                lim = fmt.max_abs
+                return QuantizedWeight(w.clamp(-lim, lim).to(TORCH_DTYPES[fmt.torch_dtype]))
+            return QuantizedWeight(_nearest_code(w, fmt))
+        lo, hi = fmt.code_range
+        return QuantizedWeight(w.round().clamp(lo, hi).to(torch.int16))
+
+    def rounded(s):  # scales and zeros as the kernel will see them
+        return s.to(scale_dtype).to(torch.float32)
+
+    if fmt.kind == "table":
+        s = rounded(wg.abs().amax(-1) / fmt.max_abs)
+        x = wg / _safe(s).unsqueeze(-1)
+        if fmt.torch_dtype:
+            lim = fmt.max_abs
+            codes = x.clamp(-lim, lim).to(TORCH_DTYPES[fmt.torch_dtype]).reshape(n, k)
+        else:
+            codes = _nearest_code(x, fmt).reshape(n, k)
+        return QuantizedWeight(codes, s.to(scale_dtype))
+
+    lo, hi = fmt.code_range
+    if not with_zeros:
+        if fmt.kind == "int":
+            s = wg.abs().amax(-1) / max(hi, 1)
+        else:
+            s = wg.clamp(min=0).amax(-1) / hi
+        s = _safe(rounded(s))
+        q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)
+        return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype))
+
+    wmin = wg.amin(-1).clamp(max=0)
+    wmax = wg.amax(-1).clamp(min=0)
+    s = _safe(rounded((wmax - wmin) / (hi - lo)))
+    if zeros_mode == "rescale":
+        z = rounded(lo * s - wmin)
+        q = ((wg + z.unsqueeze(-1)) / s.unsqueeze(-1)).round().clamp(lo, hi)
+    elif zeros_mode in ("original", "quantized"):
+        z = lo - wmin / s
+        z = z.round().clamp(lo, hi) if zeros_mode == "quantized" else rounded(z)
+        q = (wg / s.unsqueeze(-1) + z.unsqueeze(-1)).round().clamp(lo, hi)
+    else:
+        raise ValueError(f"zeros_mode={zeros_mode!r} is invalid; accepted: original, rescale, quantized")
+    zeros = z.to(torch.int16) if zeros_mode == "quantized" else z.to(scale_dtype)
+    return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype), zeros)
+
+
+def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=None,
+                global_scale=None) -> Dict[str, torch.Tensor]:
+    """Turn unpacked codes (and scales, zeros) into exactly the tensors ``Matmul(config)`` takes."""
+    plan = make_plan(config)
+    w = plan.w
+    out: Dict[str, torch.Tensor] = {}
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes: expected a torch.Tensor, got {type(codes).__name__}")
+    c = config
+    want = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
+    if tuple(codes.shape) != want:
+        raise ValueError(f"codes: expected shape {list(want)} for layout={c.layout!r}, got {list(codes.shape)}")
+    if w.kind == "float" or (w.torch_dtype and codes.dtype == TORCH_DTYPES[w.torch_dtype]):
+        wanted = TORCH_DTYPES[w.torch_dtype]
+        if codes.dtype != wanted:
+            if w.kind != "float" or not codes.dtype.is_floating_point:
+                raise TypeError(f"codes: expected {wanted} for W_dtype={w.name!r}, got {codes.dtype}")
+            codes = codes.to(wanted)
+        out["W"] = codes.contiguous()
+    else:
+        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+            raise TypeError(f"codes: expected integer codes for W_dtype={w.name!r}, got {codes.dtype}")
+        lo, hi = w.code_range
+        q = codes.to(torch.int32)
+        if w.kind != "int" and codes.dtype == torch.int8:
+            q = q & 0xFF                     # int8 tensors carry uint8 / float8 codes as bit patterns
+        if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+            raise ValueError(f"codes: values must lie in [{lo}, {hi}] for W_dtype={w.name!r}, "
+                             f"got [{int(q.min())}, {int(q.max())}]")
+        packed = pack_codes(q, w)
+        if w.torch_dtype:
+            packed = packed.view(TORCH_DTYPES[w.torch_dtype])
+        out["W"] = packed.contiguous()
+    for name, t in (("scale", scale), ("zeros", zeros)):
+        spec = plan.arg(name)
+        if t is None:
+            continue
+        if spec is None:
+            raise ValueError(f"{name} given, but the config has with_{'scaling' if name == 'scale' else 'zeros'}=False")
+        t = t.reshape(c.N, -1) if t.dim() == 1 and spec.shape[1] == 1 else t
+        if name == "zeros" and c.zeros_mode == "quantized":
+            if tuple(t.shape) != (c.N, plan.groups):
+                raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(t.shape)}")
+            cpb = w.codes_per_byte
+            pad = (-plan.groups) % cpb
+            t = torch.nn.functional.pad(t.to(torch.int32), (0, pad))
+            out[name] = pack_codes(t, w).contiguous()
+            continue
+        if tuple(t.shape) != tuple(spec.shape):
+            raise ValueError(f"{name}: expected shape {list(spec.shape)}, got {list(t.shape)}")
+        out[name] = t.to(TORCH_DTYPES[spec.user_dtype]).contiguous()
+    if global_scale is not None:
+        if plan.arg("global_scale") is None:
+            raise ValueError(f"global_scale given, but W_dtype={w.name!r} takes none")
+        out["global_scale"] = torch.as_tensor(global_scale, dtype=torch.float32).reshape(1)
+    return out
+
+
+def quantize(weight: torch.Tensor, config: MatmulConfig) -> Dict[str, torch.Tensor]:
+    """Quantize a float weight ([N, K], or [K, N] for layout "nn") for ``Matmul(config)``.
+
+    Returns {"W": ..., "scale": ..., "zeros": ..., "global_scale": ...}, only the keys the
+    operator takes; pass them as keyword arguments: ``op(A, **quantize(w, config))``.
+    """
+    plan = make_plan(config)
+    sd = TORCH_DTYPES["float32" if plan.scale_dtype in (None, "float8_e4m3") else plan.scale_dtype]
+    q = quantize_weight(weight, config.W_dtype, config.group_size, config.with_scaling, config.with_zeros,
+                        config.zeros_mode, scale_dtype=sd)
+    return pack_weight(config, q.codes, q.scale, q.zeros, q.global_scale)
+
+
+def decode_values(codes: torch.Tensor, fmt) -> torch.Tensor:
+    """Values (float64) the codes of ``fmt`` stand for, before scales and zeros."""
+    f = FORMATS[fmt] if isinstance(fmt, str) else fmt
+    if f.kind == "table":
+        t = torch.tensor(f.table, dtype=torch.float64, device=codes.device)
+        return t[codes.to(torch.long)]
+    return codes.to(torch.float64)
+
+
+def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, global_scale=None) -> torch.Tensor:
+    """float64 [N, K] (or [K, N] for layout "nn") weight that ``Matmul(config)`` multiplies by."""
+    plan = make_plan(config)
+    w, c = plan.w, config
+    if w.kind == "float":
+        return W.to(torch.float64)
+    v = decode_values(unpack_codes(W.view(torch.int8), w), w)
+    if not c.with_scaling:
+        return v
+    gs = c.K if plan.groups == 1 else c.group_size
+
+    def expand(t):
+        return t.repeat_interleave(gs, dim=1)
+
+    s = expand(scale.to(torch.float64))
+    if not c.with_zeros:
+        out = v * s
+    elif c.zeros_mode == "quantized":
+        z = unpack_codes(zeros, w)[:, :plan.groups].to(torch.float64)
+        out = (v - expand(z)) * s
+    elif c.zeros_mode == "rescale":
+        out = v * s - expand(zeros.to(torch.float64))
+    else:
+        out = (v - expand(zeros.to(torch.float64))) * s
+    if w.global_scale and global_scale is not None:
+        out = out * global_scale.to(torch.float64).reshape(())
+    return out
+
+
+_ACT_QMAX = {"int8": 127.0, "int4": 7.0}
+
+
+def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
+    """Per-token symmetric quantization of activations [..., K].
+
+    Returns (q, scale): q in the operator's input form (int8; int4 packed two per byte along K;
+    float8 tensors) and float32 scale [...] with x ~= decode(q) * scale[..., None].
+    """
+    fmt = get_format(dtype, "A", "dtype")
+    if fmt.kind == "float":
+        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2")
+    xf = x.detach().to(torch.float32)
+    qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
+    s = _safe(xf.abs().amax(-1) / qmax)
+    y = xf / s.unsqueeze(-1)
+    if fmt.kind == "table":
+        return y.clamp(-qmax, qmax).to(TORCH_DTYPES[fmt.torch_dtype]), s
+    q = y.round().clamp(*fmt.code_range).to(torch.int32)
+    return (pack_codes(q, fmt) if fmt.packed else q.to(torch.int8)), s
+
+
+def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float64 values of activations ``q`` of format ``dtype`` (times ``scale[..., None]`` if given)."""
+    fmt = get_format(dtype, "A", "dtype")
+    if fmt.kind in ("float", "table"):
+        v = q.to(torch.float64)
+    else:
+        v = unpack_codes(q.view(torch.int8), fmt).to(torch.float64)
+    return v if scale is None else v * scale.to(torch.float64).unsqueeze(-1)

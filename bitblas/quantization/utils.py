@@ -1,0 +1,113 @@
+"""Packing of integer codes into int8 storage, and BitBLAS's packing helpers by their names."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..formats import Format, get_format, FORMATS
+
+__all__ = ["pack_codes", "unpack_codes", "general_compress", "interleave_weight", "deinterleave_weight"]
+
+
+def _fmt(fmt) -> Format:
+    if isinstance(fmt, Format):
+        return fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r} is not supported; accepted: {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def pack_codes(codes: torch.Tensor, fmt) -> torch.Tensor:
+    """Pack integer codes [..., K] into int8 [..., K * bits / 8], little-endian inside each byte.
+
+    Codes must lie in the format's code range (for uint8, int8 bit patterns are taken as is).
+    """
+    f = _fmt(fmt)
+    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
+    if not f.packed:
+        return codes.to(torch.int32).bitwise_and(0xFF).to(torch.uint8).view(torch.int8)
+    cpb, bits = f.codes_per_byte, f.bits
+    k = codes.shape[-1]
+    if k % cpb:
+        raise ValueError(f"codes: last dimension {k} must be a multiple of {cpb} for {f.name}")
+    u = codes.to(torch.int32).bitwise_and((1 << bits) - 1).reshape(*codes.shape[:-1], k // cpb, cpb)
+    shifts = torch.arange(cpb, dtype=torch.int32, device=codes.device) * bits
+    return (u << shifts).sum(-1).to(torch.uint8).view(torch.int8)
+
+
+def unpack_codes(packed: torch.Tensor, fmt) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: int16 codes [..., K] (signed for int formats, else unsigned).
+
+    Also takes a float8 tensor (returns its bit patterns as codes 0..255).
+    """
+    f = _fmt(fmt)
+    if packed.dtype.itemsize != 1:
+        raise TypeError(f"packed: expected a 1-byte tensor (int8 storage), got {packed.dtype}")
+    b = packed.view(torch.uint8).to(torch.int32)
+    if f.packed:
+        shifts = torch.arange(f.codes_per_byte, dtype=torch.int32, device=packed.device) * f.bits
+        b = ((b.unsqueeze(-1) >> shifts) & ((1 << f.bits) - 1)).reshape(*packed.shape[:-1], -1)
+    if f.kind == "int":
+        half = 1 << (f.bits - 1)
+        b = (b ^ half) - half
+    return b.to(torch.int16)
+
+
+def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np.int8):
+    """BitBLAS's name: pack non-negative ``source_bits``-bit values (numpy, last axis) into bytes."""
+    w = np.asarray(lowprecision_weight)
+    if source_bits not in (1, 2, 4, 8):
+        raise ValueError(f"source_bits={source_bits} is invalid; accepted: 1, 2, 4, 8")
+    if np.dtype(storage_dtype).itemsize != 1:
+        raise ValueError(f"storage_dtype={storage_dtype} is invalid; accepted: a 1-byte dtype (np.int8, np.uint8)")
+    packed = pack_codes(torch.from_numpy(w.astype(np.int32)), f"uint{source_bits}")
+    return packed.numpy().view(np.dtype(storage_dtype))
+
+
+def _interleave_positions(nbits: int, target_dtype: str):
+    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order."""
+    if target_dtype not in ("float16", "int8"):
+        raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: 'float16', 'int8'")
+    if nbits not in (1, 2, 4):
+        raise ValueError(f"nbits={nbits} is invalid; accepted: 1, 2, 4")
+    stride = 16 if target_dtype == "float16" else 8      # bits per lane the decoder produces
+    lanes, per_lane = 32 // stride, stride // nbits
+    n = 32 // nbits
+    # code j (0-based in the word) goes to lane j % lanes, slot j // lanes of that lane's bits
+    return [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
+
+
+def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
+    """Reorder the codes inside each 32-bit word so that code j lands in decoder lane j % lanes.
+
+    With fp16 targets the two 16-bit halves of a word then hold codes (0, 2, 4, 6) and (1, 3, 5, 7)
+    (for 4 bits), which lets a decoder turn a word into fp16 pairs with a few bit operations.
+    Takes and returns int8 numpy arrays or torch tensors whose last axis is a multiple of 4 bytes.
+    """
+    is_torch = isinstance(qweight, torch.Tensor)
+    w = qweight.cpu().numpy() if is_torch else np.asarray(qweight)
+    if w.dtype.itemsize != 1 or w.shape[-1] % 4:
+        raise ValueError("qweight: expected 1-byte storage whose last axis is a multiple of 4")
+    pos = _interleave_positions(nbits, target_dtype)
+    words = np.ascontiguousarray(w).view(np.uint32)
+    mask = np.uint32((1 << nbits) - 1)
+    out = np.zeros_like(words)
+    for j, p in enumerate(pos):
+        out |= ((words >> np.uint32(j * nbits)) & mask) << np.uint32(p * nbits)
+    res = out.view(w.dtype)
+    return torch.from_numpy(res.copy()).to(qweight.device) if is_torch else res
+
+
+def deinterleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
+    """Inverse of :func:`interleave_weight`."""
+    is_torch = isinstance(qweight, torch.Tensor)
+    w = qweight.cpu().numpy() if is_torch else np.asarray(qweight)
+    pos = _interleave_positions(nbits, target_dtype)
+    words = np.ascontiguousarray(w).view(np.uint32)
+    mask = np.uint32((1 << nbits) - 1)
+    out = np.zeros_like(words)
+    for j, p in enumerate(pos):
+        out |= ((words >> np.uint32(p * nbits)) & mask) << np.uint32(j * nbits)
+    res = out.view(w.dtype)
+    return torch.from_numpy(res.copy()).to(qweight.device) if is_torch else res

@@ -1,0 +1,95 @@
+"""The torch reference for every config, and the one tolerance table the tests use.
+
+The reference dequantizes with :func:`bitblas.quantization.dequantize` (float64), multiplies in
+float64 and applies the epilogue; it shares nothing with the TensorIR emitter but the format table.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .config import MatmulConfig
+from .quantization.quantize import TORCH_DTYPES, dequantize, dequantize_activation
+
+__all__ = ["reference_matmul", "tolerance", "relative_error", "TOLERANCES"]
+
+# Largest accepted max|out - ref| / max|ref|, by the dtype that rounds: the activation dtype (the
+# GPU decodes weights to it before the tensor-core multiply) and the output dtype. Integer
+# activations with int32 output are exact.
+TOLERANCES = {
+    "float16": 4e-3,
+    "bfloat16": 2.5e-2,
+    "float32": 1e-4,
+    "int8": 1e-4,
+    "int4": 1e-4,
+    "float8_e4m3": 1e-4,
+    "float8_e5m2": 1e-4,
+    "int32": 0.0,
+}
+
+
+def tolerance(config: MatmulConfig) -> float:
+    if config.out_dtype == "int32":
+        return 0.0
+    return max(TOLERANCES[config.A_dtype], TOLERANCES[config.out_dtype])
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max|out - ref| / max|ref| in float64 (NaN anywhere in ``out`` gives inf)."""
+    o, r = out.to(torch.float64), ref.to(torch.float64)
+    if torch.isnan(o).any() or torch.isinf(o).any():
+        return float("inf")
+    denom = max(float(r.abs().max()) if r.numel() else 0.0, 1e-30)
+    return float((o - r).abs().max()) / denom if r.numel() else 0.0
+
+
+def reference_matmul(config: MatmulConfig, A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None,
+                     bias=None, a_scale=None, global_scale: Optional[torch.Tensor] = None,
+                     cast: bool = True) -> torch.Tensor:
+    """out [..., N] for ``Matmul(config)``; ``cast=False`` returns float64 before the output cast."""
+    c = config
+    wf = dequantize(c, W.cpu(), None if scale is None else scale.cpu(), None if zeros is None else zeros.cpu(),
+                    None if global_scale is None else global_scale.cpu())
+    if c.layout == "nn":
+        wf = wf.T
+    af = dequantize_activation(A.cpu(), c.A_dtype)
+    out = af @ wf.T
+    if a_scale is not None:
+        out = out * a_scale.cpu().to(torch.float64).unsqueeze(-1)
+    if bias is not None:
+        out = out + bias.cpu().to(torch.float64)
+    if not cast:
+        return out
+    if c.out_dtype == "int32":
+        return out.round().to(torch.int32)
+    return out.to(TORCH_DTYPES[c.out_dtype])
+
+
+def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int] = None,
+                  lead: Optional[tuple] = None) -> dict:
+    """Fresh random operator inputs: a random float weight quantized with
+    :func:`bitblas.quantization.quantize`, random activations (quantized per token for integer and
+    float8 activations), bias. Keys: A, W and whichever of scale, zeros, bias, a_scale,
+    global_scale the config takes."""
+    from .quantization.quantize import quantize, quantize_activation
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    c = config
+    wshape = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
+    weight = torch.randn(wshape, generator=g) * 0.05
+    out = {k: v.to(device) for k, v in quantize(weight, c).items()}
+    lead = tuple(lead) if lead is not None else (m,)
+    x = torch.randn(*lead, c.K, generator=g)
+    if c.A_dtype in ("float16", "bfloat16", "float32"):
+        out["A"] = x.to(TORCH_DTYPES[c.A_dtype]).to(device)
+    else:
+        q, s = quantize_activation(x, c.A_dtype)
+        out["A"] = q.to(device)
+        if c.with_act_scaling:
+            out["a_scale"] = s.to(device)
+    if c.with_bias:
+        if c.out_dtype == "int32":
+            out["bias"] = torch.randint(-1000, 1000, (c.N,), generator=g, dtype=torch.int32).to(device)
+        else:
+            out["bias"] = (torch.randn(c.N, generator=g) * 0.1).to(TORCH_DTYPES[c.out_dtype]).to(device)
+    return out

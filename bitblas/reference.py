@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from .config import MatmulConfig
+from .formats import FORMATS
 from .quantization.quantize import TORCH_DTYPES, dequantize, dequantize_activation
 
 __all__ = ["reference_matmul", "tolerance", "relative_error", "TOLERANCES"]
@@ -69,9 +70,9 @@ def reference_matmul(config: MatmulConfig, A: torch.Tensor, W: torch.Tensor, sca
 def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int] = None,
                   lead: Optional[tuple] = None) -> dict:
     """Fresh random operator inputs: a random float weight quantized with
-    :func:`bitblas.quantization.quantize`, random activations (quantized per token for integer and
-    float8 activations), bias. Keys: A, W and whichever of scale, zeros, bias, a_scale,
-    global_scale the config takes."""
+    :func:`bitblas.quantization.quantize`, random activations (quantized per token for integer
+    activations, and for float8 ones with with_act_scaling), bias. Keys: A, W and whichever of
+    scale, zeros, bias, a_scale, global_scale the config takes."""
     from .quantization.quantize import quantize, quantize_activation
     g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
     c = config
@@ -80,8 +81,11 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
     out = {k: v.to(device) for k, v in quantize(weight, c).items()}
     lead = tuple(lead) if lead is not None else (m,)
     x = torch.randn(*lead, c.K, generator=g)
-    if c.A_dtype in ("float16", "bfloat16", "float32"):
-        out["A"] = x.to(TORCH_DTYPES[c.A_dtype]).to(device)
+    a = FORMATS[c.A_dtype]
+    if a.kind == "float" or (a.kind == "table" and not c.with_act_scaling):
+        # float8 without a per-token scale: taken as is (quantizing per token would stretch x to
+        # the format's range, 57344 for e5m2, and overflow a float16 output)
+        out["A"] = x.to(TORCH_DTYPES[a.torch_dtype]).to(device)
     else:
         q, s = quantize_activation(x, c.A_dtype)
         out["A"] = q.to(device)

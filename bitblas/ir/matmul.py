@@ -44,7 +44,7 @@ def emit_matmul(plan: Plan) -> tirx.PrimFunc:
             ph[spec.name] = te.placeholder(shape, spec.dtype, name=spec.name)
     a, w, dec, acc = plan.a, plan.w, plan.decode_dtype, plan.accum
     gsize = c.K if plan.groups == 1 else c.group_size
-    float_decode = dec.startswith("float")
+    float_decode = not dec.startswith("int")  # float16, bfloat16, float32 (not "bfloat16".startswith("float"))
 
     def scale_at(n, k):
         s = ph["scale"][n, k // gsize]
@@ -94,9 +94,9 @@ def emit_matmul(plan: Plan) -> tirx.PrimFunc:
     C = te.compute((m, c.N), body, name="C")
 
     def epilogue(i, j):
-        v = C[i, j]
+        v, v_dtype = C[i, j], acc  # PrimExprs have no .dtype in TVM 0.27: track it here
         if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale:
-            v = v.astype("float32")
+            v, v_dtype = v.astype("float32"), "float32"
             if plan.scale_in_epilogue:
                 v = v * scale_at(j, 0)
             if c.with_act_scaling:
@@ -104,7 +104,7 @@ def emit_matmul(plan: Plan) -> tirx.PrimFunc:
             if w.global_scale:
                 v = v * ph["global_scale"][0]
         if c.with_bias:
-            v = v + ph["bias"][j].astype(v.dtype)
+            v = v + ph["bias"][j].astype(v_dtype)
         return v.astype(c.out_dtype)
 
     D = te.compute((m, c.N), epilogue, name="D")

@@ -244,8 +244,8 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
         return v
     gs = c.K if plan.groups == 1 else c.group_size
 
-    def expand(t):
-        return t.repeat_interleave(gs, dim=1)
+    def expand(t):  # [N, groups] (per-channel: also [N], as the operator takes it) -> [N, K]
+        return t.reshape(c.N, -1).repeat_interleave(gs, dim=1)
 
     s = expand(scale.to(torch.float64))
     if not c.with_zeros:

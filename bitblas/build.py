@@ -60,17 +60,34 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     return t
 
 
-def lower_plan(plan: Plan, hint=None):
-    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind)."""
-    return schedule(emit_matmul(plan), plan, hint)
+def lower_plan(plan: Plan, hint=None, target=None):
+    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and ``target``)."""
+    return schedule(emit_matmul(plan), plan, hint, target)
+
+
+def _compile(mod, tgt):
+    """tvm.compile; modules of hand-written TIRx kernels (the GEMV template) say so by an attribute."""
+    attrs = mod.attrs
+    if attrs is not None and "bitblas.tir_pipeline" in attrs:
+        return tvm.compile(mod, target=tgt, tir_pipeline=str(attrs["bitblas.tir_pipeline"]))
+    return tvm.compile(mod, target=tgt)
 
 
 def build_plan(plan: Plan, target=None, hint=None):
     """Compile a plan; returns the runtime function ``main`` (callable on torch tensors)."""
-    mod = lower_plan(plan, hint)
     tgt = cpu_target() if plan.target_kind == "cpu" else cuda_target(target)
-    with tvm.transform.PassContext(config=PASS_CONFIG):
-        ex = tvm.compile(mod, target=tgt)
+    try:
+        mod = lower_plan(plan, hint, tgt)
+        with tvm.transform.PassContext(config=PASS_CONFIG):
+            ex = _compile(mod, tgt)
+    except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
+        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, default_hint
+        if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint)):
+            raise
+        logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
+        mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
+        with tvm.transform.PassContext(config=PASS_CONFIG):
+            ex = _compile(mod, tgt)
     return ex["main"]
 
 
@@ -78,9 +95,10 @@ def cuda_source(plan: Plan, target=None, hint=None) -> str:
     """CUDA C source of the plan's kernel (works without a GPU)."""
     if plan.target_kind != "cuda":
         raise ValueError("cuda_source needs a plan made for target_kind='cuda'")
-    mod = lower_plan(plan, hint)
+    tgt = cuda_target(target)
+    mod = lower_plan(plan, hint, tgt)
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        ex = tvm.compile(mod, target=cuda_target(target))
+        ex = _compile(mod, tgt)
     return ex.mod.imports[0].inspect_source()
 
 

@@ -18,6 +18,7 @@ from ..config import MatmulConfig
 from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
+from ..schedule.cuda_gemv import GEMV_MAX_ROWS, gemv_unsupported
 
 __all__ = ["Matmul", "MatmulConfig"]
 
@@ -69,11 +70,22 @@ class Matmul:
         M = self.config.M
         return M if isinstance(M, int) and rows == M else None
 
+    def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
+        """Row count the kernel for ``rows`` is specialised to (None: symbolic). CUDA calls with
+        1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
+        m = self._static_m(rows)
+        if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MAX_ROWS:
+            return m
+        cache = self.__dict__.setdefault("_gemv_rows", {})
+        if rows not in cache:
+            cache[rows] = gemv_unsupported(make_plan(self.config, kind, rows)) is None
+        return rows if cache[rows] else m
+
     def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
-        return make_plan(self.config, kind, self._static_m(rows))
+        return make_plan(self.config, kind, self._kernel_m(kind, rows))
 
     def _kernel(self, kind: str, rows: int):
-        key = (kind, self._static_m(rows))
+        key = (kind, self._kernel_m(kind, rows))
         entry = self._kernels.get(key)
         if entry is None:
             from ..build import build_plan
@@ -170,6 +182,9 @@ class Matmul:
             call.append(t)
         if rows == 0:
             return out
+        if kind == "cuda" and self.__dict__.get("_gemv_rows", {}).get(plan.m):
+            # the GEMV kernel reads A and W in 16-byte vectors: realign odd views (rare) by a copy
+            call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
         fn(*call)
         return out
 
@@ -258,7 +273,7 @@ def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> 
     if got != expect:
         # per-channel scales / zeros may come as [N], activation scales as [M] for any leading dims
         if not (math.prod(got) == math.prod(shape) and len(shape) == 2 and shape[1] == 1 and got == shape[:1]) and \
-                not (lead is not None and len(spec.shape) == 1 and math.prod(got) == rows and got == list(lead)):
+                not (lead is not None and len(spec.shape) == 1 and got == [rows]):
             raise ValueError(f"{name}: expected shape {expect}, got {got}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")

@@ -1,17 +1,30 @@
 """Schedules: turn the TensorIR of a plan into a scheduled module, steered by a hint."""
 from .cpu import CPUHint, schedule_cpu
+from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
+from .cuda_mma import MMAHint, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 
-__all__ = ["CPUHint", "SimpleCUDAHint", "schedule_cpu", "schedule_cuda_simple", "schedule", "default_hint"]
+__all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "schedule_cpu", "schedule_cuda_simple",
+           "schedule_cuda_mma", "schedule_cuda_gemv", "gemv_unsupported", "schedule", "default_hint"]
 
 
-def default_hint(plan):
-    return CPUHint.default(plan) if plan.target_kind == "cpu" else SimpleCUDAHint.default(plan)
+def default_hint(plan, target=None):
+    """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
+    if plan.target_kind == "cpu":
+        return CPUHint.default(plan)
+    if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint weights
+        return GEMVHint.default(plan)
+    # tensor cores for float16/bfloat16 activations with rows > 16 (or symbolic M); None: n/a
+    return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
 
 
-def schedule(func, plan, hint=None):
+def schedule(func, plan, hint=None, target=None):
     """Scheduled IRModule of ``func`` (from ``emit_matmul(plan)``) for the plan's target kind."""
-    hint = hint or default_hint(plan)
+    hint = hint or default_hint(plan, target)
     if plan.target_kind == "cpu":
         return schedule_cpu(func, plan, hint)
+    if isinstance(hint, MMAHint):
+        return schedule_cuda_mma(func, plan, hint)
+    if isinstance(hint, GEMVHint):
+        return schedule_cuda_gemv(func, plan, hint)
     return schedule_cuda_simple(func, plan, hint)

@@ -1,0 +1,263 @@
+"""Benchmark bitblas.Matmul against torch baselines on LLM layer shapes (needs a CUDA GPU).
+
+    python benchmark/matmul.py --formats w4a16-g128,w4a16-g128-zeros --shapes brief --m 1,16 \
+        --json out.json
+
+Each (format, shape, m) row times our kernel and the baselines with CUDA-graph replays that cycle
+over enough weight copies to exceed the L2 (see benchmark/timing.py), and reports µs, achieved
+TB/s (bytes: packed weights + scales + zeros + activations + output [+ bias]), TFLOP/s, and the
+speed-up over fp16 cuBLAS (``torch.nn.functional.linear`` on a float16 [N, K] weight). 4-bit
+formats also get ``torch._weight_int4pack_mm`` (bfloat16 activations, group 128) as a baseline.
+Inputs are random bit patterns / values on the GPU; ``--check`` (default on) compares our output
+with a float64 GPU reference built from bitblas.quantization.dequantize.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from benchmark.timing import copies_for, time_graph  # noqa: E402
+
+# Named formats: MatmulConfig fields (N, K, M are filled in per row).
+FORMATS = {
+    "fp16": dict(A_dtype="float16", W_dtype="float16"),
+    "w8a16-chan": dict(A_dtype="float16", W_dtype="int8", with_scaling=True),
+    "w4a16-g128": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
+    "w4a16-g128-zeros": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
+                             with_zeros=True),
+    "w4a16-int4-g128": dict(A_dtype="float16", W_dtype="int4", group_size=128, with_scaling=True),
+    "w4a16-g128-qzeros": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
+                              with_zeros=True, zeros_mode="quantized"),
+    "w4bf16-g128-zeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True,
+                              with_zeros=True, out_dtype="bfloat16"),
+    "w2a16-g128": dict(A_dtype="float16", W_dtype="int2", group_size=128, with_scaling=True),
+    "w1a16-g128": dict(A_dtype="float16", W_dtype="uint1", group_size=128, with_scaling=True, with_zeros=True,
+                       zeros_mode="rescale"),
+    "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
+}
+
+# Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
+SHAPES = {
+    "brief": [("square-8k", 8192, 8192), ("mlp-up-70b", 28672, 8192)],
+    "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    "llama3-70b": [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)],
+    "small": [("odd", 1000, 1536), ("4k", 4096, 4096)],
+}
+
+
+def _rand_arg(spec, rows, gen_dtype):
+    """A random tensor for one ArgSpec (plausible magnitudes; bit patterns for packed codes)."""
+    from bitblas.plan import M_VAR
+    from bitblas.quantization.quantize import TORCH_DTYPES
+    shape = [rows if s == M_VAR else s for s in spec.shape]
+    dt = TORCH_DTYPES[spec.user_dtype]
+    if spec.name == "A":
+        if dt.is_floating_point:
+            return torch.randn(shape, device="cuda").to(dt)
+        return torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
+    if spec.name == "W":
+        if dt in (torch.float16, torch.bfloat16):
+            return (torch.randn(shape, device="cuda") * 0.05).to(dt)
+        if dt.is_floating_point:      # float8
+            return (torch.randn(shape, device="cuda")).to(dt)
+        return torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda")
+    if spec.name == "scale":
+        if dt.is_floating_point and dt.itemsize == 1:
+            return (torch.rand(shape, device="cuda") + 0.5).to(dt)
+        return (torch.rand(shape, device="cuda") * 0.01 + 0.001).to(dt)
+    if spec.name == "zeros":
+        if dt == torch.int8:
+            return torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda")
+        return (torch.rand(shape, device="cuda") * 4).to(dt)
+    if spec.name == "bias":
+        return (torch.randn(shape, device="cuda") * 0.1).to(dt)
+    if spec.name == "a_scale":
+        return torch.rand(shape, device="cuda") * 0.01 + 0.001
+    if spec.name == "global_scale":
+        return torch.ones(shape, device="cuda")
+    raise KeyError(spec.name)
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, hint=None):
+    import bitblas
+    from bitblas.plan import make_plan
+    from bitblas.quantization.quantize import TORCH_DTYPES, dequantize
+    kw = FORMATS[fmt]
+    cfg = bitblas.MatmulConfig(N=N, K=K, **kw)
+    op = bitblas.Matmul(cfg)
+    plan = make_plan(cfg, "cuda", m)
+    weight_names = {"W", "scale", "zeros", "bias"}
+    shared = {s.name: _rand_arg(s, m, None) for s in plan.args if s.role == "input" and s.name not in weight_names}
+    first = {s.name: _rand_arg(s, m, None) for s in plan.args if s.role == "input" and s.name in weight_names}
+    wbytes = sum(_nbytes(t) for t in first.values())
+    ncopy = copies_for(wbytes)
+    copies = [first] + [{k: torch.empty_like(v).copy_(v.flip(0)) for k, v in first.items()} for _ in range(ncopy - 1)]
+    out = torch.empty(m, N, dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
+    t0 = time.perf_counter()
+    if hint is None:
+        op(**shared, **first, output=out)
+        kern = op._kernels.get(("cuda", op._kernel_m("cuda", m)))
+        fn = None
+    else:
+        from bitblas.build import build_plan
+        fn = build_plan(plan, target=op.target, hint=hint)
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    if fn is None:
+        from bitblas.schedule import default_hint
+        kname = type(default_hint(kern[0], op.target)).__name__.replace("Hint", "")
+        calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
+    else:
+        kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"
+
+        def mk(c):
+            args = [shared.get(s.name, c.get(s.name)) if s.role != "output" else out for s in plan.args]
+            return lambda: fn(*args)
+        calls = [mk(c) for c in copies]
+    err = None
+    if check:
+        out.fill_(float("nan")) if out.dtype.is_floating_point else out.fill_(0)
+        calls[0]()
+        torch.cuda.synchronize()
+        wf = dequantize(cfg, first["W"], first.get("scale"), first.get("zeros"))
+        ref = shared["A"].to(torch.float64) @ wf.T
+        if "bias" in first:
+            ref = ref + first["bias"].to(torch.float64)
+        o = out.to(torch.float64)
+        err = float("inf") if torch.isnan(o).any() else float((o - ref).abs().max() / ref.abs().max())
+        del wf, ref
+    us = time_graph(calls)
+    io = sum(_nbytes(t) for t in shared.values()) + _nbytes(out)
+    nbytes = wbytes + io
+    row = dict(format=fmt, layer=layer, N=N, K=K, m=m, kernel=kname, us=us, tbps=nbytes / us / 1e6,
+               tflops=2 * m * N * K / us / 1e6, bytes=nbytes, build_s=build_s, rel_err=err)
+    del copies, first
+    return row
+
+
+def bench_cublas(N, K, m, dtype=torch.float16):
+    nbytes_w = N * K * 2
+    ws = [torch.randn(N, K, device="cuda").to(dtype) for _ in range(copies_for(nbytes_w))]
+    x = torch.randn(m, K, device="cuda").to(dtype)
+    us = time_graph([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])
+    del ws
+    nbytes = nbytes_w + m * K * 2 + m * N * 2
+    return dict(kernel="cublas-fp16", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
+
+
+def bench_int4pack(N, K, m):
+    try:
+        ncopy = copies_for(N * K // 2)
+        packs = [torch._convert_weight_to_int4pack(
+            torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda"), 8) for _ in range(ncopy)]
+        sz = torch.rand(K // 128, N, 2, device="cuda").to(torch.bfloat16) * 0.01
+        x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
+        us = time_graph([lambda w=w: torch._weight_int4pack_mm(x, w, 128, sz) for w in packs])
+        del packs
+    except Exception as e:  # not every torch build has it
+        return dict(kernel="torch-int4pack", error=f"{type(e).__name__}: {str(e)[:120]}")
+    nbytes = N * K // 2 + sz.numel() * 2 + m * K * 2 + m * N * 2
+    return dict(kernel="torch-int4pack-bf16", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
+
+
+def parse_hints(text):
+    """'R,W,U,VB;...' -> GEMVHint list."""
+    from bitblas.schedule import GEMVHint
+    out = []
+    for part in filter(None, text.split(";")):
+        r, w, u, vb = (int(x) for x in part.split(","))
+        out.append(GEMVHint(rows_per_warp=r, warps=w, unroll=u, vec_bytes=vb))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", default="w4a16-g128,w4a16-g128-zeros",
+                    help=f"comma list of: {', '.join(FORMATS)}")
+    ap.add_argument("--shapes", default="brief", help=f"comma list of shape sets: {', '.join(SHAPES)}")
+    ap.add_argument("--m", default="1,16", help="comma list of row counts")
+    ap.add_argument("--json", default=None, help="write all rows to this JSON file")
+    ap.add_argument("--no-check", action="store_true", help="skip the float64 correctness check")
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB;...'")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("benchmark/matmul.py needs a CUDA GPU")
+    fmts = [f for f in args.formats.split(",") if f]
+    for f in fmts:
+        if f not in FORMATS:
+            sys.exit(f"unknown format {f!r}; choose from {', '.join(FORMATS)}")
+    shapes = []
+    for s in args.shapes.split(","):
+        if s not in SHAPES:
+            sys.exit(f"unknown shape set {s!r}; choose from {', '.join(SHAPES)}")
+        shapes += [(s, *x) for x in SHAPES[s]]
+    ms = [int(x) for x in args.m.split(",") if x]
+    hints = parse_hints(args.gemv_hints)
+    p = torch.cuda.get_device_properties(0)
+    print(f"# {p.name}, torch {torch.__version__}, formats={fmts}, m={ms}")
+    rows = []
+    for sset, layer, N, K in shapes:
+        for m in ms:
+            base = {}
+            if not args.no_baselines:
+                base["cublas"] = bench_cublas(N, K, m)
+                rows.append(dict(format="fp16(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m, **base["cublas"]))
+                if any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
+                    r = bench_int4pack(N, K, m)
+                    rows.append(dict(format="int4(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m, **r))
+            for f in fmts:
+                for h in [None] + hints:
+                    try:
+                        r = bench_row(f, f"{sset}/{layer}", N, K, m, check=not args.no_check, hint=h)
+                    except Exception as e:  # report and go on
+                        r = dict(format=f, layer=f"{sset}/{layer}", N=N, K=K, m=m, kernel=str(h),
+                                 error=f"{type(e).__name__}: {str(e)[:300]}")
+                    if "cublas" in base and "us" in r:
+                        r["vs_cublas"] = base["cublas"]["us"] / r["us"]
+                    rows.append(r)
+                    _print_row(r)
+            torch.cuda.empty_cache()
+    print()
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=p.name, torch=torch.__version__, argv=sys.argv, rows=rows), fh, indent=1)
+
+
+def _print_row(r):
+    if "error" in r:
+        print(f"  {r['format']} {r['layer']} m={r['m']} {r.get('kernel')}: ERROR {r['error']}")
+
+
+def print_table(rows):
+    hdr = f"| {'format':18s} | {'layer':22s} | {'N':>6s} | {'K':>6s} | {'m':>3s} | {'kernel':28s} | {'µs':>8s} | " \
+          f"{'TB/s':>5s} | {'TFLOP/s':>7s} | {'vs cuBLAS':>9s} | {'rel.err':>8s} |"
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for r in rows:
+        if "us" not in r:
+            print(f"| {r['format']:18s} | {r['layer']:22s} | {r['N']:6d} | {r['K']:6d} | {r['m']:3d} | "
+                  f"{str(r.get('kernel'))[:28]:28s} | {'error':>8s} | {'':5s} | {'':7s} | {'':9s} | {'':8s} |")
+            continue
+        vs = f"{r['vs_cublas']:.2f}x" if r.get("vs_cublas") else ""
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        print(f"| {r['format']:18s} | {r['layer']:22s} | {r['N']:6d} | {r['K']:6d} | {r['m']:3d} | "
+              f"{str(r['kernel'])[:28]:28s} | {r['us']:8.2f} | {r['tbps']:5.2f} | {r['tflops']:7.2f} | "
+              f"{vs:>9s} | {err:>8s} |")
+
+
+if __name__ == "__main__":
+    main()

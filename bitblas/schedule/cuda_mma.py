@@ -1,0 +1,494 @@
+"""Tensor-core CUDA schedule: mma.sync m16n8k16 (fp32 accumulate) for float16 / bfloat16 activations.
+
+Applies to every weight format (the ``B_decode`` block of :mod:`bitblas.ir.matmul` is generic):
+
+* the iteration domain of ``C`` is padded to whole tiles with ``pad_einsum`` (rows M, static or
+  symbolic; N; K), so the tensorized core sees only full 16x16x16 tiles; the padding becomes
+  predicates at the edges: zero-filled ``cp.async`` for activation rows, guarded weight loads, a
+  guarded decode (padded weights are 0) and a guarded epilogue store. Nothing reads or writes out
+  of bounds;
+* per BK-wide k step: the activation tile and the raw weight tile go global -> shared with
+  ``cp.async`` (a ``stages``-deep ring); quantized weights are then decoded (scales, zeros,
+  tables) into their own ``"shared"`` fp16/bf16 tile; float weights are the tile itself;
+* ``ldmatrix.x4`` -> ``mma.sync.m16n8k16`` per warp, accumulators in registers;
+* epilogue: accumulators -> shared (fp32) -> the fused ``D`` block (bias, global scale, cast),
+  vectorized and predicated global stores.
+
+:func:`MMAHint.default` returns None where the template does not apply (other activation dtypes,
+``layout="nn"``, K or row strides that the vector copies cannot keep aligned); the caller then uses
+the simple schedule.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from .._tvm import tvm, tensor_intrin_cuda
+
+__all__ = ["MMAHint", "schedule_cuda_mma", "mma_unsupported_reason", "MIN_ROWS"]
+
+logger = logging.getLogger(__name__)
+
+# Static row counts up to this are left to the GEMV / simple schedules.
+MIN_ROWS = 16
+_THREADS_PER_WARP = 32
+
+
+@dataclass(frozen=True)
+class MMAHint:
+    """Block tile BM x BN x BK, warp tile WM x WN, ``stages``-deep cp.async ring.
+
+    (BM / WM) * (BN / WN) warps per block; BM, BN, WM, WN multiples of 16 with WM | BM, WN | BN;
+    BK a multiple of 16; stages >= 2 (3 or more with ``inner_pipeline`` on float weights).
+    ``vec_decode``: contiguous decoded elements per thread step (half2 vectors, unrolled).
+    """
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 32
+    WM: int = 64
+    WN: int = 64
+    stages: int = 4
+    vec_decode: int = 8
+    inner_pipeline: Optional[bool] = None   # double-buffer ldmatrix fragments (None: float weights only)
+
+    @property
+    def warps(self) -> int:
+        return (self.BM // self.WM) * (self.BN // self.WN)
+
+    @property
+    def threads(self) -> int:
+        return self.warps * _THREADS_PER_WARP
+
+    def check(self):
+        for name in ("BM", "BN", "WM", "WN", "BK"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v % 16:
+                raise ValueError(f"MMAHint.{name}={v!r}: a positive multiple of 16 is required")
+        if self.BM % self.WM or self.BN % self.WN:
+            raise ValueError(f"MMAHint: WM={self.WM} must divide BM={self.BM} and WN={self.WN} divide BN={self.BN}")
+        if not isinstance(self.stages, int) or self.stages < 2:
+            raise ValueError(f"MMAHint.stages={self.stages!r}: an int >= 2 is required")
+        if self.threads > 1024:
+            raise ValueError(f"MMAHint: {self.warps} warps exceed 1024 threads")
+        return self
+
+    @classmethod
+    def default(cls, plan, target=None) -> Optional["MMAHint"]:
+        """The default tile for a plan, or None where the tensor-core template does not apply.
+
+        Rule: rows <= 32 -> 32x128 blocks (4 warps of 32x32), rows <= 64 -> 64x128 (2x2 warps of
+        32x64), both BK=32 with a 4-stage ring; more rows (and symbolic M) -> 128x128 (2x2 warps of
+        64x64), BK=64, 3 stages, and for quantized weights with > 128 rows (or symbolic M) 256x128
+        (4x2 warps of 64x64), BK=64, 3 stages (the best of a small sweep on the H200 for fp16 and
+        W4A16 at 4096^3); N <= 64 -> 64-wide blocks. Quantized weights: 8 codes decoded per
+        thread step.
+        ``target`` (a CUDA Target): needs sm_80+, and stages / tiles shrink until the shared memory
+        fits its ``max_shared_memory_per_block``.
+        """
+        if mma_unsupported_reason(plan) is not None:
+            return None
+        sm, smem_limit = _target_info(target)
+        if sm is not None and sm < 80:
+            return None                      # cp.async and mma.m16n8k16 need sm_80
+        m, N = plan.m, plan.config.N
+        # (BM, BN, WM, WN, BK, stages), preferred first
+        if m is not None and m <= 32:
+            tiles = [(32, 128, 32, 32, 32, 4)]
+        elif m is not None and m <= 64:
+            tiles = [(64, 128, 32, 64, 32, 4)]
+        elif plan.w.kind != "float" and (m is None or m > 128):
+            tiles = [(256, 128, 64, 64, 64, 3), (128, 128, 64, 64, 64, 3), (128, 128, 64, 64, 32, 4)]
+        else:
+            tiles = [(128, 128, 64, 64, 64, 3), (128, 128, 64, 64, 32, 4)]
+        if N <= 64:
+            tiles = [(bm, 64, min(wm, 32), 32, bk, st) for bm, _, wm, _, bk, st in tiles]
+        tiles += [(64, 128, 32, 64, 32, 4), (64, 128, 32, 64, 32, 3), (32, 128, 32, 32, 32, 4),
+                  (32, 128, 32, 32, 32, 3), (32, 64, 32, 32, 32, 3), (32, 64, 32, 32, 32, 2)]
+        for bm, bn, wm, wn, bk, stages in tiles:
+            hint = cls(BM=bm, BN=bn, WM=wm, WN=wn, BK=bk, stages=stages, vec_decode=8)
+            if _copy_plan(plan, hint) is None:
+                continue
+            if smem_limit is None or hint.smem_bytes(plan) <= smem_limit:
+                return hint
+        return None
+
+    def smem_bytes(self, plan) -> int:
+        """Shared memory the kernel allocates (pipeline ring and epilogue tile share the dynamic buffer)."""
+        w = plan.w
+        row = (self.BK + 8) * 2                         # storage_align pads each 16-bit row by 8
+        ring = self.stages * self.BM * row
+        static = 0
+        if w.kind == "float":
+            ring += self.stages * self.BN * row
+        else:
+            ring += self.stages * self.BN * self.BK * w.bits // 8
+            static = self.BN * row                      # the decoded tile
+        return max(ring, self.BM * self.BN * 4) + static
+
+
+def _target_info(target):
+    """(sm version or None, max shared memory per block or None) of a CUDA Target."""
+    if target is None:
+        return None, None
+    attrs = target.attrs
+    arch = str(attrs["arch"]) if "arch" in attrs else ""
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
+    sm = int(digits) if digits else None
+    smem = int(attrs["max_shared_memory_per_block"]) if "max_shared_memory_per_block" in attrs else None
+    return sm, smem
+
+
+def mma_unsupported_reason(plan) -> Optional[str]:
+    """Why the tensor-core template cannot take this plan (None: it can)."""
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if c.A_dtype not in ("float16", "bfloat16"):
+        return f"A_dtype={c.A_dtype} (tensor-core template: float16 / bfloat16 activations)"
+    if plan.decode_dtype != c.A_dtype or plan.accum != "float32":
+        return "weights are not decoded to the activation dtype"
+    if c.layout != "nt":
+        return "layout='nn'"
+    if plan.m is not None and plan.m <= MIN_ROWS:
+        return f"M={plan.m} <= {MIN_ROWS} rows"
+    if c.K % 8:
+        return f"K={c.K} is not a multiple of 8 (16-byte activation rows)"
+    return None
+
+
+# -- tensor intrinsics ---------------------------------------------------------------------------
+_BF16_INTRINS = {}
+
+
+def _intrinsics(dtype: str) -> dict:
+    """Names of the ldmatrix / mma intrinsics for ``dtype`` (bf16 ones are registered here:
+    TVM 0.27 registers float16 only)."""
+    tc = tensor_intrin_cuda()
+    if dtype == "float16":
+        return {"ld_a_dyn": tc.LDMATRIX_f16_A_DYN_INTRIN, "ld_b": tc.LDMATRIX_f16_B_TRANS_INTRIN,
+                "ld_b_dyn": tc.LDMATRIX_f16_B_TRANS_DYN_INTRIN, "mma": tc.MMA_f16f16f32_TRANS_B_INTRIN,
+                "fill": tc.MMA_fill_16x16_f32_INTRIN, "store": tc.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE}
+    if dtype != "bfloat16":
+        raise ValueError(dtype)
+    if not _BF16_INTRINS:
+        _register_bf16(tc)
+    return _BF16_INTRINS
+
+
+def _register_bf16(tc):
+    from tvm.s_tir import TensorIntrin
+    names = {"ld_a_dyn": ("bitblas_mma_ldmatrix_bf16_a_dyn", "A", "shared.dyn"),
+             "ld_b": ("bitblas_mma_ldmatrix_bf16_b_trans", "B", "shared"),
+             "ld_b_dyn": ("bitblas_mma_ldmatrix_bf16_b_trans_dyn", "B", "shared.dyn")}
+    for key, (name, which, scope) in names.items():
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *_ldmatrix_b16(tc, "bfloat16", which, scope))
+        _BF16_INTRINS[key] = name
+    name = "bitblas_mma_bf16bf16f32_trans_b"
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, *_mma_b16_trans_b(tc, "bfloat16", "bf16"))
+    _BF16_INTRINS["mma"] = name
+    _BF16_INTRINS["fill"] = tc.MMA_fill_16x16_f32_INTRIN
+    _BF16_INTRINS["store"] = tc.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE
+
+
+def _ldmatrix_b16(tc, dtype, which, scope):
+    """ldmatrix.x4 of a 16x16 tile of a 16-bit dtype into the mma fragment layout: A not
+    transposed ([M, K] tile), or B "trans" ([N, K] tile). Same description and implementation
+    as TVM's float16 intrinsics (ldmatrix moves .b16 words; the dtype is only the buffers')."""
+    from tvm.script import tirx as T
+    index_map = tc.shared_16x16_to_ldmatrix_32x8_layout
+    half = 16
+    if which == "A":
+        trans_in_ldmatrix = False
+        smem_offset = lambda tx, stride: stride * (tx % half) + 8 * (tx // half)  # noqa: E731
+    else:
+        trans_in_ldmatrix = False           # B [N, K]: the "trans" B variant loads rows as they are
+        smem_offset = lambda tx, stride: (stride * 8 * (tx // half) + stride * (tx % 8)  # noqa: E731
+                                          + 8 * ((tx % half) // 8))
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (16, 16), dtype, align=64, offset_factor=16, scope=scope)
+        warp = T.match_buffer(warp_handle, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for ax0, ax1 in T.grid(16, 16):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    thread_id, local_id = T.meta_var(index_map(v0, v1))
+                    T.writes(warp[thread_id, local_id])
+                    warp[thread_id, local_id] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (16, 16), dtype, align=64, offset_factor=16, scope=scope,
+                                strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.ldmatrix(trans_in_ldmatrix, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
+                                                 shared.access_ptr("r"), smem_offset(tx, s0), dtype=dtype))
+
+    return desc, impl
+
+
+def _mma_b16_trans_b(tc, dtype, abbrv):
+    """mma.sync m16n8k16 (two n8 halves) for a 16-bit input dtype, B given as [N, K], fp32 accumulate."""
+    from tvm.script import tirx as T
+    from tvm.tirx import Cast
+    index_map = tc.shared_16x16_to_ldmatrix_32x8_layout
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
+            T.writes(C[0:32, 0:8])
+            for i, j, k in T.grid(16, 16, 16):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    thread_id_C, local_id_C = T.meta_var(index_map(vi, vj))
+                    thread_id_A, local_id_A = T.meta_var(index_map(vi, vk))
+                    thread_id_B, local_id_B = T.meta_var(index_map(vj, vk))
+                    T.reads(C[thread_id_C, local_id_C], A[thread_id_A, local_id_A], B[thread_id_B, local_id_B])
+                    T.writes(C[thread_id_C, local_id_C])
+                    C[thread_id_C, local_id_C] += Cast("float32", A[thread_id_A, local_id_A]) * \
+                        Cast("float32", B[thread_id_B, local_id_B])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
+            T.writes(C[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
+                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8,
+                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
+                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
+                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + 4,
+                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
+
+    return desc, impl
+
+
+# -- copy geometry -------------------------------------------------------------------------------
+def _vec(row_elems: int, stride_elems: int, rows: int, elem_bytes: float, threads: int,
+         max_bytes: int = 16) -> Optional[int]:
+    """Elements per thread-step for a cooperative tile copy: the widest vector (<= max_bytes) that
+    stays inside a tile row, keeps every global row aligned (row stride) and splits the tile evenly
+    over the threads. None if even one element does not split evenly."""
+    total = rows * row_elems
+    v = max(1, int(max_bytes / elem_bytes))
+    while v >= 1:
+        if row_elems % v == 0 and stride_elems % v == 0 and total % (threads * v) == 0:
+            return v
+        v //= 2
+    return None
+
+
+def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
+    """Vector widths of the block's copies, or None when the geometry does not fit the hint."""
+    c, w = plan.config, plan.w
+    t = hint.threads
+    a_vec = _vec(hint.BK, c.K, hint.BM, 2, t)
+    if w.kind == "float":
+        w_vec = _vec(hint.BK, c.K, hint.BN, 2, t)
+        dec_vec = None
+    else:
+        cpb = w.codes_per_byte
+        if hint.BK % cpb:
+            return None
+        w_vec = _vec(hint.BK // cpb, c.K // cpb, hint.BN, 1, t)
+        dec_vec = _vec(hint.BK, hint.BK, hint.BN, 2, t, max_bytes=2 * hint.vec_decode)
+    # the epilogue computes in float32: at most 4 lanes (TVM's CUDA codegen mishandles float32x8)
+    o_vec = _vec(hint.WN, c.N, hint.WM, 4, _THREADS_PER_WARP)
+    if None in (a_vec, w_vec, o_vec) or (w.kind != "float" and dec_vec is None):
+        return None
+    # cp.async moves 4, 8 or 16 bytes; narrower copies would be synchronous: not worth the template
+    if a_vec * 2 < 4 or (w_vec * (2 if w.kind == "float" else 1)) < 4:
+        return None
+    return {"a": a_vec, "w": w_vec, "dec": dec_vec, "out": o_vec}
+
+
+# -- the schedule --------------------------------------------------------------------------------
+def schedule_cuda_mma(func, plan, hint: MMAHint):
+    reason = mma_unsupported_reason(plan)
+    if reason is not None:
+        raise ValueError(f"tensor-core schedule does not apply: {reason}")
+    hint.check()
+    vecs = _copy_plan(plan, hint)
+    if vecs is None:
+        raise ValueError(f"tensor-core schedule: {hint} does not fit N={plan.config.N}, K={plan.config.K}, "
+                         f"W_dtype={plan.config.W_dtype}")
+    intr = _intrinsics(plan.config.A_dtype)
+    tc = tensor_intrin_cuda()
+    BM, BN, BK, WM, WN, stages = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN, hint.stages
+    c, w = plan.config, plan.w
+    nw = hint.warps
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    C = sch.get_sblock("C")
+    pad_m = plan.m is None or plan.m % BM != 0
+    if pad_m or c.N % BN or c.K % BK:
+        sch.pad_einsum(C, [BM, BN, BK])
+    blocks = _blocks(sch, "A_pad", "B_decode", "B_decode_pad", "C_pad")
+    if "B_decode_pad" in blocks:
+        sch.compute_inline(blocks["B_decode"])
+        Bd = blocks["B_decode_pad"]
+    else:
+        Bd = blocks["B_decode"]
+    if "C_pad" in blocks:
+        sch.compute_inline(blocks["C_pad"])    # D reads the padded accumulator directly
+
+    i, j, k = sch.get_loops(C)
+    i, i_tc = sch.split(i, [None, 16])
+    j, j_tc = sch.split(j, [None, 16])
+    k, k_tc = sch.split(k, [None, 16])
+    sch.reorder(i, j, k, i_tc, j_tc, k_tc)
+    C_o = sch.blockize(i_tc)
+    i0, i1, i2 = sch.split(i, [None, BM // WM, WM // 16])
+    j0, j1, j2 = sch.split(j, [None, BN // WN, WN // 16])
+    k0, k1 = sch.split(k, [None, BK // 16])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(i0, "blockIdx.y")
+    sch.bind(j0, "blockIdx.x")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+
+    def coop(blk, vec, max_lanes=None):
+        """Spread a block's two innermost loops over all threads of the block, ``vec`` contiguous
+        elements per thread-step: vectorized ``max_lanes`` at a time, unrolled above that."""
+        fused = sch.fuse(*sch.get_loops(blk)[-2:])
+        _, ty, tx, v = sch.split(fused, [None, nw, _THREADS_PER_WARP, vec])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        if max_lanes is not None and vec > max_lanes:
+            u, v = sch.split(v, [None, max_lanes])
+            sch.unroll(u)
+        sch.vectorize(v)
+
+    # activations: global -> shared.dyn (cp.async; zero-filled rows past M)
+    if "A_pad" in blocks:
+        A_sh = blocks["A_pad"]
+        sch.set_scope(A_sh, 0, "shared.dyn")
+    else:
+        A_sh = sch.cache_read(C_o, 0, "shared.dyn")
+    sch.compute_at(A_sh, k0)
+    coop(A_sh, vecs["a"])
+    sch.storage_align(A_sh, 0, axis=-2, factor=32, offset=8)
+
+    if w.kind == "float":
+        # float weights: the (padded) tile is a plain copy, cp.async into shared.dyn
+        sch.set_scope(Bd, 0, "shared.dyn")
+        sch.compute_at(Bd, k0)
+        coop(Bd, vecs["w"])
+        sch.storage_align(Bd, 0, axis=-2, factor=32, offset=8)
+        ld_b = intr["ld_b_dyn"]
+        n_loads = 2
+    else:
+        # quantized: raw codes -> shared.dyn (cp.async), decode -> its own static shared tile
+        sch.set_scope(Bd, 0, "shared")
+        sch.compute_at(Bd, k0)
+        W_idx = _read_index(sch, Bd, "W")
+        Wq_sh = sch.cache_read(Bd, W_idx, "shared.dyn")
+        sch.compute_at(Wq_sh, k0)
+        coop(Wq_sh, vecs["w"])
+        coop(Bd, vecs["dec"], max_lanes=2)   # TVM's CUDA codegen breaks on wider sub-byte decode vectors
+        sch.storage_align(Bd, 0, axis=-2, factor=32, offset=8)
+        ld_b = intr["ld_b"]
+        n_loads = 2
+
+    A_w = sch.cache_read(C_o, 0, "warp")
+    sch.compute_at(A_w, k1)
+    B_w = sch.cache_read(C_o, 1, "warp")
+    sch.compute_at(B_w, k1)
+    C_w = sch.cache_write(C_o, 0, "warp")
+    sch.reverse_compute_at(C_w, warp)
+    ii, jj = sch.get_loops(C_w)[-2:]
+    io, ii = sch.split(ii, [None, 16])
+    jo, ji = sch.split(jj, [None, 16])
+    sch.reorder(io, jo, ii, ji)
+    sch.decompose_reduction(C_o, k0)
+
+    def tile16(blk):
+        a, b = sch.get_loops(blk)[-2:]
+        a0, a1 = sch.split(a, [None, 16])
+        b0, b1 = sch.split(b, [None, 16])
+        sch.reorder(a0, b0, a1, b1)
+        return a1
+
+    la, lb = tile16(A_w), tile16(B_w)
+    imap = lambda r, s: (r // 16, s // 16, *tc.shared_16x16_to_ldmatrix_32x8_layout(r % 16, s % 16))  # noqa: E731
+    sch.transform_layout(A_w, ("write", 0), imap)
+    sch.transform_layout(B_w, ("write", 0), imap)
+    sch.transform_layout(C_w, ("read", 0), imap)
+    sch.tensorize(la, intr["ld_a_dyn"])
+    sch.tensorize(lb, ld_b)
+    sch.tensorize(sch.get_loops(C)[-3], intr["mma"])
+    sch.tensorize(sch.get_loops(sch.get_sblock("C_init"))[-2], intr["fill"])
+
+    # epilogue: fragments -> fp32 shared tile -> fused D (bias, global scale, cast) -> global
+    sch.set_scope(C_w, 0, "shared.dyn")
+    D = sch.get_sblock("D")
+    sch.reverse_compute_at(D, warp)
+    fused = sch.fuse(*sch.get_loops(D)[-2:])
+    _, tx, v = sch.split(fused, [None, _THREADS_PER_WARP, vecs["out"]])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    sch.tensorize(sch.get_loops(C_w)[-2], intr["store"])
+
+    # software pipeline over k0: loads run stages-1 tiles ahead of decode + mma
+    inner = hint.inner_pipeline if hint.inner_pipeline is not None else w.kind == "float"
+    if inner and BK // 16 > 1 and (stages >= 3 or w.kind != "float"):
+        # ldmatrix fragments double-buffered over k1; InjectSoftwarePipeline rewrites k1 first, so
+        # its loop counts as 3 statements (prologue, body, epilogue) in the k0 annotation
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+        if w.kind == "float":   # next tile's first fragments load while this tile's mma run
+            stage = [0, 0, stages - 2, stages - 1, stages - 1]
+            order = [0, 1, 3, 2, 4]
+        else:
+            stage = [0, 0, stages - 1, stages - 1, stages - 1, stages - 1]
+            order = [0, 1, 2, 3, 4, 5]
+    else:
+        n_body = n_loads + (0 if w.kind == "float" else 1) + 1
+        stage = [0] * n_loads + [stages - 1] * (n_body - n_loads)
+        order = list(range(n_body))
+    sch.annotate(k0, "software_pipeline_stage", stage)
+    sch.annotate(k0, "software_pipeline_order", order)
+    sch.annotate(k0, "software_pipeline_async_stages", [0])
+    return sch.mod
+
+
+def _blocks(sch, *names):
+    """{name: block} for the named blocks that exist."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = sch.get_sblock(name)
+        except Exception:  # noqa: BLE001 - TVM raises its own error type for a missing block
+            pass
+    return out
+
+
+def _read_index(sch, block, name):
+    """Index of buffer ``name`` among the reads of ``block``."""
+    for idx, r in enumerate(sch.get(block).reads):
+        buf = getattr(r, "buffer", None) or getattr(r, "source", None)
+        if getattr(buf, "name", None) == name:
+            return idx
+    raise ValueError(f"block {sch.get(block).name_hint} does not read {name}")

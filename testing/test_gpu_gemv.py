@@ -1,0 +1,150 @@
+"""The small-M (GEMV) CUDA template: selection, correctness at odd row counts and shapes, hint variants.
+
+Skipped without a CUDA GPU, except the selection and code-generation checks at the bottom, which
+run anywhere (code generation needs no GPU; the nvcc check is marked ``nvcc``).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import bitblas
+from bitblas import MatmulConfig
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import GEMVHint, default_hint, gemv_unsupported
+
+_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def gpu(f):
+    return pytest.mark.gpu(_skip(f))
+G = 128
+
+CONFIGS = [
+    pytest.param(dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True), id="u4"),
+    pytest.param(dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True),
+                 id="u4-zeros"),
+    pytest.param(dict(A_dtype="float16", W_dtype="int4", group_size=64, with_scaling=True, with_bias=True,
+                      out_dtype="float32"), id="i4-g64-bias-f32out"),
+    pytest.param(dict(A_dtype="bfloat16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
+                      zeros_mode="quantized", out_dtype="bfloat16"), id="bf16-u4-qzeros"),
+    pytest.param(dict(A_dtype="bfloat16", W_dtype="int8", with_scaling=True, out_dtype="bfloat16"), id="bf16-i8-chan"),
+    pytest.param(dict(A_dtype="float16", W_dtype="uint8", group_size=G, with_scaling=True, with_zeros=True,
+                      zeros_mode="rescale"), id="u8-rescale"),
+    pytest.param(dict(A_dtype="float16", W_dtype="uint2", group_size=G, with_scaling=True, with_zeros=True,
+                      zeros_mode="quantized"), id="u2-qzeros"),
+    pytest.param(dict(A_dtype="bfloat16", W_dtype="int2", group_size=G, with_scaling=True, out_dtype="bfloat16"),
+                 id="bf16-i2"),
+    pytest.param(dict(A_dtype="float16", W_dtype="int1", group_size=G, with_scaling=True, with_zeros=True),
+                 id="i1-zeros"),
+    pytest.param(dict(A_dtype="bfloat16", W_dtype="uint1", group_size=G, with_scaling=True, with_zeros=True,
+                      zeros_mode="rescale", out_dtype="bfloat16"), id="bf16-u1-rescale"),
+    pytest.param(dict(A_dtype="float16", W_dtype="uint4"), id="u4-noscale"),
+]
+ROWS = (1, 3, 16)
+SHAPES = ((1000, 1536), (4104, 8192))      # N no multiple of the rows per block; K=1536 leaves lanes idle
+
+
+def _run(fn, plan, inputs, out):
+    args = [out.view(plan.m, -1) if s.role == "output" else inputs[s.name] for s in plan.args]
+    fn(*args)
+
+
+def _err(cfg, m, fn=None, plan=None, seed=None):
+    seed = random.randrange(2 ** 31) if seed is None else seed
+    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
+    out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
+    if fn is None:
+        op = bitblas.Matmul(cfg)
+        op(**inputs, output=out)
+        key = ("cuda", op._kernel_m("cuda", m))
+        assert key[1] == m and isinstance(default_hint(op._kernels[key][0]), GEMVHint), "GEMV kernel not selected"
+    else:
+        _run(fn, plan, inputs, out)
+    torch.cuda.synchronize()
+    return relative_error(out.cpu(), reference_matmul(cfg, **inputs)), tolerance(cfg), seed
+
+
+@pytest.mark.parametrize("kw", CONFIGS)
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("m", ROWS)
+@gpu
+def test_gemv(kw, n, k, m):
+    cfg = MatmulConfig(N=n, K=k, **kw)
+    err, tol, seed = _err(cfg, m)
+    assert err <= tol, f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+HINTS = [GEMVHint(1, 4, 1, 0), GEMVHint(4, 2, 4, 8), GEMVHint(2, 8, 2, 4), GEMVHint(8, 1, 8, 16)]
+
+
+@pytest.mark.parametrize("hint", HINTS, ids=[str(tuple(h.__dict__.values())) for h in HINTS])
+@gpu
+def test_gemv_hints(hint):
+    from bitblas.build import build_plan
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="int4", group_size=G, with_scaling=True,
+                       with_zeros=True)
+    for m in (1, 5):
+        plan = make_plan(cfg, "cuda", m)
+        fn = build_plan(plan, hint=hint)
+        err, tol, seed = _err(cfg, m, fn=fn, plan=plan)
+        assert err <= tol, f"{hint} m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("m", (1, 16))
+@gpu
+def test_gemv_precision_long_k(m):
+    """float16 accumulation inside each 32-value vector stays far inside the tolerance at K=16384."""
+    cfg = MatmulConfig(N=2048, K=16384, A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True,
+                       with_zeros=True)
+    err, tol, seed = _err(cfg, m)
+    assert err <= tol / 2, f"seed={seed}: rel. err {err:.3e} > {tol / 2:.1e}"
+
+
+@gpu
+def test_gemv_misaligned_activations():
+    """A view whose data pointer is not 16-byte aligned still gives the right result."""
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True)
+    inputs = random_inputs(cfg, 1, device="cuda")
+    buf = torch.empty(cfg.K + 1, dtype=torch.float16, device="cuda")
+    buf[1:].copy_(inputs["A"].view(-1))
+    a = buf[1:].view(1, cfg.K)
+    op = bitblas.Matmul(cfg)
+    out = op(a, inputs["W"], scale=inputs["scale"])
+    torch.cuda.synchronize()
+    err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
+    assert err <= tolerance(cfg)
+
+
+# -- no GPU needed ------------------------------------------------------------------------------
+def test_gemv_selection():
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True)
+    assert gemv_unsupported(make_plan(cfg, "cuda", 1)) is None
+    assert gemv_unsupported(make_plan(cfg, "cuda", 16)) is None
+    assert gemv_unsupported(make_plan(cfg, "cuda", 17))
+    assert gemv_unsupported(make_plan(cfg, "cuda", None))
+    assert gemv_unsupported(make_plan(cfg, "cpu", 1))
+    assert isinstance(default_hint(make_plan(cfg, "cuda", 4)), GEMVHint)
+    op = bitblas.Matmul(cfg)
+    assert op._kernel_m("cuda", 7) == 7 and op._kernel_m("cuda", 17) is None and op._kernel_m("cpu", 7) is None
+    nf4 = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=G, with_scaling=True)
+    assert gemv_unsupported(make_plan(nf4, "cuda", 1))
+    assert bitblas.Matmul(nf4)._kernel_m("cuda", 1) is None
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gemv_codegen(arch):
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    for kw in (dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True),
+               dict(A_dtype="bfloat16", W_dtype="int8", with_scaling=True, out_dtype="bfloat16")):
+        plan = make_plan(MatmulConfig(N=1000, K=1536, **kw), "cuda", 3)
+        src = cuda_source(plan, arch)
+        assert "lop3.b32" in src or "__byte_perm" in src
+        assert nvcc_compile(src, arch)

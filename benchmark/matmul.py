@@ -108,7 +108,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     t0 = time.perf_counter()
     if hint is None:
         op(**shared, **first, output=out)
-        kern = op._kernels.get(("cuda", op._kernel_m("cuda", m)))
+        kern = op._kernel("cuda", m)                      # (plan, fn) of the kernel that served the call
         fn = None
     else:
         from bitblas.build import build_plan
@@ -173,13 +173,9 @@ def bench_int4pack(N, K, m):
 
 
 def parse_hints(text):
-    """'R,W,U,VB;...' -> GEMVHint list."""
+    """'R,W,U,VB[,WK[,GRID]];...' -> GEMVHint list (fields in GEMVHint's order)."""
     from bitblas.schedule import GEMVHint
-    out = []
-    for part in filter(None, text.split(";")):
-        r, w, u, vb = (int(x) for x in part.split(","))
-        out.append(GEMVHint(rows_per_warp=r, warps=w, unroll=u, vec_bytes=vb))
-    return out
+    return [GEMVHint(*(int(x) for x in part.split(","))) for part in filter(None, text.split(";"))]
 
 
 def main(argv=None):
@@ -191,7 +187,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write all rows to this JSON file")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 correctness check")
     ap.add_argument("--no-baselines", action="store_true")
-    ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB;...'")
+    ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmark/matmul.py needs a CUDA GPU")

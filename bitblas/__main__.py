@@ -1,4 +1,8 @@
-"""`python -m bitblas`: the W4A16 demo (GPU if present, else CPU)."""
+"""`python -m bitblas`: the W4A16 demo (GPU if present, else CPU).
+
+`python -m bitblas tune --workloads FILE --formats uint4:g128:zeros ...`: pre-tune every weight
+matmul of a captured workload into the database (see bitblas.tune.cli).
+"""
 from __future__ import annotations
 
 import argparse
@@ -42,12 +46,17 @@ def demo(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bitblas", description=__doc__)
-    p.add_argument("command", nargs="?", default="demo", choices=["demo"])
-    p.add_argument("--m", type=int, default=1)
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("command", nargs="?", default="demo", choices=["demo", "tune"])
+    g = p.add_argument_group("demo")
+    g.add_argument("--m", type=int, default=1)
+    g.add_argument("--n", type=int, default=4096)
+    g.add_argument("--k", type=int, default=4096)
+    g.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    from bitblas.tune.cli import add_arguments, run_tune
+    add_arguments(p.add_argument_group("tune"))
     args = p.parse_args(argv)
+    if args.command == "tune":
+        return run_tune(args)
     return demo(args)
 
 

@@ -21,8 +21,8 @@ from .schedule import schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "cuda_target", "build_plan", "lower_plan", "cuda_source", "nvcc_compile", "find_nvcc",
-           "PASS_CONFIG"]
+__all__ = ["cpu_target", "cuda_target", "build_plan", "compile_plan", "lower_plan", "cuda_source", "nvcc_compile",
+           "find_nvcc", "PASS_CONFIG"]
 
 PASS_CONFIG = {"tirx.use_async_copy": True}
 
@@ -75,6 +75,11 @@ def _compile(mod, tgt):
 
 def build_plan(plan: Plan, target=None, hint=None):
     """Compile a plan; returns the runtime function ``main`` (callable on torch tensors)."""
+    return compile_plan(plan, target, hint)["main"]
+
+
+def compile_plan(plan: Plan, target=None, hint=None):
+    """Compile a plan; returns the tvm Executable (``ex["main"]``, ``ex.export_library(path)``)."""
     tgt = cpu_target() if plan.target_kind == "cpu" else cuda_target(target)
     try:
         mod = lower_plan(plan, hint, tgt)
@@ -88,7 +93,7 @@ def build_plan(plan: Plan, target=None, hint=None):
         mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = _compile(mod, tgt)
-    return ex["main"]
+    return ex
 
 
 def cuda_source(plan: Plan, target=None, hint=None) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOG_LEVEL", "TARGET", "CUDA_HOME", "database_path"]
+__all__ = ["LOG_LEVEL", "TARGET", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
 
 # BITBLAS_LOG_LEVEL: level name for the "bitblas" logger (default WARNING); see bitblas.set_log_level.
 LOG_LEVEL = os.environ.get("BITBLAS_LOG_LEVEL", "WARNING")
@@ -16,3 +16,19 @@ CUDA_HOME = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
 def database_path() -> str:
     """BITBLAS_DATABASE_PATH, default ~/.cache/bitblas (kernel and tuning cache)."""
     return os.environ.get("BITBLAS_DATABASE_PATH") or os.path.join(os.path.expanduser("~"), ".cache", "bitblas")
+
+
+def cache_disabled() -> bool:
+    """BITBLAS_DISABLE_CACHE=1: neither read nor write the on-disk database (memory cache only)."""
+    return os.environ.get("BITBLAS_DISABLE_CACHE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def tune_workers() -> int:
+    """BITBLAS_TUNE_WORKERS: compile processes of the tuner (default: CPU cores, at most 32)."""
+    v = os.environ.get("BITBLAS_TUNE_WORKERS")
+    return max(1, int(v)) if v else max(1, min(32, os.cpu_count() or 1))
+
+
+def cuda_compile_mode() -> str:
+    """TVM_CUDA_COMPILE_MODE (read by TVM: "nvrtc" default, or "nvcc"); part of every CUDA cache key."""
+    return os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc")

@@ -47,19 +47,26 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def reference_matmul(config: MatmulConfig, A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None,
                      bias=None, a_scale=None, global_scale: Optional[torch.Tensor] = None,
-                     cast: bool = True) -> torch.Tensor:
-    """out [..., N] for ``Matmul(config)``; ``cast=False`` returns float64 before the output cast."""
+                     cast: bool = True, device=None) -> torch.Tensor:
+    """out [..., N] for ``Matmul(config)``; ``cast=False`` returns the product before the output cast.
+
+    Dequantization is float64 on the CPU; the product is float64 on the CPU, or float32 on
+    ``device`` when one is given (e.g. "cuda": the tuner's check of large problems).
+    """
     c = config
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    dt = torch.float64 if dev.type == "cpu" else torch.float32
     wf = dequantize(c, W.cpu(), None if scale is None else scale.cpu(), None if zeros is None else zeros.cpu(),
                     None if global_scale is None else global_scale.cpu())
     if c.layout == "nn":
         wf = wf.T
-    af = dequantize_activation(A.cpu(), c.A_dtype)
+    wf = wf.to(dev, dt)
+    af = dequantize_activation(A.cpu(), c.A_dtype).to(dev, dt)
     out = af @ wf.T
     if a_scale is not None:
-        out = out * a_scale.cpu().to(torch.float64).unsqueeze(-1)
+        out = out * a_scale.to(dev, dt).unsqueeze(-1)
     if bias is not None:
-        out = out + bias.cpu().to(torch.float64)
+        out = out + bias.to(dev, dt)
     if not cast:
         return out
     if c.out_dtype == "int32":

@@ -61,8 +61,8 @@ def _err(cfg, m, fn=None, plan=None, seed=None):
     if fn is None:
         op = bitblas.Matmul(cfg)
         op(**inputs, output=out)
-        key = ("cuda", op._kernel_m("cuda", m))
-        assert key[1] == m and isinstance(default_hint(op._kernels[key][0]), GEMVHint), "GEMV kernel not selected"
+        kplan = op._kernel("cuda", m)[0]
+        assert kplan.m == m and isinstance(default_hint(kplan), GEMVHint), "GEMV kernel not selected"
     else:
         _run(fn, plan, inputs, out)
     torch.cuda.synchronize()
@@ -79,7 +79,9 @@ def test_gemv(kw, n, k, m):
     assert err <= tol, f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
 
 
-HINTS = [GEMVHint(1, 4, 1, 0), GEMVHint(4, 2, 4, 8), GEMVHint(2, 8, 2, 4), GEMVHint(8, 1, 8, 16)]
+HINTS = [GEMVHint(1, 4, 1, 0), GEMVHint(4, 2, 4, 8), GEMVHint(2, 8, 2, 4), GEMVHint(8, 1, 8, 16),
+         GEMVHint(4, k_warps=4, grid=5), GEMVHint(3, vec_bytes=8, k_warps=2), GEMVHint(2, k_warps=16, grid=64),
+         GEMVHint(4, 1, 1, stages=4), GEMVHint(3, 2, 2, stages=3), GEMVHint(2, 4, 2, stages=1)]
 
 
 @pytest.mark.parametrize("hint", HINTS, ids=[str(tuple(h.__dict__.values())) for h in HINTS])

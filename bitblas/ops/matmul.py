@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from typing import Dict, Optional, Tuple
 
@@ -18,7 +17,8 @@ from ..config import MatmulConfig
 from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
-from ..schedule.cuda_gemv import GEMV_MAX_ROWS, gemv_unsupported
+from ..dispatch import default_rows
+from ..schedule.cuda_gemv import GEMV_MAX_ROWS, GEMVHint, gemv_unsupported
 
 __all__ = ["Matmul", "MatmulConfig"]
 
@@ -51,6 +51,12 @@ class Matmul:
             self._resolve_cuda_target()            # reject a bad target now, not at the first call
         self._kernels: Dict[Tuple[str, Optional[int]], Tuple[Plan, object]] = {}
         self._consts: Dict[Tuple[str, str], torch.Tensor] = {}
+        self._base: Dict[str, Plan] = {}          # kind -> plan with symbolic M (argument names, A's width)
+        self._argchecks: Dict[int, tuple] = {}    # id(plan) -> (plan, precomputed per-argument checks)
+        self._tuned: Dict[str, Dict[int, tuple]] = {}   # kind -> {bucket: (plan rows, hint)} once tuned
+        self._by_rows: Dict[Tuple[str, int], Tuple[Plan, object]] = {}   # (kind, rows) -> kernel: dispatch
+        self._buckets = None                      # BucketTable of the tuned buckets
+        self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
         if enable_tuning:
             self.hardware_aware_finetune()
 
@@ -71,29 +77,49 @@ class Matmul:
         return M if isinstance(M, int) and rows == M else None
 
     def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
-        """Row count the kernel for ``rows`` is specialised to (None: symbolic). CUDA calls with
-        1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
-        m = self._static_m(rows)
+        """Row count the untuned kernel for ``rows`` is specialised to (None: symbolic). CUDA calls
+        with 1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
         if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MAX_ROWS:
-            return m
+            return self._static_m(rows)
         cache = self.__dict__.setdefault("_gemv_rows", {})
         if rows not in cache:
             cache[rows] = gemv_unsupported(make_plan(self.config, kind, rows)) is None
-        return rows if cache[rows] else m
+        return default_rows(self.config, kind, rows)
+
+    def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
+        """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned
+        kernel of rows' bucket where it can (see bitblas.dispatch), else the default kernel."""
+        default_m = self._kernel_m(kind, rows)
+        tuned = self._tuned.get(kind)
+        if tuned:
+            bucket = self._buckets.bucket_of(rows)
+            m, hint = tuned[bucket]
+            if isinstance(hint, GEMVHint):
+                if rows <= bucket and default_m == rows:      # GEMV: one static kernel per row count
+                    return rows, hint
+            elif m is None or m == rows:
+                return m, hint
+        return default_m, None
 
     def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
         return make_plan(self.config, kind, self._kernel_m(kind, rows))
 
     def _kernel(self, kind: str, rows: int):
-        key = (kind, self._kernel_m(kind, rows))
+        entry = self._by_rows.get((kind, rows))
+        if entry is not None:
+            return entry
+        m, hint = self._choose(kind, rows)
+        key = (kind, m) if hint is None else (kind, m, hint)
         entry = self._kernels.get(key)
         if entry is None:
-            from ..build import build_plan
-            plan = make_plan(self.config, kind, key[1])
+            from ..cache.kernels import get_kernel
+            plan = make_plan(self.config, kind, m)
             t0 = time.perf_counter()
-            fn = build_plan(plan, target=self._resolve_cuda_target() if kind == "cuda" else None)
-            logger.info("built %s kernel (m=%s) in %.2f s", kind, key[1] or M_VAR, time.perf_counter() - t0)
+            fn, hint = get_kernel(plan, hint, target=self._resolve_cuda_target() if kind == "cuda" else None)
+            logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, m or M_VAR, hint, time.perf_counter() - t0)
             entry = self._kernels[key] = (plan, fn)
+        if len(self._by_rows) < 65536:
+            self._by_rows[(kind, rows)] = entry
         return entry
 
     def _const(self, name: str, plan: Plan, device) -> torch.Tensor:
@@ -122,7 +148,7 @@ class Matmul:
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
                  "global_scale": global_scale}
         if args:
-            plan0 = make_plan(self.config)
+            plan0 = self._base_plan("cpu")
             slots = [s for s in _POSITIONAL if s == "output" or plan0.arg(s) is not None]
             if len(args) > len(slots):
                 raise TypeError(f"Matmul takes A, W and at most {len(slots)} more positional tensors "
@@ -132,6 +158,23 @@ class Matmul:
                     raise TypeError(f"{slot} given both positionally and by keyword")
                 given[slot] = t
         return self._run(A, W, given)
+
+    def _base_plan(self, kind: str) -> Plan:
+        plan = self._base.get(kind)
+        if plan is None:
+            plan = self._base[kind] = make_plan(self.config, kind, None)
+        return plan
+
+    def _checks_for(self, plan: Plan) -> tuple:
+        """Per-argument check data of ``plan``, computed once: (spec, torch dtype, view as int8 bits,
+        first dim is the row count (symbolic, or static in a kernel made for these rows)). The hot
+        path then only compares."""
+        entry = self._argchecks.get(id(plan))
+        if entry is None or entry[0] is not plan:
+            checks = tuple((s, TORCH_DTYPES[s.user_dtype], s.dtype == "int8" and s.user_dtype != "int8",
+                            s.name in ("A", "a_scale", "output")) for s in plan.args)
+            entry = self._argchecks[id(plan)] = (plan, checks)
+        return entry[1]
 
     def _run(self, A, W, given):
         c = self.config
@@ -146,13 +189,13 @@ class Matmul:
             kind = "cpu"
         else:
             raise ValueError(f"A is on {device}; accepted devices: cpu, cuda")
-        plan0 = make_plan(c, kind, None)
-        a_spec = plan0.arg("A")
+        plan0 = self._base_plan(kind)
+        a_spec = plan0.args[0]
         if A.dim() < 1 or A.shape[-1] != a_spec.shape[1]:
             raise ValueError(f"A: expected shape [..., {a_spec.shape[1]}] (K={c.K}"
                              f"{', two int4 codes per byte' if plan0.a.packed else ''}), got {list(A.shape)}")
-        lead = tuple(A.shape[:-1])
-        rows = math.prod(lead)
+        lead = A.shape[:-1]
+        rows = lead.numel()
         for name in given:
             if given[name] is not None and plan0.arg(name) is None:
                 raise ValueError(f"{name} given, but the config takes none "
@@ -161,14 +204,15 @@ class Matmul:
         out = given["output"]
         tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
         call = []
-        for spec in plan.args:
+        for spec, want, bits_view, has_m in self._checks_for(plan):
             if spec.role == "table":
                 call.append(self._const(spec.name, plan, device))
                 continue
             if spec.role == "output":
                 if out is None:
-                    out = torch.empty(*lead, c.N, dtype=TORCH_DTYPES[spec.user_dtype], device=device)
-                else:
+                    out = torch.empty(*lead, c.N, dtype=want, device=device)
+                elif not (isinstance(out, torch.Tensor) and out.dtype == want and out.device == device
+                          and out.is_contiguous() and out.shape == (*lead, c.N)):
                     _check_tensor("output", out, spec, rows, device, lead=lead)
                 call.append(out.view(rows, c.N))
                 continue
@@ -178,7 +222,17 @@ class Matmul:
                     call.append(self._const(spec.name, plan, device))
                     continue
                 raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
-            t = _check_tensor(spec.name, t, spec, rows, device, lead=lead if spec.name in ("A", "a_scale") else None)
+            # fast path: exactly the expected dtype, shape, device and layout; anything else takes the
+            # general check, which accepts the other legal forms or raises naming the argument
+            if (isinstance(t, torch.Tensor) and t.dtype == want and t.device == device and t.is_contiguous()
+                    and t.shape == ((*lead, *spec.shape[1:]) if has_m else spec.shape)):
+                if has_m and len(lead) != 1:
+                    t = t.view(rows, *spec.shape[1:])
+                if bits_view:
+                    t = t.view(torch.int8)
+            else:
+                t = _check_tensor(spec.name, t, spec, rows, device,
+                                  lead=lead if spec.name in ("A", "a_scale") else None)
             call.append(t)
         if rows == 0:
             return out
@@ -187,6 +241,12 @@ class Matmul:
             call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
         fn(*call)
         return out
+
+    def bind(self, W, scale=None, zeros=None, bias=None, global_scale=None):
+        """This operator with its weight-side tensors checked once (see :mod:`bitblas.ops.bound`):
+        the result is called as ``bound(A, a_scale=None, output=None)`` (the nn modules' hot path)."""
+        from .bound import BoundMatmul
+        return BoundMatmul(self, W, scale, zeros, bias, global_scale)
 
     # -- weights ---------------------------------------------------------------------------
     def transform_weight(self, weight, scale=None, zeros=None, bias=None):
@@ -214,37 +274,59 @@ class Matmul:
         return cuda_source(plan, self._resolve_cuda_target())
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
-                        device=None) -> float:
-        """Median latency in ms of one call on fresh random inputs (GPU if available, else CPU)."""
+                        device=None, flush_l2: bool = True) -> float:
+        """Median latency in ms of the kernel that serves ``m`` rows (default: the config's M, its
+        largest bucket, or 1), on fresh random inputs (GPU if available, else CPU).
+
+        ``warmup`` calls through the operator (building the kernel), then ``repeats`` samples of
+        batches of back-to-back kernel launches timed with CUDA events (bitblas.tune.measure);
+        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM.
+        """
+        from ..hardware import query_device
         from ..reference import random_inputs
+        from ..tune.measure import time_kernel
+        from ..tune.tuner import _weight_copies
         c = self.config
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
         if device is None:
             device = "cuda" if (torch.cuda.is_available() and not self._cpu_only) else "cpu"
+        cuda = torch.device(device).type == "cuda"
         inputs = random_inputs(c, m, device=device)
         out = torch.empty(m, c.N, dtype=TORCH_DTYPES[c.out_dtype], device=device)
-        for _ in range(warmup):
+        for _ in range(max(1, warmup)):
             self(**inputs, output=out)
-        times = []
-        cuda = torch.device(device).type == "cuda"
-        for _ in range(repeats):
-            if cuda:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                self(**inputs, output=out)
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                self(**inputs, output=out)
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        plan, fn = self._kernel("cuda" if cuda else "cpu", m)
+        spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
+        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda), cuda, samples=max(1, repeats))
 
-    def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True):
-        raise NotImplementedError("hardware_aware_finetune: the Roller-style tuner is not built yet; "
-                                  "operators run with the default schedule")
+    def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
+                                force: bool = False, progress: Optional[bool] = None) -> dict:
+        """Tune every M bucket (bitblas.tune): Roller-style candidates from the device, the ``topk``
+        best by the cost model compiled in parallel (``parallel_build``), checked against the
+        reference, measured; the fastest serves its bucket from now on. Results and kernels go to
+        the database (bitblas.cache): a later call, here or in another process, loads them
+        without compiling. ``kind``: "cuda" (default with a GPU) or "cpu". ``force``: re-tune.
+        Returns {bucket: TuneResult}.
+        """
+        from ..dispatch import BucketTable, buckets_of
+        from ..tune import tune
+        if kind is None:
+            kind = "cuda" if (torch.cuda.is_available() and not self._cpu_only) else "cpu"
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda' or None")
+        if kind == "cuda" and self._cpu_only:
+            raise ValueError("kind='cuda' but this Matmul was made with target='llvm' (CPU only)")
+        buckets = buckets_of(self.config)
+        results = tune(self.config, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
+                       topk=topk, parallel=parallel_build, force=force, progress=progress)
+        self._buckets = BucketTable(buckets)
+        self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items()}
+        self._by_rows = {k: v for k, v in self._by_rows.items() if k[0] != kind}
+        self.tuning_results[kind] = results
+        for b in buckets:                 # load each bucket's kernel now (memory cache: no compile)
+            self._kernel(kind, b)
+        return results
 
     def __repr__(self):
         return f"Matmul({self.config})"
@@ -265,7 +347,7 @@ def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> 
     if t.device != torch.device(device) and not (t.device.type == device.type and device.type == "cpu"):
         raise ValueError(f"{name} is on {t.device} but A is on {device}; put all tensors on one device")
     shape = [rows if s == M_VAR else s for s in spec.shape]
-    if lead is not None and spec.shape[0] == M_VAR:
+    if lead is not None and spec.shape[0] in (M_VAR, rows):   # symbolic rows, or a kernel static in them
         expect = list(lead) + shape[1:]
     else:
         expect = shape

@@ -1,11 +1,26 @@
 """Schedules: turn the TensorIR of a plan into a scheduled module, steered by a hint."""
+import dataclasses
+
 from .cpu import CPUHint, schedule_cpu
 from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 
 __all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "schedule_cpu", "schedule_cuda_simple",
-           "schedule_cuda_mma", "schedule_cuda_gemv", "gemv_unsupported", "schedule", "default_hint"]
+           "schedule_cuda_mma", "schedule_cuda_gemv", "gemv_unsupported", "schedule", "default_hint",
+           "HINTS", "hint_to_dict", "hint_from_dict"]
+
+HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint)}
+
+
+def hint_to_dict(hint) -> dict:
+    """A hint as plain data ({"class": ..., field: value}): cache keys, worker processes, JSON."""
+    return {"class": type(hint).__name__, **dataclasses.asdict(hint)}
+
+
+def hint_from_dict(d: dict):
+    d = dict(d)
+    return HINTS[d.pop("class")](**d)
 
 
 def default_hint(plan, target=None):

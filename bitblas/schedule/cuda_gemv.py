@@ -1,24 +1,29 @@
 """The small-M CUDA template (decode, M = 1..16): float16/bfloat16 activations x int/uint weights.
 
-A hand-written TIRx kernel (TVM's "tirx" pipeline), generated per plan as TVMScript text:
+Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
+signature follows the plan's argument list); the per-vector decode and dot product are CUDA
+device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen by the hint:
 
-* a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors of packed
-  weights (``ld.global.nc.L1::no_allocate``, ``unroll`` x ``rows_per_warp`` loads in flight per
-  lane), so one warp pass over a row reads 512 contiguous bytes;
-* weights are decoded in registers two at a time into half2/bfloat162 with the magic-number
-  trick: one ``lop3`` places a b-bit field (XOR-ed to unsigned for signed formats) in the low
-  mantissa bits of 1024.0 (128.0 for bfloat16), one ``hsub2``/``hfma2`` subtracts the magic and
-  the integer offset exactly, one ``hfma2`` multiplies with the activation pair;
-  8-bit weights decode to float32 (``prmt`` into 2**23) and use float32 FMAs;
-* the dot product over one vector (32 int4 values) accumulates in half2 (float16: 2, bfloat16: 4
-  independent accumulators), then in float32 with the group scale; float zero points and the
-  centring of unsigned codes are applied through the sum of the activations of the vector:
-  ``s * sum(a * (q - z)) = s * dot + s * (off - z) * sum(a)``;
-* the lanes' partial sums meet in a warp shuffle reduction; bias and the output cast follow.
+* rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
+  16-byte vectors of packed weights (one warp pass over a row reads 512 contiguous bytes),
+  ``unroll`` vectors per row per step. ``stages=2`` keeps the next step's weights in flight in a
+  second register slot; ``stages>=3`` streams them through a cp.async ring in shared memory, so
+  the bytes in flight do not depend on the registers the compiler is willing to spend;
+* k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
+  activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
-The activations are read through L1 (every warp of the grid reads the same [m, K] tile).
-:func:`gemv_unsupported` says which plans the template does not take; those use the simple
-schedule.
+Decode: two values at a time into half2/bfloat162 with the magic-number trick: one ``lop3``
+places a b-bit field (XOR-ed to unsigned for signed formats) in the low mantissa bits of 1024.0
+(128.0 for bfloat16), one ``hsub2``/``hfma2`` removes the magic and an integer offset exactly, one
+``hfma2`` multiplies with the activation pair (activations are paired with ``prmt`` to match).
+8-bit weights decode to float32 (``prmt`` into 2**23) and use float32 FMAs. The dot product over
+one vector accumulates in half2 (float16: 2, bfloat16: 4 independent accumulators), then in
+float32 with the group scale. The integer offset centres the codes (the XOR for signed codes, the
+zero-point code, the rounded float zero point); the float remainder of a zero point is applied
+through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
+
+:func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
+tensor-core) schedule.
 """
 from __future__ import annotations
 
@@ -43,15 +48,40 @@ class GEMVHint:
     warps: int = 4             # warps per block
     unroll: int = 4            # K vectors per lane loaded before the first is used
     vec_bytes: int = 0         # bytes of packed weights per lane and load (0: largest that fits)
+    k_warps: int = 0           # >0: warps splitting K, activations held in registers (small m)
+    grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
+    stages: int = 2            # register slots of in-flight weights (rows kernel): 2 = prefetch the next step
 
     @classmethod
     def default(cls, plan) -> "GEMVHint":
         m = plan.m or 1
-        if m <= 2:
-            return cls(rows_per_warp=2, warps=4, unroll=4)
+        vb = _vec_bytes(plan)
+        v = vb * 8 // plan.w.bits
+        na = v if plan.w.bits == 8 else v // 2            # registers per held activation vector
+        nc = plan.config.K // v
+        for wk in (4, 8, 16):                             # K-split warps: <= 64 activation registers
+            if m * -(-nc // (32 * wk)) * na <= 64 and 4 * m <= 32 * wk:
+                return cls(rows_per_warp=4, k_warps=wk, grid=4 * _num_sms())
         if m <= 8:
             return cls(rows_per_warp=2, warps=4, unroll=2)
         return cls(rows_per_warp=1, warps=4, unroll=2)
+
+
+_SMS = []
+
+
+def _num_sms() -> int:
+    """Multiprocessors of the local GPU (132, an H100/H200, when none is visible)."""
+    if not _SMS:
+        n = 132
+        try:
+            import torch
+            if torch.cuda.is_available():
+                n = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        except Exception:  # noqa: BLE001 - a broken driver must not stop code generation
+            pass
+        _SMS.append(int(n))
+    return _SMS[0]
 
 
 def _vec_bytes(plan, want: int = 0) -> Optional[int]:
@@ -122,18 +152,36 @@ def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
     src[f"bb_ldw{nw}"] = {
         4: r"""
 __device__ __forceinline__ void bb_ldw4(const void* p, unsigned* d) {
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p));
 }
 """, 2: r"""
 __device__ __forceinline__ void bb_ldw2(const void* p, unsigned* d) {
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(d[0]), "=r"(d[1]) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(d[0]), "=r"(d[1]) : "l"(p));
 }
 """, 1: r"""
 __device__ __forceinline__ void bb_ldw1(const void* p, unsigned* d) {
-  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(d[0]) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(d[0]) : "l"(p));
 }
 """}[nw]
+    src["bb_cpa16"] = r"""
+__device__ __forceinline__ void bb_cpa16(void* s, const void* g) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(g) : "memory");
+}
+"""
+    src["bb_cpa_commit"] = r"""
+__device__ __forceinline__ void bb_cpa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+"""
+    for n in range(8):
+        src[f"bb_cpa_wait{n}"] = ("\n__device__ __forceinline__ void bb_cpa_wait%d() "
+                                  "{ asm volatile(\"cp.async.wait_group %d;\" ::: \"memory\"); }\n" % (n, n))
+    src["bb_lds16"] = r"""
+__device__ __forceinline__ void bb_lds16(const void* p, unsigned* d) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
+}
+"""
     src["bb_lda"] = r"""
 __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
   uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
@@ -262,10 +310,6 @@ def _kernel_script(plan, hint: GEMVHint):
     V = VB * 8 // b                         # values per vector
     NA = V // 2                             # activation words (2 values) per vector
     NC = K // V                             # vectors per row
-    NIT = -(-NC // 32)                      # lane iterations
-    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
-    R, WARPS = hint.rows_per_warp, hint.warps
-    NBLK = -(-N // (R * WARPS))
     G = K if plan.groups == 1 else c.group_size
     tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     helpers = _helpers(tag, act, b, signed, NW)
@@ -275,12 +319,12 @@ def _kernel_script(plan, hint: GEMVHint):
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
     float_zeros = c.with_zeros and not quant_zeros
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
+
     def src(name):
         return repr(helpers[name])
 
     ap_dtype = "float32" if f32_path else "uint32"
     ap_len = V if f32_path else NA
-    dq_len = V if f32_path else NA
 
     L = []
     add = L.append
@@ -293,91 +337,370 @@ def _kernel_script(plan, hint: GEMVHint):
         add(f"    {a.name} = T.match_buffer({a.name}_ptr, {tuple(shp)!r}, {a.dtype!r}, align=16)"
             if a.name in ("A", "W") else
             f"    {a.name} = T.match_buffer({a.name}_ptr, {tuple(shp)!r}, {a.dtype!r})")
+
+    def gidx(cidx):
+        return "0" if plan.groups == 1 else f"({cidx} * {V} // {G})"
+
+    def zsrc(nr, cidx):
+        """The zero-point element (float zeros) or the byte holding the code (quantized)."""
+        g = gidx(cidx)
+        return f"zeros[{nr}, {g} // {w.codes_per_byte}]" if quant_zeros else f"zeros[{nr}, {g}]"
+
+    def scale_lines(ind, cidx, idx, s_raw, z_raw):
+        """sv (scale), ov (integer offset subtracted exactly in the decode), cv (coefficient of
+        sum(a)) for weight vector cidx, from the raw scale / zero elements ``s_raw`` / ``z_raw``.
+        The offset centres the codes: x_shift (signed codes, centred by the XOR), the zero-point
+        code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
+        cv * sum(a)."""
+        g = gidx(cidx)
+        s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
+        out = [f"{ind}sv[{idx}] = {s_expr}"]
+        if quant_zeros:
+            cpb = w.codes_per_byte
+            if cpb == 1:
+                zc = f"T.Cast('int32', {z_raw}) & 255"
+            else:
+                zc = f"T.shift_right(T.Cast('int32', {z_raw}), ({g} % {cpb}) * {b}) & {(1 << b) - 1}"
+            out += [f"{ind}ov[{idx}] = {zc}", f"{ind}cv[{idx}] = T.float32(0)"]
+        elif float_zeros:
+            z = f"T.Cast('float32', {z_raw})"
+            # original: (q - z) * s -> off ~ z; rescale: q * s - z -> off ~ z / s
+            zq = z if c.zeros_mode == "original" else \
+                f"T.if_then_else(sv[{idx}] != T.float32(0), {z} / sv[{idx}], T.float32(0))"
+            out.append(f"{ind}ov[{idx}] = T.max(T.min(T.Cast('int32', T.floor({zq} + T.float32(0.5))) + {x_shift}, "
+                       f"{off_max}), 0)")
+            if c.zeros_mode == "original":
+                out.append(f"{ind}cv[{idx}] = sv[{idx}] * (T.Cast('float32', ov[{idx}] - {x_shift}) - {z})")
+            else:
+                out.append(f"{ind}cv[{idx}] = sv[{idx}] * T.Cast('float32', ov[{idx}] - {x_shift}) - {z}")
+        else:
+            out += [f"{ind}ov[{idx}] = {x_shift}", f"{ind}cv[{idx}] = T.float32(0)"]
+        return out
+
+    def lda_lines(ind, i, cidx, arbuf):
+        return [f"{ind}for v in T.unroll({NA // 4}):",
+                f"{ind}    T.cuda.func_call('bb_lda', A.ptr_to([{i}, {cidx} * {V} + v * 8]), {arbuf}.ptr_to([v * 4]), "
+                f"source_code={src('bb_lda')})"]
+
+    def ldw_line(ind, nr, cidx, dst):
+        return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
+                f"source_code={src(f'bb_ldw{NW}')})")
+
+    def dec_line(ind, wsrc, off, dst):
+        return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {off}, {dst}, source_code={src(f'bb_dec_{tag}')})"
+
+    def prep_expr(arbuf, apptr):
+        return (f"T.cuda.func_call('bb_prep_{tag}', {arbuf}.ptr_to([0]), {apptr}, source_code={src(f'bb_prep_{tag}')}, "
+                f"return_type='float32')")
+
+    def dot_expr(dptr, apptr):
+        return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, source_code={src(f'bb_dot_{tag}')}, "
+                f"return_type='float32')")
+
+    def store_line(ind, i, n, val):
+        if c.with_bias:
+            val = f"{val} + T.Cast('float32', bias[{n}])"
+        return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
+
+    if hint.k_warps and hint.rows_per_warp * m > 32 * hint.k_warps:
+        raise ValueError(f"{hint}: rows_per_warp * m must be <= 32 * k_warps")
+    if hint.k_warps:
+        _body_ksplit(plan, hint, add, locals())
+    else:
+        _body_rows(plan, hint, add, locals())
+    return "\n".join(L) + "\n"
+
+
+def _body_rows(plan, hint, add, e):
+    """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
+    with ``stages=2`` the packed weights and raw scales / zeros of step s+1 are in flight while
+    step s is decoded (two register slots). Activations are re-read (L1) for every step."""
+    c = plan.config
+    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    NIT = -(-NC // 32)
+    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
+    NS = NIT // U                            # steps
+    R, WARPS = hint.rows_per_warp, hint.warps
+    ST = 2 if hint.stages >= 2 and NS > 1 else 1
+    if hint.stages >= 3 and NW == 4:
+        return _body_rows_ring(plan, hint, add, e)
+    NBLK = -(-N // (R * WARPS))
+    sdt = plan.scale_dtype if c.with_scaling else None
+    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * WARPS}])")
-    add(f"    wq = T.alloc_local(({U}, {R}, {NW}), 'uint32')")
+    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({ST}, {U}, {R}), {sdt!r})")
+    if zdt:
+        add(f"    zr = T.alloc_local(({ST}, {U}, {R}), {zdt!r})")
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({ap_len},), {ap_dtype!r})")
-    add(f"    dq = T.alloc_local(({R}, {dq_len}), {ap_dtype!r})")
+    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
     add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
-    add(f"    sv = T.alloc_local(({U}, {R}), 'float32')")
-    add(f"    cv = T.alloc_local(({U}, {R}), 'float32')")
-    add(f"    ov = T.alloc_local(({U}, {R}), 'int32')")
+    add(f"    sv = T.alloc_local(({R},), 'float32')")
+    add(f"    cv = T.alloc_local(({R},), 'float32')")
+    add(f"    ov = T.alloc_local(({R},), 'int32')")
     add("    asum = T.alloc_local((1,), 'float32')")
     add("    lane = T.meta_var(tx % 32)")
     add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
     add(f"    for r, i in T.grid({R}, {m}):")
     add("        acc[r, i] = T.float32(0)")
-    add(f"    for it in T.serial({NIT // U}):")
-    # chunk index of (it, u) for this lane, clamped for the loads when NC is no multiple of 32
-    cexpr = f"((it * {U} + u) * 32 + lane)"
-    cload = cexpr if NC % 32 == 0 else f"T.min({cexpr}, {NC - 1})"
-    add(f"        for u in T.unroll({U}):")
-    add(f"            for r in T.unroll({R}):")
-    add(f"                T.cuda.func_call('bb_ldw{NW}', W.ptr_to([T.min(n0 + r, {N - 1}), {cload} * {VB}]), "
-        f"wq.ptr_to([u, r, 0]), source_code={src(f'bb_ldw{NW}')})")
-    # scales, zeros -> sv (scale), ov (integer offset), cv (coefficient of sum(a))
-    add(f"        for u in T.unroll({U}):")
-    add(f"            for r in T.unroll({R}):")
     nr = f"T.min(n0 + r, {N - 1})"
-    g = "0" if plan.groups == 1 else f"({cload} * {V} // {G})"
-    s_expr = f"T.Cast('float32', scale[{nr}, {g}])" if c.with_scaling else "T.float32(1)"
-    add(f"                sv[u, r] = {s_expr}")
-    # the integer offset subtracted exactly in the decode centres the codes: x_shift (signed codes
-    # are centred by the XOR), the zero-point code, or the rounded float zero point; what it misses
-    # (|residual| <= 0.5) goes through cv * sum(a)
-    if quant_zeros:
-        cpb = w.codes_per_byte
-        if cpb == 1:
-            zc = f"T.Cast('int32', zeros[{nr}, {g}]) & 255"
-        else:
-            zc = (f"T.shift_right(T.Cast('int32', zeros[{nr}, {g} // {cpb}]), ({g} % {cpb}) * {b}) & {(1 << b) - 1}")
-        add(f"                ov[u, r] = {zc}")
-        add("                cv[u, r] = T.float32(0)")
-    elif float_zeros:
-        z = f"T.Cast('float32', zeros[{nr}, {g}])"
-        # original: (q - z) * s -> off ~ z; rescale: q * s - z -> off ~ z / s
-        zq = z if c.zeros_mode == "original" else \
-            f"T.if_then_else(sv[u, r] != T.float32(0), {z} / sv[u, r], T.float32(0))"
-        add(f"                ov[u, r] = T.max(T.min(T.Cast('int32', T.floor({zq} + T.float32(0.5))) + {x_shift}, "
-            f"{off_max}), 0)")
-        if c.zeros_mode == "original":
-            add(f"                cv[u, r] = sv[u, r] * (T.Cast('float32', ov[u, r] - {x_shift}) - {z})")
-        else:
-            add(f"                cv[u, r] = sv[u, r] * T.Cast('float32', ov[u, r] - {x_shift}) - {z}")
+
+    def cexpr(step):
+        return f"((({step}) * {U} + u) * 32 + lane)"
+
+    def cload(step):
+        return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
+
+    def load(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r in T.unroll({R}):")
+        add(e["ldw_line"](ind + "        ", nr, cload(step), f"wq.ptr_to([{slot}, u, r, 0])"))
+        if sdt:
+            add(f"{ind}        sr[{slot}, u, r] = scale[{nr}, {e['gidx'](cload(step))}]")
+        if zdt:
+            add(f"{ind}        zr[{slot}, u, r] = {e['zsrc'](nr, cload(step))}")
+
+    def process(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        if NC % 32:
+            add(f"{ind1}if {cexpr(step)} < {NC}:")
+            ind1 += "    "
+        add(f"{ind1}for r in T.unroll({R}):")
+        for ln in e["scale_lines"](ind1 + "    ", cload(step), "r", f"sr[{slot}, u, r]" if sdt else None,
+                                   f"zr[{slot}, u, r]" if zdt else None):
+            add(ln)
+        add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([r, 0])"))
+        add(f"{ind1}for i in T.unroll({m}):")
+        for ln in e["lda_lines"](ind1 + "    ", "i", cexpr(step), "ar"):
+            add(ln)
+        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
+        add(f"{ind1}    for r in T.unroll({R}):")
+        tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
+        add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+            f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+
+    if ST == 1:
+        add(f"    for st in T.serial({NS}):")
+        load("        ", "st", 0)
+        process("        ", "st", 0)
     else:
-        add(f"                ov[u, r] = {x_shift}")
-        add("                cv[u, r] = T.float32(0)")
-    add(f"        for u in T.unroll({U}):")
-    ind = "            "
-    if NC % 32:
-        add(f"            if {cexpr} < {NC}:")
-        ind += "    "
-    add(f"{ind}for r in T.unroll({R}):")
-    add(f"{ind}    T.cuda.func_call('bb_dec_{tag}', wq.ptr_to([u, r, 0]), ov[u, r], dq.ptr_to([r, 0]), "
-        f"source_code={src(f'bb_dec_{tag}')})")
-    add(f"{ind}for i in T.unroll({m}):")
-    add(f"{ind}    for v in T.unroll({NA // 4}):")
-    add(f"{ind}        T.cuda.func_call('bb_lda', A.ptr_to([i, {cexpr} * {V} + v * 8]), ar.ptr_to([v * 4]), "
-        f"source_code={src('bb_lda')})")
-    add(f"{ind}    asum[0] = T.cuda.func_call('bb_prep_{tag}', ar.ptr_to([0]), ap.ptr_to([0]), "
-        f"source_code={src(f'bb_prep_{tag}')}, return_type='float32')")
-    add(f"{ind}    for r in T.unroll({R}):")
-    dot = (f"T.cuda.func_call('bb_dot_{tag}', dq.ptr_to([r, 0]), ap.ptr_to([0]), "
-           f"source_code={src(f'bb_dot_{tag}')}, return_type='float32')")
-    tail = " + cv[u, r] * asum[0]" if need_asum else ""
-    add(f"{ind}        acc[r, i] = acc[r, i] + sv[u, r] * {dot}{tail}")
-    # reduce across the lanes, epilogue
+        load("    ", "0", 0)
+        add(f"    for s2 in T.serial({(NS + 1) // 2}):")
+        if NS % 2:
+            add(f"        if s2 * 2 + 1 < {NS}:")
+            load("            ", "s2 * 2 + 1", 1)
+        else:
+            load("        ", "s2 * 2 + 1", 1)
+        process("        ", "s2 * 2", 0)
+        ind = "        "
+        if NS % 2:
+            add(f"        if s2 * 2 + 1 < {NS}:")
+            ind += "    "
+        add(f"{ind}if s2 * 2 + 2 < {NS}:")
+        load(ind + "    ", "s2 * 2 + 2", 0)
+        process(ind, "s2 * 2 + 1", 1)
     add(f"    for r in T.unroll({R}):")
     add(f"        for i in T.unroll({m}):")
     add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
     add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
-    val = "acc[r, i]"
-    if c.with_bias:
-        val = f"{val} + T.Cast('float32', bias[n0 + r])"
-    add(f"                output[i, n0 + r] = T.Cast({c.out_dtype!r}, {val})")
-    return "\n".join(L) + "\n"
+    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+
+
+def _body_rows_ring(plan, hint, add, e):
+    """The rows kernel with the packed weights streamed through a ``stages``-slot cp.async ring in
+    shared memory (each lane copies and later reads back its own 16-byte vectors, so only
+    ``cp.async.wait_group`` orders them): the bytes in flight do not depend on how many registers
+    the compiler is willing to spend."""
+    c = plan.config
+    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    NIT = -(-NC // 32)
+    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
+    NS = NIT // U
+    R, WARPS, ST = hint.rows_per_warp, hint.warps, hint.stages
+    NBLK = -(-N // (R * WARPS))
+    sdt = plan.scale_dtype if c.with_scaling else None
+    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    src = e["src"]
+    add("    T.device_entry()")
+    add(f"    bx = T.cta_id([{NBLK}])")
+    add(f"    tx = T.thread_id([{32 * WARPS}])")
+    add(f"    ring = T.alloc_buffer(({WARPS}, {ST}, {U}, {R}, 32, 4), 'uint32', scope='shared', align=16)")
+    add(f"    wv = T.alloc_local((4,), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({U}, {R}), {sdt!r})")
+    if zdt:
+        add(f"    zr = T.alloc_local(({U}, {R}), {zdt!r})")
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
+    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
+    add(f"    sv = T.alloc_local(({R},), 'float32')")
+    add(f"    cv = T.alloc_local(({R},), 'float32')")
+    add(f"    ov = T.alloc_local(({R},), 'int32')")
+    add("    asum = T.alloc_local((1,), 'float32')")
+    add("    lane = T.meta_var(tx % 32)")
+    add("    wp = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
+    add(f"    for r, i in T.grid({R}, {m}):")
+    add("        acc[r, i] = T.float32(0)")
+    nr = f"T.min(n0 + r, {N - 1})"
+
+    def cexpr(step):
+        return f"((({step}) * {U} + u) * 32 + lane)"
+
+    def cload(step):
+        return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
+
+    def issue(ind, step):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r in T.unroll({R}):")
+        add(f"{ind}        T.cuda.func_call('bb_cpa16', ring.ptr_to([wp, ({step}) % {ST}, u, r, lane, 0]), "
+            f"W.ptr_to([{nr}, {cload(step)} * {VB}]), source_code={src('bb_cpa16')})")
+
+    def commit(ind):
+        add(f"{ind}T.cuda.func_call('bb_cpa_commit', source_code={src('bb_cpa_commit')})")
+
+    for s0 in range(ST - 1):                  # prologue: steps 0 .. ST-2 in flight
+        if s0 < NS:
+            issue("    ", str(s0))
+        commit("    ")
+    add(f"    for st in T.serial({NS}):")
+    add(f"        for u in T.unroll({U}):")
+    add(f"            for r in T.unroll({R}):")
+    if sdt:
+        add(f"                sr[u, r] = scale[{nr}, {e['gidx'](cload('st'))}]")
+    if zdt:
+        add(f"                zr[u, r] = {e['zsrc'](nr, cload('st'))}")
+    add(f"        T.cuda.func_call('bb_cpa_wait{ST - 2}', source_code={src(f'bb_cpa_wait{ST - 2}')})")
+    add(f"        if st + {ST - 1} < {NS}:")
+    issue("            ", f"st + {ST - 1}")
+    commit("        ")
+    add(f"        for u in T.unroll({U}):")
+    ind1 = "            "
+    if NC % 32:
+        add(f"            if {cexpr('st')} < {NC}:")
+        ind1 += "    "
+    add(f"{ind1}for r in T.unroll({R}):")
+    for ln in e["scale_lines"](ind1 + "    ", cload("st"), "r", "sr[u, r]" if sdt else None,
+                               "zr[u, r]" if zdt else None):
+        add(ln)
+    add(f"{ind1}    T.cuda.func_call('bb_lds16', ring.ptr_to([wp, st % {ST}, u, r, lane, 0]), wv.ptr_to([0]), "
+        f"source_code={src('bb_lds16')})")
+    add(e["dec_line"](ind1 + "    ", "wv.ptr_to([0])", "ov[r]", "dq.ptr_to([r, 0])"))
+    add(f"{ind1}for i in T.unroll({m}):")
+    for ln in e["lda_lines"](ind1 + "    ", "i", cexpr("st"), "ar"):
+        add(ln)
+    add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
+    add(f"{ind1}    for r in T.unroll({R}):")
+    tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
+    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+        f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+    add(f"    for r in T.unroll({R}):")
+    add(f"        for i in T.unroll({m}):")
+    add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
+    add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
+    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+
+
+def _body_ksplit(plan, hint, add, e):
+    """``k_warps`` warps split K; each lane keeps its slice of the activations in registers for
+    the whole kernel; blocks walk batches of ``rows_per_warp`` rows (grid-stride), the packed
+    weights and raw scales / zeros of batch b+1 in flight while batch b is decoded (two register
+    slots), and meet in shared memory once per batch."""
+    c = plan.config
+    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    WK, R = hint.k_warps, hint.rows_per_warp
+    NJ = -(-NC // (32 * WK))                 # vectors per lane
+    NB = -(-N // R)                          # row batches
+    GRID = min(NB, hint.grid or NB)
+    guard = NJ * 32 * WK != NC
+    sdt = plan.scale_dtype if c.with_scaling else None
+    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    add("    T.device_entry()")
+    add(f"    bx = T.cta_id([{GRID}])")
+    add(f"    tx = T.thread_id([{32 * WK}])")
+    add(f"    wq = T.alloc_local((2, {R}, {NJ}, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local((2, {R}, {NJ}), {sdt!r})")
+    if zdt:
+        add(f"    zr = T.alloc_local((2, {R}, {NJ}), {zdt!r})")
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({m}, {NJ}, {e['ap_len']}), {e['ap_dtype']!r})")
+    add(f"    asum = T.alloc_local(({m}, {NJ}), 'float32')")
+    add(f"    dq = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
+    add(f"    sv = T.alloc_local(({R}, {NJ}), 'float32')")
+    add(f"    cv = T.alloc_local(({R}, {NJ}), 'float32')")
+    add(f"    ov = T.alloc_local(({R}, {NJ}), 'int32')")
+    add(f"    red = T.alloc_buffer((2, {WK}, {R * m}), 'float32', scope='shared')")
+    add("    lane = T.meta_var(tx % 32)")
+    add("    kw = T.meta_var(tx // 32)")
+    add(f"    nbk = T.meta_var((({NB} - bx) + {GRID - 1}) // {GRID})")
+    cexpr = f"((kw * {NJ} + j) * 32 + lane)"
+    cload = f"T.min({cexpr}, {NC - 1})" if guard else cexpr
+    nr = f"T.min((bx + (BATCH) * {GRID}) * {R} + r, {N - 1})"
+
+    def load(ind, batch, slot):
+        row = nr.replace("BATCH", batch)
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for j in T.unroll({NJ}):")
+        add(e["ldw_line"](ind + "        ", row, cload, f"wq.ptr_to([{slot}, r, j, 0])"))
+        if sdt:
+            add(f"{ind}        sr[{slot}, r, j] = scale[{row}, {e['gidx'](cload)}]")
+        if zdt:
+            add(f"{ind}        zr[{slot}, r, j] = {e['zsrc'](row, cload)}")
+
+    def process(ind, batch, slot):
+        n0 = f"(bx + ({batch}) * {GRID}) * {R}"
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for j in T.unroll({NJ}):")
+        for ln in e["scale_lines"](ind + "        ", cload, "r, j", f"sr[{slot}, r, j]" if sdt else None,
+                                   f"zr[{slot}, r, j]" if zdt else None):
+            add(ln)
+        add(f"{ind}for r, i in T.grid({R}, {m}):")
+        add(f"{ind}    acc[r, i] = T.float32(0)")
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for j in T.unroll({NJ}):")
+        ind2 = ind + "        "
+        if guard:
+            add(f"{ind2}if {cexpr} < {NC}:")
+            ind2 += "    "
+        add(e["dec_line"](ind2, f"wq.ptr_to([{slot}, r, j, 0])", "ov[r, j]", "dq.ptr_to([0])"))
+        add(f"{ind2}for i in T.unroll({m}):")
+        tail = " + cv[r, j] * asum[i, j]" if e["need_asum"] else ""
+        add(f"{ind2}    acc[r, i] = acc[r, i] + sv[r, j] * "
+            f"{e['dot_expr']('dq.ptr_to([0])', 'ap.ptr_to([i, j, 0])')}{tail}")
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for i in T.unroll({m}):")
+        add(f"{ind}        acc[r, i] = T.cuda.warp_sum(acc[r, i])")
+        add(f"{ind}        if lane == 0:")
+        add(f"{ind}            red[{slot}, kw, r * {m} + i] = acc[r, i]")
+        add(f"{ind}T.cuda.cta_sync()")
+        add(f"{ind}if tx < {R * m}:")
+        add(f"{ind}    if {n0} + tx // {m} < {N}:")
+        tot = " + ".join(f"red[{slot}, {k}, tx]" for k in range(WK))
+        add(e["store_line"](ind + "        ", f"tx % {m}", f"{n0} + tx // {m}", f"({tot})"))
+
+    load("    ", "0", 0)                       # the first batch's weights fly during the prologue
+    # prologue: this lane's activation vectors, paired for the decoded weights, and their sums
+    add(f"    for i in T.unroll({m}):")
+    add(f"        for j in T.unroll({NJ}):")
+    for ln in e["lda_lines"]("            ", "i", cload, "ar"):
+        add(ln)
+    add(f"            asum[i, j] = {e['prep_expr']('ar', 'ap.ptr_to([i, j, 0])')}")
+    add("    for b2 in T.serial((nbk + 1) // 2):")
+    add("        if b2 * 2 + 1 < nbk:")
+    load("            ", "b2 * 2 + 1", 1)
+    process("        ", "b2 * 2", 0)
+    add("        if b2 * 2 + 1 < nbk:")
+    add("            if b2 * 2 + 2 < nbk:")
+    load("                ", "b2 * 2 + 2", 0)
+    process("            ", "b2 * 2 + 1", 1)
 
 
 def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None):

@@ -1,0 +1,245 @@
+"""Whole-model conversion: nn.Linear layers -> bitblas.Linear, from float weights or checkpoints.
+
+Every conversion is done in two phases: all new layers are built and loaded first (any error names
+the layer and leaves the model untouched), then they are swapped in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from ..formats import get_format
+from ..quantization.quantize import QuantizedWeight
+from .checkpoint import from_awq, from_gptq
+from .linear import Linear
+
+__all__ = ["QuantizationConfig", "quantize_model", "load_gptq_model", "load_awq_model", "find_linear_layers"]
+
+logger = logging.getLogger(__name__)
+
+_TORCH_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """How :func:`quantize_model` builds each ``bitblas.Linear``.
+
+    ``A_dtype=None``: each layer's weight dtype (float16, bfloat16 or float32). ``with_scaling=None``:
+    True for quantized formats. ``group_size`` -1: per output channel. Integer / float8 ``A_dtype``
+    quantizes activations per token inside the layer (e.g. BitNet: A_dtype="int8", W_dtype="int2").
+    """
+
+    W_dtype: str = "uint4"
+    A_dtype: Optional[str] = None
+    group_size: int = 128
+    with_scaling: Optional[bool] = None
+    with_zeros: bool = False
+    zeros_mode: str = "original"
+    out_dtype: Optional[str] = None
+    opt_M: Optional[Tuple[int, ...]] = Linear.opt_M
+
+    def __post_init__(self):
+        get_format(self.W_dtype, "W", "W_dtype")
+        if self.A_dtype is not None:
+            get_format(self.A_dtype, "A", "A_dtype")
+        if isinstance(self.opt_M, list):
+            object.__setattr__(self, "opt_M", tuple(self.opt_M))
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "QuantizationConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - fields)
+        if bad:
+            raise ValueError(f"config: unknown field(s) {bad}; accepted: {sorted(fields)}")
+        return cls(**d)
+
+    def linear_kwargs(self, layer: nn.Linear) -> dict:
+        a = self.A_dtype
+        if a is None:
+            a = _TORCH_NAMES.get(layer.weight.dtype)
+            if a is None:
+                raise ValueError(f"weight dtype {layer.weight.dtype} has no bitblas activation format; set A_dtype")
+        return dict(A_dtype=a, W_dtype=self.W_dtype, group_size=self.group_size, with_scaling=self.with_scaling,
+                    with_zeros=self.with_zeros, zeros_mode=self.zeros_mode, out_dtype=self.out_dtype,
+                    opt_M=self.opt_M)
+
+
+def _as_config(config) -> QuantizationConfig:
+    if config is None:
+        return QuantizationConfig()
+    if isinstance(config, QuantizationConfig):
+        return config
+    if isinstance(config, Mapping):
+        return QuantizationConfig.from_dict(config)
+    raise TypeError(f"config: expected a bitblas.nn.QuantizationConfig or a dict, got {type(config).__name__}")
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(name == p or name.endswith("." + p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def find_linear_layers(model: nn.Module, skip: Iterable[str] = ()) -> List[Tuple[str, nn.Linear]]:
+    """(name, module) of every plain ``nn.Linear`` in ``model`` not matched by ``skip`` (exact names,
+    name suffixes such as "lm_head", or fnmatch patterns such as "*.mlp.*")."""
+    skip = list(skip)
+    return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _matches(n, skip)]
+
+
+def _swap(model: nn.Module, replacements: Dict[str, nn.Module]):
+    for name, new in replacements.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+
+
+def _new_linear(layer: nn.Linear, kwargs: dict, target) -> Linear:
+    dev = layer.weight.device
+    return Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, target=target,
+                  device=None if dev.type == "meta" else dev, **kwargs)
+
+
+def _load_prequantized(new: Linear, q, layer_bias):
+    """Load pre-quantized tensors; the float layer's bias unless they bring their own."""
+    if isinstance(q, QuantizedWeight):
+        new.load_and_transform_weight(q.codes, q.scale, q.zeros, layer_bias, global_scale=q.global_scale)
+    elif isinstance(q, Mapping):
+        q = dict(q)
+        bias = q.pop("bias", None)
+        if bias is None:
+            bias = layer_bias
+        if "qzeros" in q and "codes" not in q:
+            fmt = q.pop("format", "gptq")
+            if fmt == "awq":
+                new.repack_from_awq(**q, bias=bias)
+            elif fmt in ("gptq", "gptq_v2"):
+                new.repack_from_gptq(**q, bias=bias, checkpoint_format=fmt)
+            else:
+                raise ValueError(f"format={fmt!r} is invalid; accepted: 'gptq', 'gptq_v2', 'awq'")
+        else:
+            unknown = sorted(set(q) - {"codes", "scale", "zeros", "global_scale"})
+            if unknown or "codes" not in q:
+                raise ValueError(f"expected keys codes (, scale, zeros, global_scale, bias) or GPTQ/AWQ's qweight, "
+                                 f"qzeros, scales (, g_idx, bias, format); got {sorted(q)}")
+            new.load_and_transform_weight(q["codes"], q.get("scale"), q.get("zeros"), bias,
+                                          global_scale=q.get("global_scale"))
+            return
+    else:
+        raise TypeError(f"expected a QuantizedWeight or a dict of tensors, got {type(q).__name__}")
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_head",),
+                   weights: Optional[Mapping[str, object]] = None, target=None) -> nn.Module:
+    """Replace every plain ``nn.Linear`` of ``model`` (in place) by a ``bitblas.Linear``; returns ``model``.
+
+    ``config``: a :class:`QuantizationConfig` or a dict of its fields. ``skip``: layers left as they
+    are (names, suffixes or fnmatch patterns; default: "lm_head"). ``weights``: pre-quantized
+    tensors by layer name, each a :class:`~bitblas.quantization.QuantizedWeight`, a dict
+    ``{"codes", "scale", "zeros", "global_scale", "bias"}``, or a GPTQ / AWQ layer's tensors
+    ``{"qweight", "qzeros", "scales", "g_idx", "bias", "format": "gptq" | "gptq_v2" | "awq"}``;
+    other layers are quantized round-to-nearest from their float weights. New layers live on each old
+    layer's device. Nothing changes unless every layer converts.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    cfg = _as_config(config)
+    skip = [skip] if isinstance(skip, str) else list(skip)
+    layers = find_linear_layers(model, skip)
+    weights = dict(weights or {})
+    names = {n for n, _ in layers}
+    unknown = sorted(set(weights) - names)
+    if unknown:
+        raise ValueError(f"weights given for {unknown}, which are not nn.Linear layers of the model (or are skipped)")
+    replacements: Dict[str, Linear] = {}
+    for name, layer in layers:
+        try:
+            new = _new_linear(layer, cfg.linear_kwargs(layer), target)
+            if name in weights:
+                _load_prequantized(new, weights[name], layer.bias)
+            else:
+                new.load_and_transform_weight(layer.weight, bias=layer.bias)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise type(e)(f"layer {name!r}: {e}") from e
+        replacements[name] = new
+    _swap(model, replacements)
+    logger.info("quantize_model: replaced %d linear layers (%s)", len(replacements), cfg.W_dtype)
+    return model
+
+
+def _load_checkpoint_model(model, state_dict, fmt, bits, group_size, skip, linear_kwargs, target, strict):
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict: expected a mapping of tensors, got {type(state_dict).__name__}")
+    skip = [skip] if isinstance(skip, str) else list(skip)
+    layers = [(n, m) for n, m in find_linear_layers(model, skip) if n + ".qweight" in state_dict]
+    used = set()
+    replacements: Dict[str, Linear] = {}
+    for name, layer in layers:
+        keys = ("qweight", "qzeros", "scales") + (("g_idx",) if fmt != "awq" else ())
+        t = {k: state_dict.get(f"{name}.{k}") for k in keys}
+        bias = state_dict.get(f"{name}.bias")
+        used.update(f"{name}.{k}" for k in keys + ("bias",))
+        try:
+            if t["qzeros"] is None or t["scales"] is None:
+                raise ValueError(f"the checkpoint has {name}.qweight but no {name}.qzeros / {name}.scales")
+            kw = dict(dict(A_dtype=_TORCH_NAMES.get(layer.weight.dtype, "float16"), zeros_mode="original"),
+                      **(linear_kwargs or {}))
+            new = _new_linear(layer, dict(kw, W_dtype=f"uint{bits}", group_size=group_size, with_scaling=True,
+                                          with_zeros=True), target)
+            if fmt == "awq":
+                new.repack_from_awq(qweight=t["qweight"], qzeros=t["qzeros"], scales=t["scales"], bias=bias)
+            else:
+                new.repack_from_gptq(qweight=t["qweight"], qzeros=t["qzeros"], scales=t["scales"], g_idx=t["g_idx"],
+                                     bias=bias, checkpoint_format=fmt)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise type(e)(f"layer {name!r}: {e}") from e
+        replacements[name] = new
+    rest = {k: v for k, v in state_dict.items() if k not in used}
+    # check the remaining tensors against the model before anything changes
+    own = model.state_dict()
+    replaced_prefixes = tuple(n + "." for n in replacements)
+    own = {k: v for k, v in own.items() if not k.startswith(replaced_prefixes)}
+    unexpected = sorted(k for k in rest if k not in own)
+    if unexpected and strict:
+        raise ValueError(f"state_dict has keys the model does not: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+                         " (a quantized layer the model lacks, or one in skip?)")
+    for k, v in rest.items():
+        if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape:
+            raise ValueError(f"{k}: checkpoint shape {list(v.shape)} != model shape {list(own[k].shape)}")
+    missing = sorted(k for k in own if k not in rest)
+    if missing and strict:
+        raise ValueError(f"state_dict lacks keys of the model: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    _swap(model, replacements)
+    model.load_state_dict({k: v for k, v in rest.items() if k in own}, strict=False)
+    logger.info("loaded %s checkpoint: %d quantized layers", fmt, len(replacements))
+    return model
+
+
+@torch.no_grad()
+def load_gptq_model(model: nn.Module, state_dict: Mapping[str, torch.Tensor], bits: int = 4,
+                    group_size: int = 128, checkpoint_format: str = "gptq", skip: Iterable[str] = (),
+                    linear_kwargs: Optional[dict] = None, target=None, strict: bool = True) -> nn.Module:
+    """Load a GPTQ checkpoint into a float model built with the same architecture (in place).
+
+    Every ``nn.Linear`` whose ``<name>.qweight`` is in ``state_dict`` becomes a ``bitblas.Linear``
+    (uint``bits``, ``group_size``, act-order ``g_idx`` supported); the other tensors (embeddings,
+    norms, an unquantized lm_head) are loaded as usual. ``checkpoint_format``: "gptq" (zeros stored
+    minus 1) or "gptq_v2". All shapes are checked before the model changes.
+    """
+    if checkpoint_format not in ("gptq", "gptq_v2"):
+        raise ValueError(f"checkpoint_format={checkpoint_format!r} is invalid; accepted: 'gptq', 'gptq_v2'")
+    return _load_checkpoint_model(model, state_dict, checkpoint_format, bits, group_size, skip, linear_kwargs,
+                                  target, strict)
+
+
+@torch.no_grad()
+def load_awq_model(model: nn.Module, state_dict: Mapping[str, torch.Tensor], bits: int = 4, group_size: int = 128,
+                   skip: Iterable[str] = (), linear_kwargs: Optional[dict] = None, target=None,
+                   strict: bool = True) -> nn.Module:
+    """Load an AutoAWQ (GEMM) checkpoint into a float model of the same architecture (in place)."""
+    return _load_checkpoint_model(model, state_dict, "awq", bits, group_size, skip, linear_kwargs, target, strict)

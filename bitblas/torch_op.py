@@ -1,0 +1,108 @@
+"""The bitblas matmul as a torch custom op: ``torch.ops.bitblas.matmul``.
+
+    out = torch.ops.bitblas.matmul(A, W, scale, zeros, bias, a_scale, global_scale, key)
+
+``key`` names the operator: the JSON of its :class:`MatmulConfig` and target, as :func:`operator_key`
+writes it. Operators are shared per key (every layer of one shape and format uses one
+:class:`Matmul`, so its kernels are built once), and a key seen for the first time (a graph traced in
+another process) makes its operator on the spot. The fake implementation gives the output's shape
+and dtype without building anything, so ``torch.compile(..., fullgraph=True)`` and ``torch.export``
+see the call as one opaque node.
+
+:func:`matmul` is what modules call: in eager mode it calls the operator directly (a custom op's
+dispatch costs several microseconds per call); under ``torch.compile``, a tracing mode or a tensor
+subclass (fake tensors) it goes through the custom op. The operator checks its arguments either way.
+The op is for inference: it has no autograd formula.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from .config import MatmulConfig
+from .ops.matmul import Matmul
+from .quantization.quantize import TORCH_DTYPES
+
+__all__ = ["operator_key", "get_operator", "matmul"]
+
+_OPERATORS: Dict[str, Matmul] = {}
+_LOCK = threading.Lock()
+
+
+def _target_name(target) -> Optional[str]:
+    if target is None or isinstance(target, str):
+        return target
+    if isinstance(target, dict):
+        return json.dumps(target, sort_keys=True)
+    return str(target)           # a tvm Target: its string form parses back
+
+
+def operator_key(config: MatmulConfig, target=None) -> str:
+    """The string that names ``Matmul(config, target)`` in ``torch.ops.bitblas.matmul`` calls."""
+    if not isinstance(config, MatmulConfig):
+        raise TypeError(f"config: expected a bitblas.MatmulConfig, got {type(config).__name__}")
+    return json.dumps({"config": config.to_dict(), "target": _target_name(target)}, sort_keys=True)
+
+
+def get_operator(config: MatmulConfig, target=None) -> Tuple[Matmul, str]:
+    """The shared operator for (config, target) and its key (made on first use; nothing is built)."""
+    key = operator_key(config, target)
+    return _operator(key), key
+
+
+def _operator(key: str) -> Matmul:
+    op = _OPERATORS.get(key)
+    if op is None:
+        with _LOCK:
+            op = _OPERATORS.get(key)
+            if op is None:
+                d = json.loads(key)
+                target = d["target"]
+                if isinstance(target, str) and target.startswith("{"):
+                    target = json.loads(target)
+                op = _OPERATORS[key] = Matmul(MatmulConfig.from_dict(d["config"]), target=target)
+    return op
+
+
+@torch.library.custom_op("bitblas::matmul", mutates_args=())
+def _matmul_op(A: torch.Tensor, W: torch.Tensor, scale: Optional[torch.Tensor], zeros: Optional[torch.Tensor],
+               bias: Optional[torch.Tensor], a_scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],
+               key: str) -> torch.Tensor:
+    return _operator(key)._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
+                                      "a_scale": a_scale, "global_scale": global_scale})
+
+
+@_matmul_op.register_fake
+def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
+    op = _operator(key)
+    c = op.config
+    cols = op._base_plan("cpu").args[0].shape[1]
+    if A.dim() < 1 or A.shape[-1] != cols:
+        raise ValueError(f"A: expected shape [..., {cols}] (K={c.K}), got {list(A.shape)}")
+    return A.new_empty((*A.shape[:-1], c.N), dtype=TORCH_DTYPES[c.out_dtype])
+
+
+def _eager(A) -> bool:
+    """True when a direct call is safe: a plain tensor, no compiler tracing, no dispatch mode."""
+    return type(A) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+
+
+def matmul(A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None, bias=None, a_scale=None, global_scale=None,
+           *, key: str, output: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``Matmul`` named by ``key`` on these tensors: directly in eager mode, else through the custom op.
+
+    ``output`` (eager only; under tracing the result is copied into it) receives the result.
+    """
+    if _eager(A):
+        op = _OPERATORS.get(key) or _operator(key)
+        return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output,
+                              "a_scale": a_scale, "global_scale": global_scale})
+    out = torch.ops.bitblas.matmul(A, W, scale, zeros, bias, a_scale, global_scale, key)
+    if output is not None:
+        output.copy_(out)
+        return output
+    return out

@@ -1,0 +1,111 @@
+"""Candidate kernels for one M bucket: (plan rows, hint) pairs, every one valid for the plan.
+
+A bucket ``b`` of a config stands for the row counts it serves (see :mod:`bitblas.dispatch`);
+its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
+
+* tensor cores (:class:`MMAHint`): block tile BM x BN x BK, warp tile WM x WN (1-8 warps),
+  ``stages``-deep cp.async ring, decode vector width; the plan is symbolic in M for a dynamic
+  config (one kernel serves every m of the bucket) and static for an int M > 16;
+* GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies): output channels
+  per warp, warps per block, loads in flight (unroll), weight vector width; plan rows = ``b``;
+* the simple schedule (threads per block) where neither applies.
+
+On the CPU: :class:`CPUHint` (N tile, K vector width). Hints are filtered by the template's own
+checks (tile geometry, vector alignment) and by the device's shared memory per block.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ..config import MatmulConfig
+from ..plan import make_plan
+from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, gemv_unsupported, hint_to_dict
+from ..schedule import cuda_gemv, cuda_mma
+
+__all__ = ["Candidate", "candidates", "mma_rows"]
+
+# Largest warp tile (accumulator registers: WM * WN / 32 floats per thread).
+_MAX_WARP_TILE = 64 * 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan_m: Optional[int]        # rows of the kernel's plan (None: symbolic in M)
+    hint: object
+    cost: float = float("nan")   # cost model estimate in seconds (see cost.py)
+
+    def to_dict(self) -> dict:
+        return {"m": self.plan_m, "hint": hint_to_dict(self.hint), "cost": self.cost}
+
+
+def mma_rows(config: MatmulConfig) -> Optional[int]:
+    """Plan rows of the tensor-core kernels of a config: static for an int M > 16, else symbolic."""
+    M = config.M
+    return M if isinstance(M, int) and M > cuda_mma.MIN_ROWS else None
+
+
+def _mma(config, spec) -> List[Candidate]:
+    rows = mma_rows(config)
+    plan = make_plan(config, "cuda", rows)
+    if cuda_mma.mma_unsupported_reason(plan) is not None:
+        return []
+    if spec is not None and spec.cc < 80:
+        return []
+    smem_limit = spec.smem_per_block if spec is not None else 49152
+    quantized = plan.w.kind != "float"
+    out = []
+    for BM, BN, WM, WN, BK, stages in itertools.product((16, 32, 64, 128, 256), (32, 64, 128, 256),
+                                                        (16, 32, 64), (16, 32, 64), (32, 64, 128), (2, 3, 4, 5)):
+        if WM > BM or WN > BN or BM % WM or BN % WN or WM * WN > _MAX_WARP_TILE:
+            continue
+        if (BM // WM) * (BN // WN) not in (1, 2, 4, 8):
+            continue
+        if plan.w.kind == "float" and stages < 3 and BK // 16 > 1:
+            continue                      # the float-weight inner pipeline wants >= 3 stages
+        for vec in ((8, 4) if quantized else (8,)):
+            hint = MMAHint(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, stages=stages, vec_decode=vec)
+            try:
+                hint.check()
+            except ValueError:
+                continue
+            if cuda_mma._copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
+                continue
+            out.append(Candidate(rows, hint))
+    return out
+
+
+def _gemv(config, bucket, spec) -> List[Candidate]:
+    if bucket > cuda_gemv.GEMV_MAX_ROWS:
+        return []
+    plan = make_plan(config, "cuda", bucket)
+    if gemv_unsupported(plan) is not None:
+        return []
+    out = []
+    vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
+    for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
+        out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
+    if "k_warps" in GEMVHint.__dataclass_fields__:
+        # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
+        sms = spec.sm_count if spec is not None else 108
+        for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):
+            if R * bucket > 32 * kw:
+                continue
+            out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
+    return out
+
+
+def candidates(config: MatmulConfig, kind: str, bucket: int, spec=None) -> List[Candidate]:
+    """Every valid candidate for ``bucket`` (unranked). ``spec``: the DeviceSpec (CUDA)."""
+    if kind == "cpu":
+        rows = config.M if isinstance(config.M, int) else None
+        ks = [k for k in (1, 4, 8, 16, 32, 64) if config.K % k == 0]
+        return [Candidate(rows, CPUHint(n_tile=n, k_vec=k)) for n in (4, 8, 16, 32, 64, 128) for k in ks]
+    if kind != "cuda":
+        raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
+    out = _gemv(config, bucket, spec) + _mma(config, spec)
+    if not out:
+        rows = config.M if isinstance(config.M, int) else None
+        out = [Candidate(rows, SimpleCUDAHint(threads=t)) for t in (64, 128, 256, 512)]
+    return out

@@ -1,0 +1,126 @@
+"""Dynamic M: buckets, the bucket of every m, a tuned operator's kernel per bucket (CPU), correct
+results for every m from 1 past the last bucket, dispatch cost."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import bitblas
+from bitblas import MatmulConfig
+from bitblas.dispatch import DEFAULT_BUCKETS, BucketTable, buckets_of, default_rows
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import GEMVHint
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    bitblas.set_database_path(str(tmp_path / "db"))
+    yield str(tmp_path / "db")
+    bitblas.set_database_path(None)
+
+
+def test_buckets_of_config():
+    base = dict(N=64, K=64, A_dtype="float16", W_dtype="int8")
+    assert buckets_of(MatmulConfig(M=None, **base)) == DEFAULT_BUCKETS
+    assert DEFAULT_BUCKETS == (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    assert buckets_of(MatmulConfig(M=[64, 1, 16, 16], **base)) == (1, 16, 64)
+    assert buckets_of(MatmulConfig(M=7, **base)) == (7,)
+
+
+def test_bucket_table():
+    t = BucketTable(DEFAULT_BUCKETS)
+    assert [t.bucket_of(m) for m in (1, 2, 16, 17, 32, 33, 4095, 4096, 4097, 10 ** 6)] == \
+        [1, 16, 16, 32, 32, 64, 4096, 4096, 4096, 4096]
+    for m in range(1, 5000):                           # the smallest bucket >= m, else the last
+        b = t.bucket_of(m)
+        assert b == min([x for x in DEFAULT_BUCKETS if x >= m], default=4096)
+    assert t.range_of(1) == (1, 1) and t.range_of(32) == (17, 32) and t.range_of(4096) == (2049, None)
+    big = BucketTable((1, 100000))                     # a table beyond 64K rows bisects instead
+    assert big.bucket_of(70000) == 100000 and big.bucket_of(2) == 100000 and big.bucket_of(100001) == 100000
+    with pytest.raises(ValueError, match="buckets"):
+        BucketTable((4, 2))
+
+
+def test_default_rows_rule():
+    cfg = MatmulConfig(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
+    assert default_rows(cfg, "cuda", 5) == 5           # GEMV: static rows
+    assert default_rows(cfg, "cuda", 17) is None       # tensor cores: symbolic
+    assert default_rows(cfg, "cpu", 5) is None
+    assert default_rows(cfg.replace(M=40), "cuda", 40) == 40
+    assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) is None     # no GEMV for table formats
+
+
+def test_every_bucket_reached_and_every_m_correct(db_path):
+    """A tuned operator with buckets (1, 4, 16, 48): each bucket's tuned kernel serves its range;
+    m between buckets and past the last are correct."""
+    buckets = (1, 4, 16, 48)
+    cfg = MatmulConfig(M=list(buckets), N=96, K=256, A_dtype="float16", W_dtype="uint4", group_size=64,
+                       with_scaling=True, with_zeros=True, with_bias=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    res = op.hardware_aware_finetune(topk=2, parallel_build=False, progress=False)
+    tuned = {b: (r.plan_m, r.hint) for b, r in res.items()}
+    assert set(tuned) == set(buckets)
+    served = {}
+    for m in list(range(1, 60)) + [100, 257]:
+        inp = random_inputs(cfg, m)
+        out = op(**inp)
+        assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg), m
+        b = op._buckets.bucket_of(m)
+        assert op._choose("cpu", m) == tuned[b]        # the bucket's tuned kernel serves m
+        served.setdefault(b, set()).add(m)
+    assert set(served) == set(buckets)                 # every bucket reached
+    assert served[4] == {2, 3, 4} and served[48] >= {17, 48, 49, 100, 257}
+    # one kernel per distinct tuned choice, not one per m
+    assert len(op._kernels) == len(set(tuned.values()))
+
+
+def test_gemv_bucket_dispatch_rule(db_path):
+    """On CUDA a GEMV-tuned bucket serves its rows with static kernels of the bucket's hint; rows
+    above the last GEMV bucket fall back to the default kernel (checked without a GPU)."""
+    cfg = MatmulConfig(M=[1, 8], N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    op = bitblas.Matmul(cfg, target="sm_90")
+    from bitblas.dispatch import BucketTable
+    h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
+    op._buckets = BucketTable((1, 8))
+    op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
+    assert op._choose("cuda", 1) == (1, h)
+    assert op._choose("cuda", 5) == (5, h)             # rows 2..8: static GEMV kernels, tuned hint
+    assert op._choose("cuda", 8) == (8, h)
+    assert op._choose("cuda", 9) == (9, None)          # beyond the last bucket: the default (GEMV rows 9)
+    assert op._choose("cuda", 40) == (None, None)      # default tensor-core kernel, symbolic
+
+
+def test_dispatch_cost(db_path):
+    """Choosing the kernel for a row count already seen is one dict lookup (well under a µs);
+    the first sight of a row count is a few µs more."""
+    cfg = MatmulConfig(M=None, N=64, K=64, A_dtype="float16", W_dtype="int8")
+    op = bitblas.Matmul(cfg, target="llvm")
+    op.hardware_aware_finetune(topk=1, parallel_build=False, progress=False)
+    for m in range(1, 200):
+        op._kernel("cpu", m)
+    n = 20000
+    t0 = time.perf_counter()
+    for i in range(n):
+        op._kernel("cpu", 1 + i % 199)
+    per_call = (time.perf_counter() - t0) / n
+    assert per_call < 5e-6, per_call
+    op._by_rows.clear()
+    t0 = time.perf_counter()
+    for m in range(1, 200):
+        op._kernel("cpu", m)
+    assert (time.perf_counter() - t0) / 199 < 5e-4
+
+
+def test_untuned_dynamic_operator_unchanged(db_path):
+    """Without tuning, a dynamic operator builds one symbolic default kernel for all m (CPU)."""
+    cfg = MatmulConfig(M=None, N=64, K=128, A_dtype="float16", W_dtype="int4", with_scaling=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    for m in (1, 7, 300):
+        inp = random_inputs(cfg, m)
+        assert relative_error(op(**inp), reference_matmul(cfg, **inp)) <= tolerance(cfg)
+    assert list(op._kernels) == [("cpu", None)]
+    assert isinstance(op(torch.randn(0, 128).half(), random_inputs(cfg, 1)["W"],
+                         scale=random_inputs(cfg, 1)["scale"]), torch.Tensor)

@@ -1,0 +1,266 @@
+"""The tuner on the CPU: candidates, the Roller-style cost model, top-k selection, parallel
+compilation in spawned workers, the reference check, measuring, two processes tuning at once;
+CUDA candidates compiled (code generation only, nvcc for a few) without a GPU."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bitblas
+from bitblas import MatmulConfig
+from bitblas.build import cuda_target
+from bitblas.hardware import DeviceSpec
+from bitblas.plan import make_plan
+from bitblas.schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, cuda_mma
+from bitblas.tune import candidates, estimate, select_topk
+from bitblas.tune.space import Candidate
+from bitblas.tune.tuner import _compile_all
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A device described as data (what query_device reads from an H200), for the model on any machine.
+H200 = DeviceSpec(name="test H200", arch="sm_90", sm_count=132, smem_per_sm=233472, smem_per_block=232448,
+                  regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=50 * 2 ** 20,
+                  dram_bandwidth=4.8e12, clock_hz=1.98e9)
+SMALL = DeviceSpec(name="small", arch="sm_80", sm_count=20, smem_per_sm=102400, smem_per_block=49152,
+                   regs_per_sm=65536, max_threads_per_sm=1536, max_blocks_per_sm=16, l2_bytes=4 * 2 ** 20,
+                   dram_bandwidth=0.5e12, clock_hz=1.5e9)
+W4A16 = dict(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True)
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    bitblas.set_database_path(str(tmp_path / "db"))
+    yield str(tmp_path / "db")
+    bitblas.set_database_path(None)
+
+
+def _ranked(cfg, bucket, spec):
+    out = []
+    for c in candidates(cfg, "cuda", bucket, spec):
+        cost = estimate(make_plan(cfg, "cuda", c.plan_m), c.hint, bucket, spec)
+        if math.isfinite(cost):
+            out.append(Candidate(c.plan_m, c.hint, cost))
+    return sorted(out, key=lambda c: c.cost)
+
+
+# -- candidates ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", [H200, SMALL], ids=["h200", "small"])
+def test_mma_candidates_fit_the_device(spec):
+    cfg = MatmulConfig(M=None, **W4A16)
+    cands = [c for c in candidates(cfg, "cuda", 256, spec) if isinstance(c.hint, MMAHint)]
+    assert len(cands) > 100
+    plan = make_plan(cfg, "cuda", None)
+    for c in cands:
+        assert c.plan_m is None                           # dynamic M: symbolic kernels
+        c.hint.check()
+        assert cuda_mma._copy_plan(plan, c.hint) is not None
+        assert c.hint.smem_bytes(plan) <= spec.smem_per_block
+    # the small device's 48 KB per block rules out the deep, wide tiles the H200 takes
+    assert max(c.hint.smem_bytes(plan) for c in cands) <= 49152 or spec is H200
+    knobs = {(c.hint.BM, c.hint.BN, c.hint.BK, c.hint.stages, c.hint.vec_decode) for c in cands}
+    assert {k[3] for k in knobs} >= {2, 3, 4} and {k[4] for k in knobs} == {4, 8}
+
+
+def test_candidate_families_by_bucket():
+    cfg = MatmulConfig(M=None, **W4A16)
+    kinds = lambda b: {type(c.hint).__name__ for c in candidates(cfg, "cuda", b, H200)}  # noqa: E731
+    assert kinds(1) == {"GEMVHint", "MMAHint"}          # small buckets: GEMV vs tensor cores
+    assert kinds(16) == {"GEMVHint", "MMAHint"}
+    assert kinds(17) == {"MMAHint"}
+    gemv = [c for c in candidates(cfg, "cuda", 4, H200) if isinstance(c.hint, GEMVHint)]
+    assert all(c.plan_m == 4 for c in gemv)              # GEMV kernels are static in M
+    if "k_warps" in GEMVHint.__dataclass_fields__:
+        assert any(c.hint.k_warps for c in gemv) and any(c.hint.grid == 4 * 132 for c in gemv if c.hint.k_warps)
+    # int8 activations: neither template applies -> the simple schedule's thread counts
+    i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8")
+    assert {type(c.hint) for c in candidates(i8, "cuda", 64, H200)} == {SimpleCUDAHint}
+    # CPU: N tile x K vector width dividing K
+    cpu = candidates(MatmulConfig(M=None, N=256, K=96, A_dtype="float16", W_dtype="int4"), "cpu", 8)
+    assert {c.hint.k_vec for c in cpu} == {1, 4, 8, 16, 32}
+
+
+def test_static_m_plans():
+    c = candidates(MatmulConfig(M=512, **W4A16), "cuda", 512, H200)
+    assert {x.plan_m for x in c} == {512}                # int M > 16: kernels specialised to it
+    c = candidates(MatmulConfig(M=8, **W4A16), "cuda", 8, H200)
+    assert {x.plan_m for x in c if isinstance(x.hint, MMAHint)} == {None}
+    assert {x.plan_m for x in c if isinstance(x.hint, GEMVHint)} == {8}
+
+
+# -- cost model ----------------------------------------------------------------------------------------
+def test_cost_model_prefers_big_tiles_for_big_m_and_few_blocks_waste_sms():
+    cfg = MatmulConfig(M=None, **W4A16)
+    plan = make_plan(cfg, "cuda", None)
+    big = MMAHint(BM=128, BN=128, BK=64, WM=64, WN=64, stages=3)
+    tiny = MMAHint(BM=16, BN=32, BK=32, WM=16, WN=16, stages=3)
+    # m=4096: a 16x32 tile re-decodes the weights 256x and reads A from L2 128x
+    assert estimate(plan, big, 4096, H200) < estimate(plan, tiny, 4096, H200) / 2
+    # m=32: a 128-row tile wastes 3/4 of its tensor-core work and leaves most SMs idle
+    best32 = _ranked(cfg, 32, H200)[0].hint
+    assert best32.BM <= 64
+    # wave quantisation: with one block per SM, 133 blocks take two waves on 132 SMs, 132 blocks one
+    narrow = make_plan(cfg.replace(N=128), "cuda", None)
+    one_per_sm = DeviceSpec(**{**H200.to_dict(), "max_blocks_per_sm": 1})
+    assert estimate(narrow, big, 128 * 133, one_per_sm) > 1.5 * estimate(narrow, big, 128 * 132, one_per_sm)
+    assert estimate(narrow, big, 128 * 132, one_per_sm) < 1.1 * estimate(narrow, big, 128 * 131, one_per_sm)
+
+
+def test_cost_model_occupancy_and_memory():
+    cfg = MatmulConfig(M=None, **W4A16)
+    plan = make_plan(cfg, "cuda", None)
+    h = MMAHint(BM=256, BN=128, BK=64, WM=64, WN=64, stages=4)
+    assert h.smem_bytes(plan) > SMALL.smem_per_sm
+    assert math.isinf(estimate(plan, h, 1024, SMALL))   # does not fit an SM: never chosen
+    # GEMV: deeper loads in flight help until DRAM latency is covered; more bandwidth is faster
+    g = make_plan(cfg.replace(M=1), "cuda", 1)
+    shallow = GEMVHint(rows_per_warp=1, warps=2, unroll=1, vec_bytes=4)
+    deep = GEMVHint(rows_per_warp=2, warps=4, unroll=4, vec_bytes=16)
+    assert estimate(g, deep, 1, H200) < estimate(g, shallow, 1, H200)
+    fast = DeviceSpec(**{**H200.to_dict(), "dram_bandwidth": 9.6e12})
+    assert estimate(g, deep, 1, fast) < estimate(g, deep, 1, H200)
+
+
+def test_select_topk_diversity():
+    cfg = MatmulConfig(M=None, **W4A16)
+    ranked = _ranked(cfg, 16, H200)
+    top = select_topk(ranked, 20)
+    assert len(top) == 20 and top == sorted(top, key=lambda c: c.cost)
+    shapes = {}
+    for c in top:
+        k = (type(c.hint).__name__,) + ((c.hint.BM, c.hint.BN, c.hint.BK, c.hint.WM, c.hint.WN)
+                                        if isinstance(c.hint, MMAHint) else
+                                        (c.hint.rows_per_warp, c.hint.warps, getattr(c.hint, "k_warps", 0)))
+        shapes[k] = shapes.get(k, 0) + 1
+    assert max(shapes.values()) <= 2
+    fams = [type(c.hint).__name__ for c in top]
+    assert fams.count("GEMVHint") >= 5 and fams.count("MMAHint") >= 5     # both paths measured
+    with pytest.raises(ValueError, match="topk"):
+        select_topk(ranked, 0)
+
+
+# -- compile, check, measure -----------------------------------------------------------------------------
+def test_tune_cpu_parallel_end_to_end(db_path):
+    cfg = MatmulConfig(M=[3, 24], N=192, K=256, A_dtype="float16", W_dtype="int4", group_size=64, with_scaling=True,
+                       with_bias=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    res = op.hardware_aware_finetune(topk=3, parallel_build=True, progress=False)
+    assert set(res) == {3, 24}
+    for b, r in res.items():
+        assert isinstance(r.hint, CPUHint) and r.latency_ms > 0 and r.default_latency_ms > 0
+        assert r.latency_ms <= min(c["ms"] for c in r.candidates if c["ok"]) + 1e-12
+        assert any(c["default"] for c in r.candidates)      # the default is always measured
+        assert sum(c["ok"] for c in r.candidates) >= 3
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    for m in (1, 3, 4, 24, 25, 77):
+        inp = random_inputs(cfg, m)
+        assert relative_error(op(**inp), reference_matmul(cfg, **inp)) <= tolerance(cfg)
+    assert op.profile_latency(m=24) > 0
+
+
+def test_failed_and_wrong_candidates_are_dropped(db_path, monkeypatch, caplog):
+    """A candidate that does not build is recorded with its error; one that computes a wrong result
+    is rejected by the reference check; the winner comes from the rest."""
+    from bitblas.tune import tuner
+    cfg = MatmulConfig(M=8, N=64, K=128, A_dtype="float16", W_dtype="int8", with_scaling=True)
+    good = CPUHint(n_tile=16, k_vec=16)
+    bad_build = CPUHint(n_tile=-4, k_vec=16)       # a negative split: the schedule raises
+    wrong = CPUHint(n_tile=32, k_vec=16)
+    monkeypatch.setattr(tuner, "candidates", lambda *a, **k: [Candidate(8, h) for h in (good, bad_build, wrong)])
+    real = tuner._compile_all
+
+    def compile_then_break(config, kind, cands, *a):
+        out = real(config, kind, cands, *a)
+        for c, r in zip(cands, out):
+            if c.hint == wrong and r["ok"]:
+                mod, fn = r["entry"]
+                r["entry"] = (mod, lambda *args: (fn(*args), args[-1].mul_(1.5)))
+        return out
+    monkeypatch.setattr(tuner, "_compile_all", compile_then_break)
+    with caplog.at_level(logging.WARNING, logger="bitblas"):
+        res = tuner.tune_bucket(cfg, "cpu", 8, topk=5, parallel=False)
+    rows = {json.dumps(c["hint"], sort_keys=True): c for c in res.candidates}
+    from bitblas.schedule import hint_to_dict
+    key = lambda h: json.dumps(hint_to_dict(h), sort_keys=True)  # noqa: E731
+    assert not rows[key(bad_build)]["ok"] and rows[key(bad_build)]["error"]
+    assert not rows[key(wrong)]["ok"] and "wrong result" in rows[key(wrong)]["error"]
+    assert "wrong result" in caplog.text
+    assert res.hint != wrong and res.hint != bad_build
+
+
+def test_topk_validation():
+    op = bitblas.Matmul(MatmulConfig(M=4, N=64, K=64, A_dtype="float16", W_dtype="int8"), target="llvm")
+    with pytest.raises(ValueError, match="topk"):
+        op.hardware_aware_finetune(topk=0)
+    with pytest.raises(ValueError, match="kind"):
+        op.hardware_aware_finetune(kind="tpu")
+
+
+_TUNER = """
+    import json, sys
+    import bitblas
+    from bitblas import MatmulConfig
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = MatmulConfig.from_dict(json.loads({cfg!r}))
+    op = bitblas.Matmul(cfg, target="llvm")
+    res = op.hardware_aware_finetune(topk=3, parallel_build=False, progress=False)
+    inp = random_inputs(cfg, 5)
+    err = relative_error(op(**inp), reference_matmul(cfg, **inp))
+    print(json.dumps({{"cached": {{str(b): r.from_cache for b, r in res.items()}}, "ok": err <= tolerance(cfg),
+                      "hints": {{str(b): str(r.hint) for b, r in res.items()}}}}))
+"""
+
+
+def test_two_processes_tuning_the_same_operator(db_path):
+    """Both finish with correct results; the per-key lock makes one tune each bucket and the other
+    load it; the database holds exactly one valid result per bucket."""
+    cfg = MatmulConfig(M=[2, 16], N=128, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True, with_zeros=True)
+    code = textwrap.dedent(_TUNER.format(cfg=json.dumps(cfg.to_dict())))
+    env = dict(os.environ, PYTHONPATH=ROOT, BITBLAS_DATABASE_PATH=db_path)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    res = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    assert all(r["ok"] for r in res)
+    for b in ("2", "16"):
+        assert sorted(r["cached"][b] for r in res) == [False, True]     # tuned once, loaded once
+        assert res[0]["hints"][b] == res[1]["hints"][b]
+    tuning = bitblas.cache.list_entries("tuning")
+    assert sorted(e["m"] for e in tuning) == [2, 16]
+
+
+# -- CUDA candidates without a GPU: code generation ------------------------------------------------------
+def test_cuda_topk_compiles_in_workers(tmp_path):
+    """The top of the ranking for a W4A16 bucket compiles in the spawned workers (CUDA code
+    generation: without libcuda tvm.compile stops at the source)."""
+    cfg = MatmulConfig(M=None, **W4A16)
+    top = select_topk(_ranked(cfg, 128, H200), 4)
+    tgt = cuda_target({"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": H200.smem_per_block})
+    res = _compile_all(cfg, "cuda", top, tgt, True, None, str(tmp_path))
+    for r in res:
+        # built and exported by a worker; loading needs the CUDA runtime, absent on a machine without GPU
+        assert r["path"] and os.path.getsize(r["path"]) > 0, r["error"]
+        assert r["ok"] or r["error"].startswith("load:"), r["error"]
+        assert r["seconds"] > 0.05
+
+
+@pytest.mark.nvcc
+def test_cuda_top_candidates_nvcc(tmp_path):
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    tgt = cuda_target({"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": H200.smem_per_block})
+    cfg = MatmulConfig(M=None, **W4A16)
+    for bucket in (1, 256):
+        best = _ranked(cfg, bucket, H200)[0]
+        src = cuda_source(make_plan(cfg, "cuda", best.plan_m), tgt, best.hint)
+        assert len(nvcc_compile(src, arch="sm_90")) > 1000

@@ -76,6 +76,7 @@ def main():
     p.add_argument("--topk", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="two shapes, topk 6 (smoke test)")
     p.add_argument("--dynamic-topk", type=int, default=6)
+    p.add_argument("--commit", default=None, help="commit to stamp (default: git rev-parse HEAD)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("bitblas.ops").setLevel(logging.WARNING)
@@ -83,7 +84,8 @@ def main():
     bitblas.set_database_path(db)
     from bitblas.hardware import query_device
     spec = query_device()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=ROOT).stdout.strip()
     res = {"commit": commit, "gpu": spec.to_dict(), "torch": torch.__version__, "topk": args.topk, "shapes": []}
 
     def save():
@@ -144,10 +146,20 @@ def main():
         for _ in range(50):
             op(**inp, output=out)
         torch.cuda.synchronize()
-        n = 2000
+        import bitblas.build as bb
+        orig, calls = bb.compile_plan, []
+        bb.compile_plan = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
+        op._by_rows.clear()
+        t0 = time.perf_counter()
+        for m in range(1, 5001):                  # first sight of every row count 1..5000
+            op._kernel("cuda", m)
+        dyn["first_sight_us"] = (time.perf_counter() - t0) / 5000 * 1e6
+        dyn["compiles_for_m_1_to_5000"] = len(calls)
+        bb.compile_plan = orig
+        n = 20000
         t0 = time.perf_counter()
         for i in range(n):
-            op._kernel("cuda", 1 + i % 64)
+            op._kernel("cuda", 1 + i % 5000)
         dyn["dispatch_us"] = (time.perf_counter() - t0) / n * 1e6
         t0 = time.perf_counter()
         for _ in range(n):
@@ -198,8 +210,11 @@ def report(res) -> str:
     d = res.get("dynamic", {})
     if "error" not in d and d:
         lines += ["", f"Dynamic M (default buckets, topk={d['topk']}): tuned in {d['tune_s']:.1f} s; every m checked "
-                      f"correct: {d['all_ok']} (max rel. err {d['max_rel_err']:.1e}); dispatch {d['dispatch_us']:.2f} µs, "
-                      f"op call {d['op_call_us']:.1f} µs vs raw kernel call {d['raw_kernel_call_us']:.1f} µs (CPU time)",
+                      f"correct: {d['all_ok']} (max rel. err {d['max_rel_err']:.1e}); first sight of each m 1..5000 "
+                      f"{d['first_sight_us']:.1f} µs with {d['compiles_for_m_1_to_5000']} compiles; "
+                      f"dispatch {d['dispatch_us']:.2f} µs, "
+                      f"op call {d['op_call_us']:.1f} µs vs raw kernel call {d['raw_kernel_call_us']:.1f} µs "
+                      "(CPU time)",
                   "", "| bucket | default µs | tuned µs | hint |", "|---|---|---|---|"]
         for b, x in d["buckets"].items():
             lines.append(f"| {b} | {x['default_ms'] * 1e3:.1f} | {x['tuned_ms'] * 1e3:.1f} | `{x['hint']}` |")

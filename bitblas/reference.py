@@ -37,8 +37,9 @@ def tolerance(config: MatmulConfig) -> float:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max|out - ref| / max|ref| in float64 (NaN anywhere in ``out`` gives inf)."""
-    o, r = out.to(torch.float64), ref.to(torch.float64)
+    """max|out - ref| / max|ref| in float64 (NaN anywhere in ``out`` gives inf); ``ref`` may be on
+    another device than ``out`` (compared on ``out``'s)."""
+    o, r = out.to(torch.float64), ref.to(out.device, torch.float64)
     if torch.isnan(o).any() or torch.isinf(o).any():
         return float("inf")
     denom = max(float(r.abs().max()) if r.numel() else 0.0, 1e-30)

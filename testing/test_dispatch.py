@@ -93,6 +93,24 @@ def test_gemv_bucket_dispatch_rule(db_path):
     assert op._choose("cuda", 40) == (None, None)      # default tensor-core kernel, symbolic
 
 
+def test_gemv_bucket_rows_are_built_ahead():
+    """A GEMV bucket's other row counts get their static kernels when the bucket is tuned (here
+    compiled in this process for CUDA without a GPU: code generation only)."""
+    from bitblas.build import cuda_target
+    from bitblas.cache import kernels
+    from bitblas.plan import make_plan
+    from bitblas.tune.tuner import _gemv_rows
+    cfg = MatmulConfig(M=[1, 4], N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    tgt = cuda_target("sm_90")
+    h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
+    tdesc = kernels.target_desc("cuda", tgt)
+    keys = [kernels.kernel_key(make_plan(cfg, "cuda", r), h, tdesc) for r in (2, 3)]
+    assert not any(kernels.in_memory(k) for k in keys)
+    _gemv_rows(cfg, "cuda", [2, 3], h, tgt, False, None)
+    assert all(kernels.in_memory(k) for k in keys)
+
+
 def test_dispatch_cost(db_path):
     """Choosing the kernel for a row count already seen is one dict lookup (well under a µs);
     the first sight of a row count is a few µs more."""

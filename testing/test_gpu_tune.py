@@ -88,7 +88,8 @@ _LOAD = """
 
 def test_second_process_loads_tuned_operator_without_compiling(tuned, db_path):
     cfg, _, _ = tuned
-    env = dict(os.environ, BITBLAS_DATABASE_PATH=db_path, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, BITBLAS_DATABASE_PATH=db_path,
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(_LOAD.format(cfg=json.dumps(cfg.to_dict())))],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -165,7 +165,7 @@ def test_dtype_casts_keep_formats_and_device_moves():
     for cast in (lambda m: m.float(), lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.double()):
         cast(lin)
         assert {k: v.dtype for k, v in lin.state_dict().items()} == dtypes
-    model = nn.Sequential(lin, nn.ReLU()).to("meta")
+    nn.Sequential(lin, nn.ReLU()).to("meta")
     assert lin.qweight.device.type == "meta" and lin.scales.dtype == torch.float16
     with pytest.raises(ValueError, match="meta"):
         lin(torch.randn(1, K).half())
@@ -417,3 +417,14 @@ def test_layer_rebinds_when_a_buffer_is_replaced():
     assert rel_err(lin(x), 2 * y.double()) <= 4e-3
     lin.scales.mul_(0.5)                               # in place: the bound tensors are these
     assert rel_err(lin(x), y) <= 4e-3
+
+
+def test_deepcopy_and_pickle_share_the_operator():
+    import copy
+    import pickle
+    lin, _ = _layer(dict(W_dtype="uint4", group_size=32, with_zeros=True))
+    x = torch.randn(2, K).half()
+    y = lin(x)
+    for other in (copy.deepcopy(lin), pickle.loads(pickle.dumps(lin))):
+        assert other.bitblas_matmul is lin.bitblas_matmul and other.qweight is not lin.qweight
+        assert torch.equal(other(x), y)

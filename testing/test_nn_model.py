@@ -99,3 +99,25 @@ def test_compiled_quantized_llama_fullgraph():
     cq = torch.compile(q, fullgraph=True, backend="aot_eager")
     assert torch.equal(cq(_tokens(), start), eager_prefill)
     assert torch.equal(cq(_tokens(1), pos), eager_step)
+
+
+@torch.no_grad()
+def test_load_state_dict_into_converted_model_checks_all_layers_first(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    _, q = _models(dict(W_dtype="uint4", group_size=64, with_zeros=True))
+    _, other = _models(dict(W_dtype="uint4", group_size=64, with_zeros=True))
+    for m in (q, other):
+        m.cos, m.sin = m.cos.clone(), m.sin.clone()      # plain buffers; the caches are not in the state dict
+    other.layers[0].self_attn.q_proj.scales.mul_(2)
+    sd = {k: v.contiguous() for k, v in other.state_dict().items()}
+    st.save_file(sd, str(tmp_path / "m.safetensors"))
+    sd = st.load_file(str(tmp_path / "m.safetensors"))
+    bad = dict(sd)
+    key = "layers.1.mlp.down_proj.scales"
+    bad[key] = bad[key][:, :1].contiguous()
+    before = {k: v.clone() for k, v in q.state_dict().items()}
+    with pytest.raises(ValueError, match=key):
+        q.load_state_dict(bad)
+    assert all(torch.equal(before[k], v) for k, v in q.state_dict().items())    # nothing half-loaded
+    q.load_state_dict(sd)
+    assert torch.equal(q.layers[0].self_attn.q_proj.scales, other.layers[0].self_attn.q_proj.scales)

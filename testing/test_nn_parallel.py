@@ -48,7 +48,8 @@ def _worker(rank, world, init_file):
             ref = full(x)
             col = ColumnParallelLinear.from_linear(full)
             assert col.local.out_features == N // world
-            assert torch.equal(col(x), ref), f"{name}: column-parallel differs"
+            # the shard runs its own (N / world)-wide kernel: equal up to float16 rounding
+            assert rel_err(col(x), ref) <= 1e-3, f"{name}: column-parallel differs"
             row = RowParallelLinear.from_linear(full)
             assert row.local.in_features == K // world
             # integer activations: each rank quantizes its slice of a token with its own scale, a
@@ -59,7 +60,7 @@ def _worker(rank, world, init_file):
         # act-order (a permuted input): both kinds
         full = _act_order_full(20)
         ref = full(x)
-        assert torch.equal(ColumnParallelLinear.from_linear(full)(x), ref)
+        assert rel_err(ColumnParallelLinear.from_linear(full)(x), ref) <= 1e-3
         assert rel_err(RowParallelLinear.from_linear(full)(x), ref) <= 4e-3
         # Megatron MLP: column (sharded output) -> row (sharded input), loaded from float weights
         up = _full(30, K, N, bias=False, W_dtype="uint4", group_size=16, with_zeros=True)

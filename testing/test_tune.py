@@ -264,3 +264,18 @@ def test_cuda_top_candidates_nvcc(tmp_path):
         best = _ranked(cfg, bucket, H200)[0]
         src = cuda_source(make_plan(cfg, "cuda", best.plan_m), tgt, best.hint)
         assert len(nvcc_compile(src, arch="sm_90")) > 1000
+
+
+def test_device_spec_without_a_gpu():
+    import torch
+    from bitblas.hardware import query_device
+    tgt = cuda_target({"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448})
+    spec = DeviceSpec.from_target(tgt)
+    assert spec.source == "target" and spec.arch == "sm_90" and spec.smem_per_block == 232448 and spec.cc == 90
+    assert DeviceSpec.from_dict(spec.to_dict()) == spec
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="GPU"):
+            query_device()
+        op = bitblas.Matmul(MatmulConfig(M=16, **W4A16), target="sm_90")
+        with pytest.raises(RuntimeError, match="GPU"):
+            op.hardware_aware_finetune(kind="cuda")

@@ -132,7 +132,8 @@ class Database:
         except ValueError:
             rec, problem = None, "does not parse (truncated?)"
         if rec is not None:
-            if not isinstance(rec, dict) or rec.get("schema") != SCHEMA or _canonical(rec.get("key")) != _canonical(key):
+            if not isinstance(rec, dict) or rec.get("schema") != SCHEMA or \
+                    _canonical(rec.get("key")) != _canonical(key):
                 problem = "was written for another key (stale)"
             else:
                 for name, meta in rec.get("files", {}).items():

@@ -136,6 +136,11 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
         return _MEM[h][1], used
 
 
+def in_memory(key: dict) -> bool:
+    with _LOCK:
+        return _db.key_hash(key) in _MEM
+
+
 def remember(plan: Plan, hint, tdesc: dict, entry) -> None:
     """Put an already built (module, fn) in the memory cache under its kernel key."""
     with _LOCK:

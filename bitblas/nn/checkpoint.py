@@ -120,7 +120,8 @@ def _sizes(K, N, in_features, out_features, bits, qname, shape, implied_bits):
         raise ValueError(f"{qname} of shape {shape} holds in_features={K} at bits={bits}, but the layer has "
                          f"in_features={in_features}{hint}")
     if out_features is not None and N != out_features:
-        raise ValueError(f"{qname} of shape {shape} holds out_features={N}, but the layer has out_features={out_features}")
+        raise ValueError(f"{qname} of shape {shape} holds out_features={N}, but the layer has "
+                         f"out_features={out_features}")
 
 
 def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int = 4, in_features: Optional[int] = None,
@@ -156,7 +157,8 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int = 4, in_features
                              f"{getattr(g_idx, 'dtype', type(g_idx).__name__)} {list(getattr(g_idx, 'shape', []))}")
         g = g_idx.to(torch.long).cpu()
         if g.numel() and (int(g.min()) < 0 or int(g.max()) >= G):
-            raise ValueError(f"g_idx: values must lie in [0, {G - 1}] ({G} groups), got [{int(g.min())}, {int(g.max())}]")
+            raise ValueError(f"g_idx: values must lie in [0, {G - 1}] ({G} groups), "
+                             f"got [{int(g.min())}, {int(g.max())}]")
         natural = torch.arange(K) // gs
         if not torch.equal(g, natural):
             order = torch.argsort(g, stable=True)

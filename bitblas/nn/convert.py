@@ -9,17 +9,17 @@ import dataclasses
 import fnmatch
 import logging
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from ..formats import get_format
 from ..quantization.quantize import QuantizedWeight
-from .checkpoint import from_awq, from_gptq
 from .linear import Linear
 
-__all__ = ["QuantizationConfig", "quantize_model", "load_gptq_model", "load_awq_model", "find_linear_layers"]
+__all__ = ["QuantizationConfig", "quantize_model", "load_gptq_model", "load_awq_model", "find_linear_layers",
+           "check_state_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,23 @@ def _swap(model: nn.Module, replacements: Dict[str, nn.Module]):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
+    if replacements and not getattr(model, "_bitblas_checked_load", False):
+        model.register_load_state_dict_pre_hook(_check_before_load)
+        model._bitblas_checked_load = True
+
+
+def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], prefix: str = ""):
+    """Check every bitblas layer's tensors in ``state_dict`` (format, shapes, dtypes) against ``model``
+    without loading anything; raises naming the first bad key."""
+    for name, m in model.named_modules():
+        if isinstance(m, Linear):
+            m.check_state_dict(state_dict, f"{prefix}{name}." if name else prefix)
+
+
+def _check_before_load(module, state_dict, prefix, *args):
+    """Pre-hook of converted models: ``model.load_state_dict`` checks all bitblas layers before the
+    first tensor is copied, so a bad checkpoint leaves the model as it was."""
+    check_state_dict(module, state_dict, prefix)
 
 
 def _new_linear(layer: nn.Linear, kwargs: dict, target) -> Linear:
@@ -206,7 +223,8 @@ def _load_checkpoint_model(model, state_dict, fmt, bits, group_size, skip, linea
     own = {k: v for k, v in own.items() if not k.startswith(replaced_prefixes)}
     unexpected = sorted(k for k in rest if k not in own)
     if unexpected and strict:
-        raise ValueError(f"state_dict has keys the model does not: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        more = " ..." if len(unexpected) > 8 else ""
+        raise ValueError(f"state_dict has keys the model does not: {unexpected[:8]}{more}"
                          " (a quantized layer the model lacks, or one in skip?)")
     for k, v in rest.items():
         if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape:

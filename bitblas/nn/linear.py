@@ -386,14 +386,17 @@ class Linear(nn.Module):
     def _convert_foreign(self, state_dict, prefix):
         """Hook for subclasses that accept other checkpoint layouts (QuantLinear: GPTQ)."""
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def check_state_dict(self, state_dict, prefix: str = ""):
+        """Raise ValueError / TypeError naming the key if ``state_dict`` (this layer's tensors under
+        ``prefix``) cannot be loaded into this layer; changes nothing."""
+        state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
         self._convert_foreign(state_dict, prefix)
+        self._check_state(state_dict, prefix)
+
+    def _check_state(self, state_dict, prefix):
         extra_key = prefix + "_extra_state"
-        if extra_key in state_dict:
+        if state_dict.get(extra_key) is not None:
             self._check_extra(state_dict[extra_key], prefix)
-        else:
-            state_dict[extra_key] = None      # a checkpoint without the record: nothing to compare
         for name, buf in self._buffers.items():
             key = prefix + name
             if key not in state_dict or buf is None:
@@ -407,18 +410,39 @@ class Linear(nn.Module):
                 raise ValueError(f"{key}: checkpoint tensor is {t.dtype} {list(t.shape)}, but {self._name()} "
                                  f"(group_size={self.group_size}, zeros_mode={self.zeros_mode!r}) takes "
                                  f"{buf.dtype} {list(buf.shape)}")
-        perm_key = prefix + "perm"
-        p = state_dict.get(perm_key)
+        p = state_dict.get(prefix + "perm")
         if p is not None:
             if not isinstance(p, torch.Tensor) or p.dtype.is_floating_point or list(p.shape) != [self.in_features] \
                     or not torch.equal(p.cpu().sort().values, torch.arange(self.in_features)):
-                raise ValueError(f"{perm_key}: expected a permutation of range({self.in_features})")
+                raise ValueError(f"{prefix}perm: expected a permutation of range({self.in_features})")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # everything is checked before any tensor is copied
+        self._convert_foreign(state_dict, prefix)
+        self._check_state(state_dict, prefix)
+        extra_key = prefix + "_extra_state"
+        if extra_key not in state_dict:
+            state_dict[extra_key] = None      # a checkpoint without the record: nothing to compare
+        p = state_dict.get(prefix + "perm")
+        if p is not None:
             dev = self._buffers[self._weight_name].device
             self._buffers["perm"] = p.to(device=dev, dtype=torch.long).clone()
         elif self._buffers.get("perm") is not None and prefix + self._weight_name in state_dict:
             self._buffers["perm"] = None       # the checkpoint's weight is in input order
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+    # -- copies and pickles: the shared operator is not copied, it is looked up again by its key --
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state.update(bitblas_matmul=None, _bound=None, _bound_all=None, _bound_src=())
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.bitblas_matmul = torch_op._operator(self._key)
 
     # -- devices and dtypes -------------------------------------------------------------------
     def _apply(self, fn, recurse=True):

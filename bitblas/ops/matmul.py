@@ -113,10 +113,19 @@ class Matmul:
         entry = self._kernels.get(key)
         if entry is None:
             from ..cache.kernels import get_kernel
+            target = self._resolve_cuda_target() if kind == "cuda" else None
             plan = make_plan(self.config, kind, m)
             t0 = time.perf_counter()
-            fn, hint = get_kernel(plan, hint, target=self._resolve_cuda_target() if kind == "cuda" else None)
-            logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, m or M_VAR, hint, time.perf_counter() - t0)
+            try:
+                fn, used = get_kernel(plan, hint, target=target)
+            except Exception as e:  # noqa: BLE001 - a tuned hint that does not build for these rows
+                if hint is None:
+                    raise
+                logger.warning("tuned %s does not build for %d rows (%s); using the default kernel", hint, rows, e)
+                m = self._kernel_m(kind, rows)
+                plan = make_plan(self.config, kind, m)
+                fn, used = get_kernel(plan, None, target=target)
+            logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, m or M_VAR, used, time.perf_counter() - t0)
             entry = self._kernels[key] = (plan, fn)
         if len(self._by_rows) < 65536:
             self._by_rows[(kind, rows)] = entry

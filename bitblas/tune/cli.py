@@ -95,7 +95,8 @@ def add_arguments(p) -> None:
     p.add_argument("--kind", choices=["cuda", "cpu"], default=None, help="default: cuda with a GPU, else cpu")
     p.add_argument("--buckets", choices=["observed", "default"], default="observed",
                    help="M buckets: the row counts seen (default), or bitblas's default buckets")
-    p.add_argument("--database", default=None, help="database folder (default: BITBLAS_DATABASE_PATH or ~/.cache/bitblas)")
+    p.add_argument("--database", default=None,
+                   help="database folder (default: BITBLAS_DATABASE_PATH or ~/.cache/bitblas)")
     p.add_argument("--no-parallel", action="store_true", help="compile candidates in this process")
     p.add_argument("--force", action="store_true", help="re-tune entries already in the database")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")

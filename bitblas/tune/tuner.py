@@ -36,7 +36,7 @@ from ..cache import database as _dbmod
 from ..cache import get_database
 from ..cache import kernels as _kernels
 from ..config import MatmulConfig
-from ..dispatch import default_rows
+from ..dispatch import BucketTable, default_rows
 from ..formats import FORMATS
 from ..plan import M_VAR, make_plan
 from ..schedule import GEMVHint, MMAHint, default_hint, hint_from_dict, hint_to_dict
@@ -59,6 +59,8 @@ class TuneResult:
     seconds: float
     from_cache: bool
     candidates: List[dict] = field(default_factory=list)
+    entry: object = field(default=None, repr=False)        # (module, fn) of the winner, when built here
+    path: Optional[str] = field(default=None, repr=False)  # its exported library (worker-built), until stored
 
     @property
     def speedup(self) -> Optional[float]:
@@ -231,8 +233,8 @@ def _compile_all(config, kind, cands, target, parallel, bar, workdir) -> List[di
 
 def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=None, topk: int = 20,
                 parallel: bool = True, bar=None) -> TuneResult:
-    """Tune one bucket (no database access); returns the result with the winner's kernel attached
-    as ``result.entry`` and, when it was compiled by a worker, its library as ``result.path``."""
+    """Tune one bucket (no database access); the result carries the winner's kernel (``entry``)
+    and, when a worker compiled it, a copy of its library (``path``)."""
     from ..build import cpu_target, cuda_target
     from ..reference import random_inputs, reference_matmul, relative_error, tolerance
     t_start = time.perf_counter()
@@ -269,7 +271,8 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
         table, best, best_i = [], None, None
         out_dtype = ref.dtype
         for i, (c, r) in enumerate(zip(chosen, built)):
-            row = {**c.to_dict(), "default": (c.plan_m, c.hint) == (default.plan_m, default.hint), "compile_s": round(r["seconds"], 3), "ok": False,
+            is_default = (c.plan_m, c.hint) == (default.plan_m, default.hint)
+            row = {**c.to_dict(), "default": is_default, "compile_s": round(r["seconds"], 3), "ok": False,
                    "ms": None, "error": r.get("error")}
             table.append(row)
             if not r["ok"]:
@@ -306,9 +309,8 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
                                f"(first error: {next((r['error'] for r in table if r['error']), None)})")
         d_row = next(r for r in table if r["default"])
         win = chosen[best_i]
-        res = TuneResult(bucket, win.plan_m, win.hint, best, d_row["ms"], time.perf_counter() - t_start, False, table)
-        res.entry = built[best_i]["entry"]
-        res.path = None
+        res = TuneResult(bucket, win.plan_m, win.hint, best, d_row["ms"], time.perf_counter() - t_start, False, table,
+                         entry=built[best_i]["entry"])
         if built[best_i].get("path"):
             keep = tempfile.mkdtemp(prefix="bitblas_best_")
             res.path = shutil.copy(built[best_i]["path"], os.path.join(keep, "kernel.so"))
@@ -379,6 +381,7 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
         spec = query_device()
     ddesc = device_desc(kind, target, spec)
     db = get_database()
+    table = BucketTable(sorted(buckets))
     results: Dict[int, TuneResult] = {}
     bar = None
     try:
@@ -386,23 +389,61 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
             key = tuning_key(config, kind, b, ddesc)
             with (db.lock("tuning", key) if db is not None else contextlib.nullcontext()):
                 rec = None if (force or db is None) else db.get("tuning", key)
+                res = None
                 if rec is not None:
                     try:
-                        results[b] = _load_cached(config, kind, rec, target)
-                        logger.info("bucket %d: %s from the database (%.4f ms)", b, results[b].hint,
-                                    results[b].latency_ms)
-                        continue
+                        res = _load_cached(config, kind, rec, target)
+                        logger.info("bucket %d: %s from the database (%.4f ms)", b, res.hint, res.latency_ms)
                     except Exception as e:  # noqa: BLE001 - a broken entry is re-tuned, not fatal
                         logger.warning("bitblas cache: tuning entry for m=%d does not load (%s); re-tuning", b, e)
-                if bar is None:
-                    bar = _progress(progress, config)
-                res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar)
-                _store(config, kind, res, key, target, db)
+                if res is None:
+                    if bar is None:
+                        bar = _progress(progress, config)
+                    res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar)
+                    _store(config, kind, res, key, target, db)
                 results[b] = res
+                if isinstance(res.hint, GEMVHint) and config.dynamic:
+                    lo = table.range_of(b)[0]
+                    _gemv_rows(config, kind, [r for r in range(lo, b) if r != res.plan_m], res.hint, target,
+                               parallel, db)
     finally:
         if bar is not None:
             bar.close()
     return results
+
+
+def _gemv_rows(config, kind, rows, hint, target, parallel, db) -> None:
+    """The GEMV kernel takes a static row count: a GEMV bucket serves each row count of its range
+    with its own kernel of the bucket's hint. Build them now (in the workers), so no call compiles."""
+    from ..build import cpu_target, cuda_target
+    tgt = cuda_target(target) if kind == "cuda" else cpu_target()
+    tdesc = _kernels.target_desc(kind, tgt)
+    todo = []
+    for r in rows:
+        plan = make_plan(config, kind, r)
+        key = _kernels.kernel_key(plan, hint, tdesc)
+        if _kernels.in_memory(key):
+            continue
+        rec = db.get("kernel", key) if db is not None else None
+        if rec is not None:
+            _kernels.get_kernel(plan, hint, target)          # a disk hit: loads, no compile
+            continue
+        todo.append(Candidate(r, hint))
+    if not todo:
+        return
+    workdir = tempfile.mkdtemp(prefix="bitblas_rows_")
+    try:
+        for c, r in zip(todo, _compile_all(config, kind, todo, tgt, parallel, None, workdir)):
+            if not r["ok"]:
+                logger.warning("GEMV kernel for %d rows did not build (%s); that row count uses the default",
+                               c.plan_m, r["error"])
+                continue
+            plan = make_plan(config, kind, c.plan_m)
+            _kernels.remember(plan, hint, tdesc, r["entry"])
+            if db is not None and r.get("path"):
+                _kernels.store_kernel_file(plan, hint, tdesc, r["path"])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _progress(progress, config):

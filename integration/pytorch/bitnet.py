@@ -45,7 +45,8 @@ def main(argv=None):
     w_up, w_down = torch.randn(h, d, generator=g) * 0.05, torch.randn(d, h, generator=g) * 0.05
     mlp = nn.Sequential(bitnet_linear(w_up, device=a.device), nn.ReLU(), bitnet_linear(w_down, device=a.device))
     print(mlp)
-    print(f"weight bytes: {mlp[0].qweight.numel() + mlp[2].qweight.numel()} (float16: {2 * (w_up.numel() + w_down.numel())})")
+    packed, f16 = mlp[0].qweight.numel() + mlp[2].qweight.numel(), 2 * (w_up.numel() + w_down.numel())
+    print(f"weight bytes: {packed} (float16: {f16})")
 
     x = torch.randn(8, d, generator=g).half()
     with torch.inference_mode():

@@ -156,12 +156,14 @@ def main(argv=None):
         sync()
         res["first_prefill_s (builds kernels)"] = round(time.perf_counter() - t0, 2)
         lr = ref(prompt, start)
-        res["prefill_logits"] = {"cosine": round(cosine(lr, lq), 6), "max_abs_diff": round(float((lr - lq).abs().max()), 4),
+        res["prefill_logits"] = {"cosine": round(cosine(lr, lq), 6),
+                                 "max_abs_diff": round(float((lr - lq).abs().max()), 4),
                                  "max_abs_logit": round(float(lr.abs().max()), 4)}
         t = prompt[:, -1:]
         pos = torch.tensor([a.prompt], device=dev)
         ld, lqd = ref(t, pos), q(t, pos)
-        res["decode_logits"] = {"cosine": round(cosine(ld, lqd), 6), "max_abs_diff": round(float((ld - lqd).abs().max()), 4)}
+        res["decode_logits"] = {"cosine": round(cosine(ld, lqd), 6),
+                                "max_abs_diff": round(float((ld - lqd).abs().max()), 4)}
         if a.w8:      # the same model at 8 bits: agreement limited by quantization, not by the kernels
             q8 = TinyLlama(cfg).half().to(dev)
             q8.load_state_dict(ref.state_dict())

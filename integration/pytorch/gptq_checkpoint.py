@@ -18,7 +18,6 @@ import tempfile
 import torch
 import torch.nn as nn
 
-import bitblas
 from bitblas.nn import load_gptq_model
 
 BITS, GROUP = 4, 32

@@ -78,13 +78,8 @@ def _interleave_positions(nbits: int, target_dtype: str):
     return [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
 
 
-def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
-    """Reorder the codes inside each 32-bit word so that code j lands in decoder lane j % lanes.
-
-    With fp16 targets the two 16-bit halves of a word then hold codes (0, 2, 4, 6) and (1, 3, 5, 7)
-    (for 4 bits), which lets a decoder turn a word into fp16 pairs with a few bit operations.
-    Takes and returns int8 numpy arrays or torch tensors whose last axis is a multiple of 4 bytes.
-    """
+def _move_codes(qweight, nbits: int, target_dtype: str, inverse: bool):
+    """Move each code of every 32-bit word to its interleaved slot (or back, ``inverse``)."""
     is_torch = isinstance(qweight, torch.Tensor)
     w = qweight.cpu().numpy() if is_torch else np.asarray(qweight)
     if w.dtype.itemsize != 1 or w.shape[-1] % 4:
@@ -94,20 +89,22 @@ def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     mask = np.uint32((1 << nbits) - 1)
     out = np.zeros_like(words)
     for j, p in enumerate(pos):
-        out |= ((words >> np.uint32(j * nbits)) & mask) << np.uint32(p * nbits)
+        src, dst = (p, j) if inverse else (j, p)
+        out |= ((words >> np.uint32(src * nbits)) & mask) << np.uint32(dst * nbits)
     res = out.view(w.dtype)
     return torch.from_numpy(res.copy()).to(qweight.device) if is_torch else res
+
+
+def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
+    """Reorder the codes inside each 32-bit word so that code j lands in decoder lane j % lanes.
+
+    With fp16 targets the two 16-bit halves of a word then hold codes (0, 2, 4, 6) and (1, 3, 5, 7)
+    (for 4 bits), which lets a decoder turn a word into fp16 pairs with a few bit operations.
+    Takes and returns int8 numpy arrays or torch tensors whose last axis is a multiple of 4 bytes.
+    """
+    return _move_codes(qweight, nbits, target_dtype, inverse=False)
 
 
 def deinterleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     """Inverse of :func:`interleave_weight`."""
-    is_torch = isinstance(qweight, torch.Tensor)
-    w = qweight.cpu().numpy() if is_torch else np.asarray(qweight)
-    pos = _interleave_positions(nbits, target_dtype)
-    words = np.ascontiguousarray(w).view(np.uint32)
-    mask = np.uint32((1 << nbits) - 1)
-    out = np.zeros_like(words)
-    for j, p in enumerate(pos):
-        out |= ((words >> np.uint32(p * nbits)) & mask) << np.uint32(j * nbits)
-    res = out.view(w.dtype)
-    return torch.from_numpy(res.copy()).to(qweight.device) if is_torch else res
+    return _move_codes(qweight, nbits, target_dtype, inverse=True)

@@ -68,7 +68,7 @@ class BoundMatmul:
         self._cols = a.shape[1]
         self._n = op.config.N
         self._out_dtype = TORCH_DTYPES[plan0.args[-1].user_dtype]
-        self._gemv = op.__dict__.setdefault("_gemv_rows", {}) if kind == "cuda" else None
+        self._gemv = op._gemv_rows if kind == "cuda" else None
         self.device_index = W.get_device()      # -1 on the CPU: a cheap per-call device comparison
 
     def _general(self, A, a_scale, output):

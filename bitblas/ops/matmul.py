@@ -56,6 +56,7 @@ class Matmul:
         self._tuned: Dict[str, Dict[int, tuple]] = {}   # kind -> {bucket: (plan rows, hint)} once tuned
         self._by_rows: Dict[Tuple[str, int], Tuple[Plan, object]] = {}   # (kind, rows) -> kernel: dispatch
         self._buckets = None                      # BucketTable of the tuned buckets
+        self._gemv_rows: Dict[int, bool] = {}     # rows -> the GEMV template serves them (16-byte loads)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
         if enable_tuning:
             self.hardware_aware_finetune()
@@ -81,10 +82,9 @@ class Matmul:
         with 1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
         if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MAX_ROWS:
             return self._static_m(rows)
-        cache = self.__dict__.setdefault("_gemv_rows", {})
-        if rows not in cache:
-            cache[rows] = gemv_unsupported(make_plan(self.config, kind, rows)) is None
-        return default_rows(self.config, kind, rows)
+        m = default_rows(self.config, kind, rows)
+        self._gemv_rows[rows] = m == rows and gemv_unsupported(make_plan(self.config, kind, rows)) is None
+        return m
 
     def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
         """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned
@@ -245,7 +245,7 @@ class Matmul:
             call.append(t)
         if rows == 0:
             return out
-        if kind == "cuda" and self.__dict__.get("_gemv_rows", {}).get(plan.m):
+        if kind == "cuda" and self._gemv_rows.get(plan.m):
             # the GEMV kernel reads A and W in 16-byte vectors: realign odd views (rare) by a copy
             call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
         fn(*call)

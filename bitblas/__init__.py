@@ -19,14 +19,14 @@ from .formats import ACTIVATION_FORMATS, FORMATS, WEIGHT_FORMATS  # noqa: E402
 from .ops.matmul import Matmul  # noqa: E402
 from .ops.matmul_dequantize import MatmulWeightOnlyDequantize, MatmulWeightOnlyDequantizeConfig  # noqa: E402
 from .utils import auto_detect_nvidia_target  # noqa: E402
-from . import nn, torch_op  # noqa: E402
+from . import nn, torch_op, workload  # noqa: E402
 from .nn import Linear, QuantLinear, quantize_model  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeightOnlyDequantizeConfig",
            "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "auto_detect_nvidia_target", "set_log_level",
            "quantization", "formats", "nn", "Linear", "QuantLinear", "quantize_model",
-           "cache", "set_database_path", "get_database_path", "__version__"]
+           "cache", "workload", "set_database_path", "get_database_path", "__version__"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

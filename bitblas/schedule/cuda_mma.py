@@ -17,6 +17,16 @@ Applies to every weight format (the ``B_decode`` block of :mod:`bitblas.ir.matmu
 :func:`MMAHint.default` returns None where the template does not apply (other activation dtypes,
 ``layout="nn"``, K or row strides that the vector copies cannot keep aligned); the caller then uses
 the simple schedule.
+
+int8 activations (W8A8, and W4A8 / W2A8 with weights decoded to int8 in shared memory; integer
+weights whose values fit int8, per-channel scales or none): ``mma.sync.m16n8k32`` s8 x s8 -> s32,
+int32 accumulators, the per-channel weight x per-token activation scales in the epilogue. This
+path is opt-in ONLY (an explicit ``MMAHint`` passed to ``build_plan`` / ``cuda_source``): it is
+not verified on a GPU yet, so :meth:`MMAHint.default` and the tuner's space never pick it (see
+:func:`mma_int8_unsupported_reason`). BK must be a multiple of 32 there. The decoded weights are
+stored int8 (``unsafe_set_dtype`` on ``B_decode``: exact, the values fit); int8 weights still take the
+decode step (a plain copy into the static tile). Edge tiles (rows past M, columns past N) load
+synchronously: TVM 0.27 emits predicated zero-filling cp.async only for float tiles.
 """
 from __future__ import annotations
 
@@ -40,7 +50,7 @@ class MMAHint:
     """Block tile BM x BN x BK, warp tile WM x WN, ``stages``-deep cp.async ring.
 
     (BM / WM) * (BN / WN) warps per block; BM, BN, WM, WN multiples of 16 with WM | BM, WN | BN;
-    BK a multiple of 16; stages >= 2 (3 or more with ``inner_pipeline`` on float weights).
+    BK a multiple of 16 (of 32 for int8 activations); stages >= 2 (3 or more with ``inner_pipeline`` on float weights).
     ``vec_decode``: contiguous decoded elements per thread step (half2 vectors, unrolled).
     """
 
@@ -89,6 +99,19 @@ class MMAHint:
         """
         if mma_unsupported_reason(plan) is not None:
             return None
+        return cls._pick(plan, target)
+
+    @classmethod
+    def for_int8(cls, plan, target=None) -> Optional["MMAHint"]:
+        """A tile for the opt-in int8 path (W8A8 / W4A8 / W2A8, see the module docstring), chosen
+        by the rule of :meth:`default`; None where the path does not apply. Never used by default:
+        pass the result explicitly (``build_plan(plan, target, hint)``)."""
+        if mma_int8_unsupported_reason(plan) is not None:
+            return None
+        return cls._pick(plan, target)
+
+    @classmethod
+    def _pick(cls, plan, target) -> Optional["MMAHint"]:
         sm, smem_limit = _target_info(target)
         if sm is not None and sm < 80:
             return None                      # cp.async and mma.m16n8k16 need sm_80
@@ -117,7 +140,8 @@ class MMAHint:
     def smem_bytes(self, plan) -> int:
         """Shared memory the kernel allocates (pipeline ring and epilogue tile share the dynamic buffer)."""
         w = plan.w
-        row = (self.BK + 8) * 2                         # storage_align pads each 16-bit row by 8
+        eb = _elem_bytes(plan)
+        row = (self.BK + _pad_elems(plan)) * eb         # storage_align pads each row by 16 bytes
         ring = self.stages * self.BM * row
         static = 0
         if w.kind == "float":
@@ -158,8 +182,52 @@ def mma_unsupported_reason(plan) -> Optional[str]:
     return None
 
 
+# Weight formats whose decoded values fit int8 (uint8 does not; tables pair with float activations).
+INT8_MMA_WEIGHTS = ("int8", "int4", "int2", "int1", "uint4", "uint2", "uint1")
+
+
+def mma_int8_unsupported_reason(plan) -> Optional[str]:
+    """Why the int8 tensor-core path (an explicit MMAHint only) cannot take this plan (None: it can)."""
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if c.A_dtype != "int8":
+        return f"A_dtype={c.A_dtype} (int8 tensor-core path: int8 activations)"
+    if c.W_dtype not in INT8_MMA_WEIGHTS:
+        return f"W_dtype={c.W_dtype} (int8 tensor-core path: weights whose values fit int8: {INT8_MMA_WEIGHTS})"
+    if plan.accum != "int32" or (c.with_scaling and not plan.scale_in_epilogue):
+        return "group-scaled weights need per-group partial sums (not implemented)"
+    if c.layout != "nt":
+        return "layout='nn'"
+    if plan.m is not None and plan.m <= MIN_ROWS:
+        return f"M={plan.m} <= {MIN_ROWS} rows"
+    if c.K % 32:
+        return f"K={c.K} is not a multiple of 32"
+    return None
+
+
+def _int8(plan) -> bool:
+    return plan.config.A_dtype == "int8"
+
+
+def _elem_bytes(plan) -> int:
+    """Bytes of one activation element (and of one decoded weight element)."""
+    return 1 if _int8(plan) else 2
+
+
+def _pad_elems(plan) -> int:
+    """storage_align row padding of the shared tiles, in elements (16 bytes)."""
+    return 16 // _elem_bytes(plan)
+
+
+def _k_tile(plan) -> int:
+    """K of one mma tile: 16 (m16n8k16, 16-bit inputs) or 32 (m16n8k32, int8)."""
+    return 32 if _int8(plan) else 16
+
+
 # -- tensor intrinsics ---------------------------------------------------------------------------
 _BF16_INTRINS = {}
+_I8_INTRINS = {}
 
 
 def _intrinsics(dtype: str) -> dict:
@@ -170,6 +238,10 @@ def _intrinsics(dtype: str) -> dict:
         return {"ld_a_dyn": tc.LDMATRIX_f16_A_DYN_INTRIN, "ld_b": tc.LDMATRIX_f16_B_TRANS_INTRIN,
                 "ld_b_dyn": tc.LDMATRIX_f16_B_TRANS_DYN_INTRIN, "mma": tc.MMA_f16f16f32_TRANS_B_INTRIN,
                 "fill": tc.MMA_fill_16x16_f32_INTRIN, "store": tc.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE}
+    if dtype == "int8":
+        if not _I8_INTRINS:
+            _register_int8(tc)
+        return _I8_INTRINS
     if dtype != "bfloat16":
         raise ValueError(dtype)
     if not _BF16_INTRINS:
@@ -192,6 +264,27 @@ def _register_bf16(tc):
     _BF16_INTRINS["mma"] = name
     _BF16_INTRINS["fill"] = tc.MMA_fill_16x16_f32_INTRIN
     _BF16_INTRINS["store"] = tc.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE
+
+
+def _register_int8(tc):
+    """int8 intrinsics: TVM 0.27 registers ldmatrix (A, B trans) for "shared" only and no int32
+    store into shared memory; the variants the template needs are registered from its generators."""
+    from tvm.s_tir import TensorIntrin
+    tcu = tc
+    made = {"ld_a_dyn": ("bitblas_mma_ldmatrix_i8_a_dyn", lambda: tcu.get_ldmatrix_intrin(32, "int8", "A", False,
+                                                                                           "shared.dyn")),
+            "ld_b": ("bitblas_mma_ldmatrix_i8_b_trans", lambda: tcu.get_ldmatrix_intrin(32, "int8", "B", True,
+                                                                                         "shared")),
+            "ld_b_dyn": ("bitblas_mma_ldmatrix_i8_b_trans_dyn", lambda: tcu.get_ldmatrix_intrin(32, "int8", "B", True,
+                                                                                                 "shared.dyn")),
+            "store": ("bitblas_mma_store_16x16_i32_shared_dyn_simple",
+                      lambda: tcu.get_mma_store_intrin("int32", 8, "shared.dyn", False))}
+    for key, (name, gen) in made.items():
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *gen())
+        _I8_INTRINS[key] = name
+    _I8_INTRINS["mma"] = tc.MMA_i8i8i32_TRANS_B_INTRIN
+    _I8_INTRINS["fill"] = tc.MMA_fill_16x16_i32_INTRIN
 
 
 def _ldmatrix_b16(tc, dtype, which, scope):
@@ -304,7 +397,13 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     """Vector widths of the block's copies, or None when the geometry does not fit the hint."""
     c, w = plan.config, plan.w
     t = hint.threads
-    a_vec = _vec(hint.BK, c.K, hint.BM, 2, t)
+    eb = _elem_bytes(plan)
+    if hint.BK % _k_tile(plan):
+        return None
+    # int8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
+    # codegen breaks on a 16 x int8 zero vector; such tiles are loaded synchronously, 4 bytes a step
+    a_pad = _int8(plan) and (plan.m is None or plan.m % hint.BM != 0)
+    a_vec = _vec(hint.BK, c.K, hint.BM, eb, t, max_bytes=4 if a_pad else 16)
     if w.kind == "float":
         w_vec = _vec(hint.BK, c.K, hint.BN, 2, t)
         dec_vec = None
@@ -313,20 +412,21 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
         if hint.BK % cpb:
             return None
         w_vec = _vec(hint.BK // cpb, c.K // cpb, hint.BN, 1, t)
-        dec_vec = _vec(hint.BK, hint.BK, hint.BN, 2, t, max_bytes=2 * hint.vec_decode)
+        dec_vec = _vec(hint.BK, hint.BK, hint.BN, eb, t, max_bytes=eb * hint.vec_decode)
     # the epilogue computes in float32: at most 4 lanes (TVM's CUDA codegen mishandles float32x8)
     o_vec = _vec(hint.WN, c.N, hint.WM, 4, _THREADS_PER_WARP)
     if None in (a_vec, w_vec, o_vec) or (w.kind != "float" and dec_vec is None):
         return None
     # cp.async moves 4, 8 or 16 bytes; narrower copies would be synchronous: not worth the template
-    if a_vec * 2 < 4 or (w_vec * (2 if w.kind == "float" else 1)) < 4:
+    if a_vec * eb < 4 or (w_vec * (2 if w.kind == "float" else 1)) < 4:
         return None
     return {"a": a_vec, "w": w_vec, "dec": dec_vec, "out": o_vec}
 
 
 # -- the schedule --------------------------------------------------------------------------------
 def schedule_cuda_mma(func, plan, hint: MMAHint):
-    reason = mma_unsupported_reason(plan)
+    int8 = _int8(plan)
+    reason = mma_int8_unsupported_reason(plan) if int8 else mma_unsupported_reason(plan)
     if reason is not None:
         raise ValueError(f"tensor-core schedule does not apply: {reason}")
     hint.check()
@@ -336,6 +436,8 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
                          f"W_dtype={plan.config.W_dtype}")
     intr = _intrinsics(plan.config.A_dtype)
     tc = tensor_intrin_cuda()
+    kt = _k_tile(plan)                    # K of one mma tile
+    pad = _pad_elems(plan)
     BM, BN, BK, WM, WN, stages = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN, hint.stages
     c, w = plan.config, plan.w
     nw = hint.warps
@@ -351,18 +453,22 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
         Bd = blocks["B_decode_pad"]
     else:
         Bd = blocks["B_decode"]
+    if int8:
+        # the plan decodes integer weights to int32; their values fit int8 (INT8_MMA_WEIGHTS): store
+        # the decoded tile as int8 so that C reads int32(A_i8) * int32(B_i8), the s8 mma's pattern
+        sch.unsafe_set_dtype(Bd, 0, "int8")
     if "C_pad" in blocks:
         sch.compute_inline(blocks["C_pad"])    # D reads the padded accumulator directly
 
     i, j, k = sch.get_loops(C)
     i, i_tc = sch.split(i, [None, 16])
     j, j_tc = sch.split(j, [None, 16])
-    k, k_tc = sch.split(k, [None, 16])
+    k, k_tc = sch.split(k, [None, kt])
     sch.reorder(i, j, k, i_tc, j_tc, k_tc)
     C_o = sch.blockize(i_tc)
     i0, i1, i2 = sch.split(i, [None, BM // WM, WM // 16])
     j0, j1, j2 = sch.split(j, [None, BN // WN, WN // 16])
-    k0, k1 = sch.split(k, [None, BK // 16])
+    k0, k1 = sch.split(k, [None, BK // kt])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
     sch.bind(i0, "blockIdx.y")
     sch.bind(j0, "blockIdx.x")
@@ -389,14 +495,14 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
         A_sh = sch.cache_read(C_o, 0, "shared.dyn")
     sch.compute_at(A_sh, k0)
     coop(A_sh, vecs["a"])
-    sch.storage_align(A_sh, 0, axis=-2, factor=32, offset=8)
+    sch.storage_align(A_sh, 0, axis=-2, factor=4 * pad, offset=pad)
 
     if w.kind == "float":
         # float weights: the (padded) tile is a plain copy, cp.async into shared.dyn
         sch.set_scope(Bd, 0, "shared.dyn")
         sch.compute_at(Bd, k0)
         coop(Bd, vecs["w"])
-        sch.storage_align(Bd, 0, axis=-2, factor=32, offset=8)
+        sch.storage_align(Bd, 0, axis=-2, factor=4 * pad, offset=pad)
         ld_b = intr["ld_b_dyn"]
         n_loads = 2
     else:
@@ -408,7 +514,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
         sch.compute_at(Wq_sh, k0)
         coop(Wq_sh, vecs["w"])
         coop(Bd, vecs["dec"], max_lanes=2)   # TVM's CUDA codegen breaks on wider sub-byte decode vectors
-        sch.storage_align(Bd, 0, axis=-2, factor=32, offset=8)
+        sch.storage_align(Bd, 0, axis=-2, factor=4 * pad, offset=pad)
         ld_b = intr["ld_b"]
         n_loads = 2
 
@@ -427,21 +533,26 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
     def tile16(blk):
         a, b = sch.get_loops(blk)[-2:]
         a0, a1 = sch.split(a, [None, 16])
-        b0, b1 = sch.split(b, [None, 16])
+        b0, b1 = sch.split(b, [None, kt])
         sch.reorder(a0, b0, a1, b1)
         return a1
 
     la, lb = tile16(A_w), tile16(B_w)
     imap = lambda r, s: (r // 16, s // 16, *tc.shared_16x16_to_ldmatrix_32x8_layout(r % 16, s % 16))  # noqa: E731
-    sch.transform_layout(A_w, ("write", 0), imap)
-    sch.transform_layout(B_w, ("write", 0), imap)
+    if int8:   # A [16, 32] and B [16 (n), 32 (k)] fragments: 16 int8 per thread
+        lay = tc.shared_16x32_to_ldmatrix_32x16_layout
+        imap_ab = lambda r, s: (r // 16, s // 32, *lay(r % 16, s % 32))  # noqa: E731
+    else:
+        imap_ab = imap
+    sch.transform_layout(A_w, ("write", 0), imap_ab)
+    sch.transform_layout(B_w, ("write", 0), imap_ab)
     sch.transform_layout(C_w, ("read", 0), imap)
     sch.tensorize(la, intr["ld_a_dyn"])
     sch.tensorize(lb, ld_b)
     sch.tensorize(sch.get_loops(C)[-3], intr["mma"])
     sch.tensorize(sch.get_loops(sch.get_sblock("C_init"))[-2], intr["fill"])
 
-    # epilogue: fragments -> fp32 shared tile -> fused D (bias, global scale, cast) -> global
+    # epilogue: fragments -> fp32 (int32) shared tile -> fused D (bias, global scale, cast) -> global
     sch.set_scope(C_w, 0, "shared.dyn")
     D = sch.get_sblock("D")
     sch.reverse_compute_at(D, warp)
@@ -453,7 +564,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
 
     # software pipeline over k0: loads run stages-1 tiles ahead of decode + mma
     inner = hint.inner_pipeline if hint.inner_pipeline is not None else w.kind == "float"
-    if inner and BK // 16 > 1 and (stages >= 3 or w.kind != "float"):
+    if inner and BK // kt > 1 and (stages >= 3 or w.kind != "float"):
         # ldmatrix fragments double-buffered over k1; InjectSoftwarePipeline rewrites k1 first, so
         # its loop counts as 3 statements (prologue, body, epilogue) in the k0 annotation
         sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])

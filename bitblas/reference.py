@@ -5,6 +5,7 @@ float64 and applies the epilogue; it shares nothing with the TensorIR emitter bu
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -82,7 +83,7 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
     activations, and for float8 ones with with_act_scaling), bias. Keys: A, W and whichever of
     scale, zeros, bias, a_scale, global_scale the config takes."""
     from .quantization.quantize import quantize, quantize_activation
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     c = config
     wshape = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     weight = torch.randn(wshape, generator=g) * 0.05

@@ -6,6 +6,7 @@ exact inverse rule the kernels and the torch reference apply.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -15,6 +16,8 @@ from ..config import MatmulConfig
 from ..formats import FORMATS, Format, get_format
 from ..plan import make_plan
 from .utils import pack_codes, unpack_codes
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "decode_values",
            "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
@@ -132,6 +135,9 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         if fmt.kind == "int":
             s = wg.abs().amax(-1) / max(hi, 1)
         else:
+            if bool((wg < 0).any()):
+                logger.warning("quantize_weight: %s with scales but no zeros cannot represent negative weights; "
+                               "they are clamped to 0 (use with_zeros=True or a signed format)", fmt.name)
             s = wg.clamp(min=0).amax(-1) / hi
         s = _safe(rounded(s))
         q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)

@@ -167,18 +167,24 @@ def _target_info(target):
 def mma_unsupported_reason(plan) -> Optional[str]:
     """Why the tensor-core template cannot take this plan (None: it can)."""
     c = plan.config
-    if plan.target_kind != "cuda":
-        return "not a CUDA plan"
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"A_dtype={c.A_dtype} (tensor-core template: float16 / bfloat16 activations)"
     if plan.decode_dtype != c.A_dtype or plan.accum != "float32":
         return "weights are not decoded to the activation dtype"
+    return _shared_reason(plan, 8, "16-byte activation rows")
+
+
+def _shared_reason(plan, k_multiple: int, why_k: str) -> Optional[str]:
+    """The conditions the fp16/bf16 and int8 paths share (None: met)."""
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
     if c.layout != "nt":
         return "layout='nn'"
     if plan.m is not None and plan.m <= MIN_ROWS:
         return f"M={plan.m} <= {MIN_ROWS} rows"
-    if c.K % 8:
-        return f"K={c.K} is not a multiple of 8 (16-byte activation rows)"
+    if c.K % k_multiple:
+        return f"K={c.K} is not a multiple of {k_multiple} ({why_k})"
     return None
 
 
@@ -189,21 +195,13 @@ INT8_MMA_WEIGHTS = ("int8", "int4", "int2", "int1", "uint4", "uint2", "uint1")
 def mma_int8_unsupported_reason(plan) -> Optional[str]:
     """Why the int8 tensor-core path (an explicit MMAHint only) cannot take this plan (None: it can)."""
     c = plan.config
-    if plan.target_kind != "cuda":
-        return "not a CUDA plan"
     if c.A_dtype != "int8":
         return f"A_dtype={c.A_dtype} (int8 tensor-core path: int8 activations)"
     if c.W_dtype not in INT8_MMA_WEIGHTS:
         return f"W_dtype={c.W_dtype} (int8 tensor-core path: weights whose values fit int8: {INT8_MMA_WEIGHTS})"
     if plan.accum != "int32" or (c.with_scaling and not plan.scale_in_epilogue):
         return "group-scaled weights need per-group partial sums (not implemented)"
-    if c.layout != "nt":
-        return "layout='nn'"
-    if plan.m is not None and plan.m <= MIN_ROWS:
-        return f"M={plan.m} <= {MIN_ROWS} rows"
-    if c.K % 32:
-        return f"K={c.K} is not a multiple of 32"
-    return None
+    return _shared_reason(plan, 32, "the k32 int8 mma")
 
 
 def _int8(plan) -> bool:

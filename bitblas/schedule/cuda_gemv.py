@@ -27,7 +27,6 @@ tensor-core) schedule.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -410,12 +409,53 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
+def _row_locals(add, e, R, m, WARPS, warp_var=False):
+    """The registers both rows kernels use beside their weight buffers, and zeroed accumulators."""
+    NA = e["NA"]
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
+    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
+    add(f"    sv = T.alloc_local(({R},), 'float32')")
+    add(f"    cv = T.alloc_local(({R},), 'float32')")
+    add(f"    ov = T.alloc_local(({R},), 'int32')")
+    add("    asum = T.alloc_local((1,), 'float32')")
+    add("    lane = T.meta_var(tx % 32)")
+    if warp_var:
+        add("    wp = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
+    add(f"    for r, i in T.grid({R}, {m}):")
+    add("        acc[r, i] = T.float32(0)")
+
+
+def _row_dot(add, e, ind1, R, m, col):
+    """Per activation row: load and pair the activations of vector ``col``, then accumulate the
+    dot products with the ``R`` decoded weight vectors."""
+    add(f"{ind1}for i in T.unroll({m}):")
+    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
+        add(ln)
+    add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
+    add(f"{ind1}    for r in T.unroll({R}):")
+    tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
+    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+        f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+
+
+def _row_store(add, e, R, m, N):
+    """Warp-reduce every (row, activation) accumulator; one lane each stores it."""
+    add(f"    for r in T.unroll({R}):")
+    add(f"        for i in T.unroll({m}):")
+    add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
+    add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
+    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+
+
 def _body_rows(plan, hint, add, e):
     """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
     with ``stages=2`` the packed weights and raw scales / zeros of step s+1 are in flight while
     step s is decoded (two register slots). Activations are re-read (L1) for every step."""
     c = plan.config
-    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    m, N, NC, NW = e["m"], e["N"], e["NC"], e["NW"]
     NIT = -(-NC // 32)
     U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
     NS = NIT // U                            # steps
@@ -434,18 +474,7 @@ def _body_rows(plan, hint, add, e):
         add(f"    sr = T.alloc_local(({ST}, {U}, {R}), {sdt!r})")
     if zdt:
         add(f"    zr = T.alloc_local(({ST}, {U}, {R}), {zdt!r})")
-    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
-    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
-    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
-    add(f"    sv = T.alloc_local(({R},), 'float32')")
-    add(f"    cv = T.alloc_local(({R},), 'float32')")
-    add(f"    ov = T.alloc_local(({R},), 'int32')")
-    add("    asum = T.alloc_local((1,), 'float32')")
-    add("    lane = T.meta_var(tx % 32)")
-    add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
-    add(f"    for r, i in T.grid({R}, {m}):")
-    add("        acc[r, i] = T.float32(0)")
+    _row_locals(add, e, R, m, WARPS)
     nr = f"T.min(n0 + r, {N - 1})"
 
     def cexpr(step):
@@ -474,14 +503,7 @@ def _body_rows(plan, hint, add, e):
                                    f"zr[{slot}, u, r]" if zdt else None):
             add(ln)
         add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([r, 0])"))
-        add(f"{ind1}for i in T.unroll({m}):")
-        for ln in e["lda_lines"](ind1 + "    ", "i", cexpr(step), "ar"):
-            add(ln)
-        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
-        add(f"{ind1}    for r in T.unroll({R}):")
-        tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
-        add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
-            f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+        _row_dot(add, e, ind1, R, m, cexpr(step))
 
     if ST == 1:
         add(f"    for st in T.serial({NS}):")
@@ -503,11 +525,7 @@ def _body_rows(plan, hint, add, e):
         add(f"{ind}if s2 * 2 + 2 < {NS}:")
         load(ind + "    ", "s2 * 2 + 2", 0)
         process(ind, "s2 * 2 + 1", 1)
-    add(f"    for r in T.unroll({R}):")
-    add(f"        for i in T.unroll({m}):")
-    add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
-    add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
-    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+    _row_store(add, e, R, m, N)
 
 
 def _body_rows_ring(plan, hint, add, e):
@@ -516,7 +534,7 @@ def _body_rows_ring(plan, hint, add, e):
     ``cp.async.wait_group`` orders them): the bytes in flight do not depend on how many registers
     the compiler is willing to spend."""
     c = plan.config
-    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    m, N, NC, VB = e["m"], e["N"], e["NC"], e["VB"]
     NIT = -(-NC // 32)
     U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
     NS = NIT // U
@@ -529,24 +547,12 @@ def _body_rows_ring(plan, hint, add, e):
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * WARPS}])")
     add(f"    ring = T.alloc_buffer(({WARPS}, {ST}, {U}, {R}, 32, 4), 'uint32', scope='shared', align=16)")
-    add(f"    wv = T.alloc_local((4,), 'uint32')")
+    add("    wv = T.alloc_local((4,), 'uint32')")
     if sdt:
         add(f"    sr = T.alloc_local(({U}, {R}), {sdt!r})")
     if zdt:
         add(f"    zr = T.alloc_local(({U}, {R}), {zdt!r})")
-    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
-    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
-    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
-    add(f"    sv = T.alloc_local(({R},), 'float32')")
-    add(f"    cv = T.alloc_local(({R},), 'float32')")
-    add(f"    ov = T.alloc_local(({R},), 'int32')")
-    add("    asum = T.alloc_local((1,), 'float32')")
-    add("    lane = T.meta_var(tx % 32)")
-    add("    wp = T.meta_var(tx // 32)")
-    add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
-    add(f"    for r, i in T.grid({R}, {m}):")
-    add("        acc[r, i] = T.float32(0)")
+    _row_locals(add, e, R, m, WARPS, warp_var=True)
     nr = f"T.min(n0 + r, {N - 1})"
 
     def cexpr(step):
@@ -591,19 +597,8 @@ def _body_rows_ring(plan, hint, add, e):
     add(f"{ind1}    T.cuda.func_call('bb_lds16', ring.ptr_to([wp, st % {ST}, u, r, lane, 0]), wv.ptr_to([0]), "
         f"source_code={src('bb_lds16')})")
     add(e["dec_line"](ind1 + "    ", "wv.ptr_to([0])", "ov[r]", "dq.ptr_to([r, 0])"))
-    add(f"{ind1}for i in T.unroll({m}):")
-    for ln in e["lda_lines"](ind1 + "    ", "i", cexpr("st"), "ar"):
-        add(ln)
-    add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
-    add(f"{ind1}    for r in T.unroll({R}):")
-    tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
-    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
-        f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
-    add(f"    for r in T.unroll({R}):")
-    add(f"        for i in T.unroll({m}):")
-    add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
-    add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
-    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+    _row_dot(add, e, ind1, R, m, cexpr("st"))
+    _row_store(add, e, R, m, N)
 
 
 def _body_ksplit(plan, hint, add, e):
@@ -612,7 +607,7 @@ def _body_ksplit(plan, hint, add, e):
     weights and raw scales / zeros of batch b+1 in flight while batch b is decoded (two register
     slots), and meet in shared memory once per batch."""
     c = plan.config
-    m, N, NC, NA, NW, V, VB = e["m"], e["N"], e["NC"], e["NA"], e["NW"], e["V"], e["VB"]
+    m, N, NC, NA, NW = e["m"], e["N"], e["NC"], e["NA"], e["NW"]
     WK, R = hint.k_warps, hint.rows_per_warp
     NJ = -(-NC // (32 * WK))                 # vectors per lane
     NB = -(-N // R)                          # row batches

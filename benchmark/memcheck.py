@@ -1,0 +1,75 @@
+"""One representative kernel per family, small shapes that are no tile multiples, for
+``compute-sanitizer --tool memcheck`` (GPU host):
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python -m benchmark.memcheck [--family NAME]
+
+Each case builds its kernel with the hint that selects the family, runs it on fresh random inputs
+into a poisoned output and checks the result against the float64 reference, so a clean sanitizer
+log also means the checked kernel was the one that ran.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from bitblas import MatmulConfig as C
+from bitblas.build import build_plan, cuda_target
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, default_hint
+
+G = 128
+S8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)
+# family -> list of (config, rows, hint factory(plan, target))
+FAMILIES = {
+    "gemv": [(C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1, None),
+             (C(M=3, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 3, None),
+             (C(M=16, N=1000, K=1536, W_dtype="int8", with_scaling=True, A_dtype="bfloat16"), 16, None),
+             (C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 1,
+              lambda p, t: GEMVHint(rows_per_warp=2, warps=4, unroll=2, k_warps=4))],
+    "mma": [(C(M=None, N=1000, K=1536), 17, None),
+            (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000, None),
+            (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), 17, None)],
+    "mma_int8": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 17, MMAHint.for_int8),
+                 (C(M=None, N=1000, K=1536, W_dtype="int4", **S8), 1000, MMAHint.for_int8)],
+    "simple": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 5, None),
+               (C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True,
+                  with_act_scaling=True, out_dtype="bfloat16"), 17, None),
+               (C(M=3, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 3, None)],
+}
+
+
+def run_case(cfg, m, make_hint) -> str:
+    plan = make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else None)
+    target = cuda_target()
+    hint = make_hint(plan, target) if make_hint else default_hint(plan, target)
+    fn = build_plan(plan, target, hint)
+    from bitblas.tune.tuner import kernel_args
+    inputs = random_inputs(cfg, m, device="cuda")
+    dt = TORCH_DTYPES[cfg.out_dtype]
+    out = torch.full((m, cfg.N), float("nan") if dt.is_floating_point else -12345, dtype=dt, device="cuda")
+    fn(*kernel_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    err = relative_error(out.float().cpu(), reference_matmul(cfg, **inputs))
+    ok = err <= tolerance(cfg)
+    return f"{type(hint).__name__:15s} m={m:<5d} {cfg.A_dtype}x{cfg.W_dtype} err={err:.2e} {'ok' if ok else 'WRONG'}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=sorted(FAMILIES), action="append")
+    args = ap.parse_args(argv)
+    bad = 0
+    for fam in args.family or list(FAMILIES):
+        for cfg, m, mk in FAMILIES[fam]:
+            line = run_case(cfg, m, mk)
+            bad += line.endswith("WRONG")
+            print(f"{fam:9s} {line}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,7 @@ def default_hint(plan, target=None):
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
     if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint weights
-        return GEMVHint.default(plan)
+        return GEMVHint.default(plan, target)
     # tensor cores for float16/bfloat16 activations with rows > 16 (or symbolic M); None: n/a
     return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
 

@@ -124,7 +124,19 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     vectors = math.ceil(K / vals)                      # weight vectors per output channel
     R = hint.rows_per_warp
     kw = getattr(hint, "k_warps", 0)
-    if kw:
+    if getattr(hint, "mma", False):
+        # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
+        # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
+        if cuda_gemv.mma_gemv_unsupported(plan, hint) is not None:
+            return math.inf
+        tiles, tt, U = R // 16, (1 if m <= 8 else 2), hint.unroll
+        warps = max(1, kw)
+        loads = 2 * tiles * U
+        regs = 48 + 2 * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
+        blocks = math.ceil(N / R)
+        sync_clk = 200 if warps > 1 else 0
+        kw = 0
+    elif kw:
         # k-split: kw warps share a row batch's K; each lane holds its vectors of all R rows
         warps, nj = kw, math.ceil(vectors / (32 * kw))
         rows_per_block = R
@@ -157,7 +169,12 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     # a busy SM pulls at most ~3x its fair share of DRAM bandwidth
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff
-    ops = N * K * (1.5 + 0.5 * m) + N * m * 10 * max(1, kw)
+    if getattr(hint, "mma", False):
+        # decode + scale per weight pair, activation fragments once per 2 * R / 16 vectors;
+        # the mma themselves run on the tensor pipe
+        ops = N * K * 1.6 + N * K * (1 if m <= 8 else 2) * 2.0 * 16 / R
+    else:
+        ops = N * K * (1.5 + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     return max(t_mem, t_alu) + 0.1 * min(t_mem, t_alu) + _LAUNCH_S
 

@@ -1,0 +1,124 @@
+"""The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/cuda_gemv.py
+``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand.
+
+GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,
+bias, float32 out, bfloat16) at row counts 1..16 that are no multiple of 8, N no multiple of 16,
+and hints that split K unevenly (vectors past K meet zeroed activations). CPU: code generation
+through nvcc for sm_80 / sm_90, and the hint checks.
+
+    python -m pytest testing/test_gpu_gemv_mma.py -m gpu      # GPU
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import GEMVHint
+from bitblas.schedule.cuda_gemv import mma_gemv_unsupported
+
+G = 128
+_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def gpu(f):
+    return pytest.mark.gpu(_skip(f))
+
+
+CONFIGS = {
+    "u4": dict(W_dtype="uint4", group_size=G, with_scaling=True),
+    "u4-zeros": dict(W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True),
+    "i4-g64-bias-f32": dict(W_dtype="int4", group_size=64, with_scaling=True, with_bias=True, out_dtype="float32"),
+    "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
+                           zeros_mode="quantized", out_dtype="bfloat16"),
+    "u2-rescale": dict(W_dtype="uint2", group_size=G, with_scaling=True, with_zeros=True, zeros_mode="rescale"),
+    "bf16-i2": dict(A_dtype="bfloat16", W_dtype="int2", group_size=G, with_scaling=True, out_dtype="bfloat16"),
+    "i1-zeros": dict(W_dtype="int1", group_size=G, with_scaling=True, with_zeros=True),
+    "u4-noscale": dict(W_dtype="uint4"),
+    "i4-chan": dict(W_dtype="int4", with_scaling=True),
+}
+HINTS = {
+    "r16k1u1s1": GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=1, mma=True),
+    "r32k2u4s2": GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True),
+    "r16k4u2s2": GEMVHint(rows_per_warp=16, k_warps=4, unroll=2, stages=2, mma=True),
+    "r48k3u3s2": GEMVHint(rows_per_warp=48, k_warps=3, unroll=3, stages=2, mma=True),
+}
+ROWS = (1, 3, 8, 9, 16)
+
+
+def _check(cfg, m, hint):
+    plan = make_plan(cfg, "cuda", m)
+    fn = build_plan(plan, cuda_target(), hint)
+    seed = random.randrange(2 ** 31)
+    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
+    out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
+    fn(*[out if s.role == "output" else inputs[s.name] for s in plan.args])
+    torch.cuda.synchronize()
+    err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
+    return None if err <= tolerance(cfg) else f"m={m} seed={seed}: rel. err {err:.3e} > {tolerance(cfg):.1e}"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n,k", [(1000, 1536), (4104, 8192)], ids=["1000x1536", "4104x8192"])
+@gpu
+def test_gemv_mma_formats(name, n, k):
+    cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
+    hint = HINTS["r32k2u4s2"]
+    errors = [e for e in (_check(cfg, m, hint) for m in ROWS) if e]
+    assert not errors, f"{cfg} {hint}:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize("hint", list(HINTS.values()), ids=list(HINTS))
+@pytest.mark.parametrize("k", [1536, 1056, 8192])
+@gpu
+def test_gemv_mma_hints(hint, k):
+    """K=1056 is 33 vectors of 4-bit codes: every k_warps > 1 leaves lanes past K."""
+    cfg = MatmulConfig(N=1000, K=k, W_dtype="uint4", group_size=32, with_scaling=True, with_zeros=True)
+    errors = [e for e in (_check(cfg, m, hint) for m in (1, 5, 12, 16)) if e]
+    assert not errors, f"{hint}:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize("m", (4, 16))
+@gpu
+def test_gemv_mma_precision_long_k(m):
+    cfg = MatmulConfig(N=2048, K=16384, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True)
+    err = _check(cfg, m, HINTS["r16k4u2s2"])
+    assert err is None, err
+
+
+# -- no GPU needed ------------------------------------------------------------------------------
+TARGETS = {
+    "sm_80": {"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 166912, "max_threads_per_block": 1024,
+              "thread_warp_size": 32},
+    "sm_90": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
+              "thread_warp_size": 32},
+}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", list(TARGETS))
+@pytest.mark.parametrize("name,m,hint", [("u4-zeros", 4, "r32k2u4s2"), ("bf16-i2", 9, "r16k1u1s1"),
+                                         ("i1-zeros", 16, "r48k3u3s2"), ("u4-noscale", 1, "r16k4u2s2")])
+def test_gemv_mma_codegen(arch, name, m, hint):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cfg = MatmulConfig(N=1000, K=1056 if hint == "r16k4u2s2" else 1536, **CONFIGS[name])
+    src = cuda_source(make_plan(cfg, "cuda", m), cuda_target(TARGETS[arch]), HINTS[hint])
+    ab = "bf16" if cfg.A_dtype == "bfloat16" else "f16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in src
+    assert nvcc_compile(src, arch)[:4] == b"\x7fELF"
+
+
+def test_gemv_mma_refused():
+    plan8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int8", with_scaling=True), "cuda", 4)
+    assert "8-bit" in mma_gemv_unsupported(plan8, GEMVHint(rows_per_warp=16, mma=True))
+    plan4 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int4", with_scaling=True), "cuda", 4)
+    assert "rows_per_warp=8" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=8, mma=True))
+    with pytest.raises(ValueError, match="8-bit"):
+        cuda_source(plan8, cuda_target(TARGETS["sm_90"]), GEMVHint(rows_per_warp=16, mma=True))

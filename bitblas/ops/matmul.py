@@ -50,7 +50,7 @@ class Matmul:
         if self._target_arg is not None:
             self._resolve_cuda_target()            # reject a bad target now, not at the first call
         self._kernels: Dict[Tuple[str, Optional[int]], Tuple[Plan, object]] = {}
-        self._consts: Dict[Tuple[str, str], torch.Tensor] = {}
+        self._consts: Dict[Tuple[str, torch.device], torch.Tensor] = {}
         self._base: Dict[str, Plan] = {}          # kind -> plan with symbolic M (argument names, A's width)
         self._argchecks: Dict[int, tuple] = {}    # id(plan) -> (plan, precomputed per-argument checks)
         self._tuned: Dict[str, Dict[int, tuple]] = {}   # kind -> {bucket: (plan rows, hint)} once tuned
@@ -173,7 +173,7 @@ class Matmul:
                 d.clear()                  # in place: bound operators hold these dicts
 
     def _const(self, name: str, plan: Plan, device) -> torch.Tensor:
-        key = (name, str(device))
+        key = (name, device)
         t = self._consts.get(key)
         if t is None:
             if name == "w_table":
@@ -254,6 +254,7 @@ class Matmul:
         out = given["output"]
         tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
         call = []
+        dev_index = A.get_device()
         for spec, want, bits_view, has_m in self._checks_for(plan):
             if spec.role == "table":
                 call.append(self._const(spec.name, plan, device))
@@ -264,7 +265,7 @@ class Matmul:
                 elif not (isinstance(out, torch.Tensor) and out.dtype == want and out.device == device
                           and out.is_contiguous() and out.shape == (*lead, c.N)):
                     _check_tensor("output", out, spec, rows, device, lead=lead)
-                call.append(out.view(rows, c.N))
+                call.append(out if len(lead) == 1 else out.view(rows, c.N))
                 continue
             t = tensors.get(spec.name)
             if t is None:
@@ -274,7 +275,8 @@ class Matmul:
                 raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
             # fast path: exactly the expected dtype, shape, device and layout; anything else takes the
             # general check, which accepts the other legal forms or raises naming the argument
-            if (isinstance(t, torch.Tensor) and t.dtype == want and t.device == device and t.is_contiguous()
+            if (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
+                    and (t.is_cuda if dev_index >= 0 else t.is_cpu) and t.is_contiguous()
                     and t.shape == ((*lead, *spec.shape[1:]) if has_m else spec.shape)):
                 if has_m and len(lead) != 1:
                     t = t.view(rows, *spec.shape[1:])

@@ -21,7 +21,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch._C import _len_torch_dispatch_stack
 
 from .config import MatmulConfig
 from .ops.matmul import Matmul
@@ -87,8 +87,9 @@ def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
 
 
 def _eager(A) -> bool:
-    """True when a direct call is safe: a plain tensor, no compiler tracing, no dispatch mode."""
-    return type(A) is torch.Tensor and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+    """True when a direct call is safe: a plain tensor, no compiler tracing, no dispatch mode (the
+    dispatch-mode stack, infra modes such as FakeTensorMode included, is empty)."""
+    return type(A) is torch.Tensor and not torch.compiler.is_compiling() and not _len_torch_dispatch_stack()
 
 
 def matmul(A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None, bias=None, a_scale=None, global_scale=None,

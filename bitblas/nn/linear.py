@@ -29,6 +29,9 @@ from .checkpoint import ImportedWeight, from_awq, from_gptq
 
 __all__ = ["Linear"]
 
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack     # 0 outside any TorchDispatchMode (see torch_op._eager)
+
 logger = logging.getLogger(__name__)
 
 _FORMAT_TAG = "bitblas.Linear/1"
@@ -127,17 +130,18 @@ class Linear(nn.Module):
                 a_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         # hot path (eager, activations already in A_dtype): the operator bound to this layer's tensors,
         # which were checked when bound; it is rebound whenever a buffer is replaced (.to(device), a
-        # load, a new perm), so per call only the input is checked
+        # load, a new perm), so per call only the input is checked (BoundMatmul._try: None when the
+        # call is off its path; the general path then checks with this layer's names)
         bound = self._bound
-        if (bound is not None and type(x) is torch.Tensor and x.dtype == self._a_dtype
-                and x.get_device() == bound.device_index and x.dim() >= 1 and x.shape[-1] == self._a_cols
-                and x.is_contiguous() and torch_op._eager(x)):
+        if bound is not None and type(x) is torch.Tensor and not _is_compiling() and not _dispatch_modes():
             b = self._buffers
             for k, t in self._bound_src:
                 if b[k] is not t:
                     break
             else:
-                return bound._launch(x, a_scale, output)
+                out = bound._try(x, a_scale, output)
+                if out is not None:
+                    return out
         return self._forward(x, output, a_scale)
 
     def _forward(self, x, output, a_scale):

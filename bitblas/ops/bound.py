@@ -4,7 +4,10 @@
 against the plan (dtype, shape, device, contiguity) and fetches the constant tables once. Calling
 the result with activations checks only those (dtype, device, last dimension, contiguity, the
 per-token scale and the output) and then calls the kernel serving that row count (``op._kernel``,
-so tuning and dispatch apply). Anything off the common path (an unexpected dtype or layout, a
+so tuning and dispatch apply), found with one dict lookup per call in the operator's per-device
+table (``op._fast_entry``: kernel, alignment need, output template; emptied when tuning changes
+the dispatch). The weight-side tensors are passed to tvm-ffi pre-converted, so per call only A,
+a_scale and the output go through DLPack. Anything off the common path (an unexpected dtype or layout, a
 non-contiguous view, zero rows) goes through the operator's general call, which checks everything
 and raises naming the argument.
 """
@@ -60,7 +63,10 @@ class BoundMatmul:
             part.append(t)
         self.op, self.device, self.kind = op, device, kind
         self._given = tensors
-        self._pre, self._post = tuple(pre), tuple(post)
+        # the weight-side arguments as tvm-ffi tensors, converted once (the kernel call then converts
+        # only A, a_scale and the output); they alias the checked torch tensors, kept in _given
+        self._pre, self._post = tuple(map(_ffi_tensor, pre)), tuple(map(_ffi_tensor, post))
+        self._args = self._pre + self._post
         self._act = plan0.arg("a_scale") is not None
         a = plan0.args[0]
         self._a_dtype = TORCH_DTYPES[a.user_dtype]
@@ -68,8 +74,9 @@ class BoundMatmul:
         self._cols = a.shape[1]
         self._n = op.config.N
         self._out_dtype = TORCH_DTYPES[plan0.args[-1].user_dtype]
-        self._gemv = op._gemv_rows if kind == "cuda" else None
+        self._rows = op._fast_rows(device)        # rows -> (kernel, align A, output template)
         self.device_index = W.get_device()      # -1 on the CPU: a cheap per-call device comparison
+        self._cuda = kind == "cuda"
 
     def _general(self, A, a_scale, output):
         g = dict(self._given)
@@ -77,44 +84,72 @@ class BoundMatmul:
         return self.op._run(A, W, dict(g, a_scale=a_scale, output=output))
 
     def __call__(self, A, a_scale=None, output=None):
-        if not (type(A) is torch.Tensor and A.dtype == self._a_dtype and A.get_device() == self.device_index
-                and A.dim() >= 1 and A.shape[-1] == self._cols and A.is_contiguous()):
-            return self._general(A, a_scale, output)
-        return self._launch(A, a_scale, output)
+        out = self._try(A, a_scale, output)
+        return self._general(A, a_scale, output) if out is None else out
 
-    def _launch(self, A, a_scale, output):
-        """The call once A is known to be a contiguous tensor of the right dtype, device and width."""
+    def _try(self, A, a_scale=None, output=None):
+        """The result, or None (nothing done) when the call is off the common path: A not a contiguous
+        plain tensor of the expected dtype, device and width, zero rows, an unexpected a_scale or
+        output. The caller then takes the general path, which checks everything and raises naming
+        what is wrong."""
+        cuda = self._cuda
+        if not (type(A) is torch.Tensor and A.dtype is self._a_dtype and A.is_contiguous()
+                and ((A.get_device() == self.device_index and A.is_cuda) if cuda else A.is_cpu)):
+            return None     # (get_device() alone is -1 for meta and other non-indexed devices)
         nd = A.dim()
-        rows = A.shape[0] if nd == 2 else A.numel() // self._cols
-        if rows == 0:
-            return self._general(A, a_scale, output)
+        if nd == 2:
+            rows, cols = A.shape
+            if cols != self._cols:
+                return None
+        elif nd < 1 or A.shape[-1] != self._cols:
+            return None
+        else:
+            rows = A.numel() // self._cols
+        entry = self._rows.get(rows)
+        if entry is None:
+            if rows == 0:
+                return None
+            entry = self.op._fast_entry(self.device, rows)
+        fn, align, tmpl = entry
         if self._act:
-            if not (type(a_scale) is torch.Tensor and a_scale.dtype == torch.float32 and a_scale.numel() == rows
+            if not (type(a_scale) is torch.Tensor and a_scale.dtype is torch.float32 and a_scale.numel() == rows
                     and a_scale.device == self.device and a_scale.is_contiguous()
                     and (a_scale.shape == A.shape[:-1] or a_scale.dim() == 1)):
-                return self._general(A, a_scale, output)
+                return None
             if a_scale.dim() != 1:
                 a_scale = a_scale.view(rows)
         elif a_scale is not None:
-            return self._general(A, a_scale, output)
+            return None
         if output is None:
-            out = torch.empty((rows, self._n), dtype=self._out_dtype, device=self.device)
+            out = _empty_like(tmpl) if tmpl is not None else \
+                torch.empty((rows, self._n), dtype=self._out_dtype, device=self.device)
             ret = out if nd == 2 else out.view(*A.shape[:-1], self._n)
         else:
-            if not (type(output) is torch.Tensor and output.dtype == self._out_dtype and output.device == self.device
-                    and output.is_contiguous() and output.shape == (*A.shape[:-1], self._n)):
-                return self._general(A, a_scale, output)
-            ret = output
-            out = output if nd == 2 else output.view(rows, self._n)
-        plan, fn = self.op._kernel(self.kind, rows)
+            if not (type(output) is torch.Tensor and output.dtype is self._out_dtype
+                    and ((output.get_device() == self.device_index and output.is_cuda) if cuda else output.is_cpu)
+                    and output.is_contiguous()
+                    and output.shape == (*A.shape[:-1], self._n)):
+                return None
+            ret = out = output
+            if nd != 2:
+                out = output.view(rows, self._n)
         if nd != 2:
             A = A.view(rows, self._cols)
         if self._a_bits:
             A = A.view(torch.int8)
-        if self._gemv is not None and self._gemv.get(plan.m) and A.data_ptr() % 16:
+        if align and A.data_ptr() % 16:
             A = A.clone()                   # the GEMV kernel reads A in 16-byte vectors
         if self._act:
             fn(A, *self._pre, a_scale, *self._post, out)
         else:
-            fn(A, *self._pre, *self._post, out)
+            fn(A, *self._args, out)
         return ret
+
+
+_empty_like = torch.empty_like
+
+
+def _ffi_tensor(t):
+    """A torch tensor as a tvm-ffi Tensor (same memory; holds a reference to it)."""
+    import tvm_ffi
+    return tvm_ffi.from_dlpack(t)

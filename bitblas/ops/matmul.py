@@ -50,11 +50,15 @@ class Matmul:
         if self._target_arg is not None:
             self._resolve_cuda_target()            # reject a bad target now, not at the first call
         self._kernels: Dict[Tuple[str, Optional[int]], Tuple[Plan, object]] = {}
-        self._consts: Dict[Tuple[str, str], torch.Tensor] = {}
+        self._consts: Dict[Tuple[str, torch.device], torch.Tensor] = {}
         self._base: Dict[str, Plan] = {}          # kind -> plan with symbolic M (argument names, A's width)
         self._argchecks: Dict[int, tuple] = {}    # id(plan) -> (plan, precomputed per-argument checks)
         self._tuned: Dict[str, Dict[int, tuple]] = {}   # kind -> {bucket: (plan rows, hint)} once tuned
         self._by_rows: Dict[Tuple[str, int], Tuple[Plan, object]] = {}   # (kind, rows) -> kernel: dispatch
+        # device -> {rows: (fn, 16-byte-aligned A needed, output template)}: the bound hot path's
+        # dispatch, one int-keyed dict lookup per call; cleared in place when dispatch changes
+        self._fast: Dict[torch.device, Dict[int, tuple]] = {}
+        self._out_base: Dict[torch.device, torch.Tensor] = {}
         self._buckets = None                      # BucketTable of the tuned buckets
         self._gemv_rows: Dict[int, bool] = {}     # rows -> the GEMV template serves them (16-byte loads)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
@@ -131,8 +135,45 @@ class Matmul:
             self._by_rows[(kind, rows)] = entry
         return entry
 
+    def _fast_rows(self, device: torch.device) -> Dict[int, tuple]:
+        """The per-row-count dispatch table of ``device`` (see :meth:`_fast_entry`)."""
+        d = self._fast.get(device)
+        if d is None:
+            d = self._fast[device] = {}
+        return d
+
+    def _fast_entry(self, device: torch.device, rows: int) -> tuple:
+        """(kernel, whether A must be 16-byte aligned, output template) for ``rows`` (>= 1) rows on
+        ``device``, remembered in :meth:`_fast_rows`. The template is a [rows, N] view of one element
+        (stride 0): ``torch.empty_like(template)`` allocates a fresh contiguous output without parsing a
+        size, dtype and device per call."""
+        kind = device.type
+        plan, fn = self._kernel(kind, rows)
+        align = kind == "cuda" and bool(self._gemv_rows.get(plan.m))
+        N = self.config.N
+        base = self._out_base.get(device)
+        if base is None:
+            base = self._out_base[device] = torch.empty((1, 1), dtype=TORCH_DTYPES[self.config.out_dtype],
+                                                         device=device)
+        tmpl = base.expand(rows, N)
+        probe = torch.empty_like(tmpl)
+        if probe.stride() != (N, 1) or not probe.is_contiguous():   # pragma: no cover - torch changed empty_like
+            tmpl = None
+        entry = (fn, align, tmpl)
+        d = self._fast_rows(device)
+        if len(d) < 4096:
+            d[rows] = entry
+        return entry
+
+    def _reset_dispatch(self, kind: Optional[str] = None) -> None:
+        """Forget which kernel serves each row count (of ``kind``; None: all); kernels stay built."""
+        self._by_rows = {k: v for k, v in self._by_rows.items() if kind is not None and k[0] != kind}
+        for dev, d in self._fast.items():
+            if kind is None or dev.type == kind:
+                d.clear()                  # in place: bound operators hold these dicts
+
     def _const(self, name: str, plan: Plan, device) -> torch.Tensor:
-        key = (name, str(device))
+        key = (name, device)
         t = self._consts.get(key)
         if t is None:
             if name == "w_table":
@@ -213,6 +254,7 @@ class Matmul:
         out = given["output"]
         tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
         call = []
+        dev_index = A.get_device()
         for spec, want, bits_view, has_m in self._checks_for(plan):
             if spec.role == "table":
                 call.append(self._const(spec.name, plan, device))
@@ -223,7 +265,7 @@ class Matmul:
                 elif not (isinstance(out, torch.Tensor) and out.dtype == want and out.device == device
                           and out.is_contiguous() and out.shape == (*lead, c.N)):
                     _check_tensor("output", out, spec, rows, device, lead=lead)
-                call.append(out.view(rows, c.N))
+                call.append(out if len(lead) == 1 else out.view(rows, c.N))
                 continue
             t = tensors.get(spec.name)
             if t is None:
@@ -233,7 +275,8 @@ class Matmul:
                 raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
             # fast path: exactly the expected dtype, shape, device and layout; anything else takes the
             # general check, which accepts the other legal forms or raises naming the argument
-            if (isinstance(t, torch.Tensor) and t.dtype == want and t.device == device and t.is_contiguous()
+            if (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
+                    and (t.is_cuda if dev_index >= 0 else t.is_cpu) and t.is_contiguous()
                     and t.shape == ((*lead, *spec.shape[1:]) if has_m else spec.shape)):
                 if has_m and len(lead) != 1:
                     t = t.view(rows, *spec.shape[1:])
@@ -331,7 +374,7 @@ class Matmul:
                        topk=topk, parallel=parallel_build, force=force, progress=progress)
         self._buckets = BucketTable(buckets)
         self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items()}
-        self._by_rows = {k: v for k, v in self._by_rows.items() if k[0] != kind}
+        self._reset_dispatch(kind)
         self.tuning_results[kind] = results
         for b in buckets:                 # load each bucket's kernel now (memory cache: no compile)
             self._kernel(kind, b)

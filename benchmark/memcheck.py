@@ -1,5 +1,5 @@
 """One representative kernel per family, small shapes that are no tile multiples, for
-``compute-sanitizer --tool memcheck`` (GPU host):
+``compute-sanitizer --tool memcheck`` (GPU host; the mma_fp8 family needs sm_89+):
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python -m benchmark.memcheck [--family NAME]
 
@@ -23,6 +23,7 @@ from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, default_hint
 
 G = 128
 S8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)
+F8 = dict(with_scaling=True, with_act_scaling=True)
 # family -> list of (config, rows, hint factory(plan, target))
 FAMILIES = {
     "gemv": [(C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1, None),
@@ -33,11 +34,17 @@ FAMILIES = {
     "mma": [(C(M=None, N=1000, K=1536), 17, None),
             (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000, None),
             (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), 17, None)],
-    "mma_int8": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 17, MMAHint.for_int8),
-                 (C(M=None, N=1000, K=1536, W_dtype="int4", **S8), 1000, MMAHint.for_int8)],
-    "simple": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 5, None),
+    "mma_int8": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 17, MMAHint.default),
+                 (C(M=None, N=1000, K=1536, W_dtype="int4", **S8), 1000, MMAHint.default)],
+    # bf16 outputs: the fp8 tensor cores accumulate in 13 mantissa bits (see testing/test_mma_fp8.py)
+    "mma_fp8": [(C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", out_dtype="bfloat16", **F8),
+                 17, MMAHint.default),
+                (C(M=None, N=1000, K=1536, A_dtype="float8_e5m2", W_dtype="float8_e4m3", out_dtype="bfloat16",
+                   with_bias=True, **F8), 1000, MMAHint.default)],
+    # the simple schedule, forced: int8 and (sm_89+) float8 plans default to tensor cores now
+    "simple": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 5, lambda p, t: SimpleCUDAHint.default(p)),
                (C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True,
-                  with_act_scaling=True, out_dtype="bfloat16"), 17, None),
+                  with_act_scaling=True, out_dtype="bfloat16"), 17, lambda p, t: SimpleCUDAHint.default(p)),
                (C(M=3, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 3, None)],
 }
 
@@ -46,6 +53,8 @@ def run_case(cfg, m, make_hint) -> str:
     plan = make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else None)
     target = cuda_target()
     hint = make_hint(plan, target) if make_hint else default_hint(plan, target)
+    if hint is None:
+        raise SystemExit(f"{cfg}: no hint for {target} (the tensor-core family does not apply there)")
     fn = build_plan(plan, target, hint)
     from bitblas.tune.tuner import kernel_args
     inputs = random_inputs(cfg, m, device="cuda")

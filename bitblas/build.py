@@ -17,7 +17,7 @@ from . import env
 from ._tvm import tvm
 from .ir.matmul import emit_matmul
 from .plan import Plan
-from .schedule import schedule
+from .schedule import default_hint, ir_options, schedule
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
 
 def lower_plan(plan: Plan, hint=None, target=None):
     """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and ``target``)."""
-    return schedule(emit_matmul(plan), plan, hint, target)
+    hint = hint or default_hint(plan, target)
+    return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
 
 
 def _compile(mod, tgt):
@@ -86,7 +87,7 @@ def compile_plan(plan: Plan, target=None, hint=None):
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = _compile(mod, tgt)
     except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
-        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, default_hint
+        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint
         if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint)):
             raise
         logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)

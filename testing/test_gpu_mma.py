@@ -45,7 +45,7 @@ def _plan(cfg, m=None):
     (C(M=16, N=256, K=512), SimpleCUDAHint),                       # small M: GEMV / simple
     (C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, W_dtype="nvfp4", group_size=16, with_scaling=True), MMAHint),
-    (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), SimpleCUDAHint),
+    (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), MMAHint),         # int8 path (test_mma_int8)
     (C(M=None, N=256, K=512, A_dtype="float32", W_dtype="float16", out_dtype="float32"), SimpleCUDAHint),
     (C(M=None, N=256, K=512, layout="nn"), SimpleCUDAHint),
     (C(M=None, N=256, K=36), SimpleCUDAHint),                       # rows of A not 16-byte aligned

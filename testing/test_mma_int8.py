@@ -1,11 +1,11 @@
-"""The opt-in int8 tensor-core path of bitblas/schedule/cuda_mma.py (mma.sync m16n8k32 s8 x s8 -> s32):
+"""The int8 tensor-core path of bitblas/schedule/cuda_mma.py (mma.sync m16n8k32 s8 x s8 -> s32):
 W8A8, and W4A8 / W2A8 with the weights decoded to int8 in shared memory, per-channel weight scale x
-per-token activation scale in the epilogue. Reached only through an explicit MMAHint
-(``MMAHint.for_int8`` or a hand-made one); the default dispatch keeps the simple schedule for int8
-activations until the GPU tests below have passed on a GPU.
+per-token activation scale in the epilogue. The default for int8 activations with rows > 16 (or
+symbolic M) where ``mma_int8_unsupported_reason`` is None (GPU tests passed on the H200, and a
+compute-sanitizer memcheck run was clean, before it became the default).
 
     python -m pytest testing/test_mma_int8.py -m "not gpu"     # CI: dispatch + nvcc codegen
-    python -m pytest testing/test_mma_int8.py -m gpu           # GPU: explicit-hint kernels vs reference
+    python -m pytest testing/test_mma_int8.py -m gpu           # GPU: kernels vs reference
 """
 from __future__ import annotations
 
@@ -36,19 +36,31 @@ def _plan(cfg, m=None):
     return make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else m)
 
 
-# -- dispatch (CPU only): the path is opt-in -------------------------------------------------------
+# -- dispatch (CPU only): the default for int8 activations with rows > 16 ---------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("cfg", [
     C(M=None, N=1000, K=512, W_dtype="int8", **SCALED),
     C(M=128, N=256, K=512, A_dtype="int8", W_dtype="int8", out_dtype="int32"),
     C(M=None, N=256, K=512, W_dtype="int4", **SCALED),
-], ids=["w8a8-dyn", "w8a8-int32", "w4a8"])
-def test_int8_not_default(cfg):
+    C(M=17, N=256, K=512, W_dtype="int2", **SCALED),
+], ids=["w8a8-dyn", "w8a8-int32", "w4a8", "w2a8-M17"])
+def test_int8_default(cfg, arch):
     plan = _plan(cfg)
-    target = cuda_target(TARGETS["sm_90"])
-    assert isinstance(default_hint(plan, target), SimpleCUDAHint)
-    assert MMAHint.default(plan, target) is None
-    hint = MMAHint.for_int8(plan, target)
+    target = cuda_target(TARGETS[arch])
+    hint = default_hint(plan, target)
     assert isinstance(hint, MMAHint) and hint.BK % 32 == 0
+    assert hint == MMAHint.default(plan, target)
+
+
+@pytest.mark.parametrize("cfg", [
+    C(M=16, N=256, K=512, W_dtype="int8", **SCALED),                           # small M: simple
+    C(M=None, N=256, K=512, W_dtype="int4", group_size=128, **SCALED),          # grouped scales
+    C(M=None, N=256, K=512, W_dtype="uint8", **SCALED),                         # values beyond int8
+], ids=["M16", "grouped", "uint8"])
+def test_int8_default_falls_back(cfg):
+    plan = _plan(cfg)
+    assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_90"])), SimpleCUDAHint)
+    assert isinstance(default_hint(plan, cuda_target("sm_75")), SimpleCUDAHint)
 
 
 @pytest.mark.parametrize("cfg,why", [
@@ -61,8 +73,8 @@ def test_int8_not_default(cfg):
 def test_int8_unsupported(cfg, why):
     plan = _plan(cfg)
     assert why in mma_int8_unsupported_reason(plan)
-    assert MMAHint.for_int8(plan) is None
-    if cfg.A_dtype == "int8":        # an explicit hint is refused with the reason
+    if cfg.A_dtype == "int8":        # no default tile; an explicit hint is refused with the reason
+        assert MMAHint.default(plan) is None
         from bitblas.build import lower_plan
         with pytest.raises(ValueError, match="does not apply"):
             lower_plan(plan, MMAHint(BK=32), cuda_target("sm_80"))
@@ -98,7 +110,7 @@ def test_int8_mma_codegen(name, arch):
     cfg = CODEGEN[name]
     plan = _plan(cfg)
     target = cuda_target(TARGETS[arch])
-    hint = MMAHint.for_int8(plan, target)
+    hint = MMAHint.default(plan, target)
     assert hint is not None
     src = cuda_source(plan, target, hint)
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in src
@@ -121,7 +133,7 @@ def test_int8_mma_codegen_small_tile():
     assert nvcc_compile(src, "sm_80")[:4] == b"\x7fELF"
 
 
-# -- GPU: correctness of explicit-hint kernels ------------------------------------------------------
+# -- GPU: correctness of the default and of hand-made hints ---------------------------------------
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 GPU_CONFIGS = {
@@ -167,7 +179,7 @@ def test_int8_mma_dynamic(name, n, k):
     cfg = C(M=None, N=n, K=k, **GPU_CONFIGS[name])
     plan = make_plan(cfg, "cuda", None)
     target = cuda_target()
-    hint = MMAHint.for_int8(plan, target)
+    hint = MMAHint.default(plan, target)
     assert hint is not None
     fn = build_plan(plan, target, hint)
     errors = [e for e in (_check(cfg, plan, fn, m) for m in M_LIST) if e]
@@ -187,7 +199,7 @@ def test_int8_mma_static_m(name, m, n, hint):
     cfg = C(M=m, N=n, K=512, **GPU_CONFIGS[name])
     plan = make_plan(cfg, "cuda", m)
     target = cuda_target()
-    hint = hint or MMAHint.for_int8(plan, target)
+    hint = hint or MMAHint.default(plan, target)
     fn = build_plan(plan, target, hint)
     err = _check(cfg, plan, fn, m)
     assert err is None, f"{hint}: {err}"

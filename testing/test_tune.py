@@ -79,9 +79,15 @@ def test_candidate_families_by_bucket():
     assert all(c.plan_m == 4 for c in gemv)              # GEMV kernels are static in M
     if "k_warps" in GEMVHint.__dataclass_fields__:
         assert any(c.hint.k_warps for c in gemv) and any(c.hint.grid == 4 * 132 for c in gemv if c.hint.k_warps)
-    # int8 activations: neither template applies -> the simple schedule's thread counts
+    # int8 activations: the int8 tensor-core path (k32 mma: BK a multiple of 32), no GEMV
     i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8")
-    assert {type(c.hint) for c in candidates(i8, "cuda", 64, H200)} == {SimpleCUDAHint}
+    i8_cands = candidates(i8, "cuda", 64, H200)
+    assert {type(c.hint) for c in i8_cands} == {MMAHint} and len(i8_cands) > 50
+    i8_plan = make_plan(i8, "cuda", None)
+    assert all(c.hint.BK % 32 == 0 and cuda_mma._copy_plan(i8_plan, c.hint) is not None for c in i8_cands)
+    # no tensor-core path (float32 activations): the simple schedule's thread counts
+    f32 = MatmulConfig(M=None, N=256, K=256, A_dtype="float32", W_dtype="float16", out_dtype="float32")
+    assert {type(c.hint) for c in candidates(f32, "cuda", 64, H200)} == {SimpleCUDAHint}
     # CPU: N tile x K vector width dividing K
     cpu = candidates(MatmulConfig(M=None, N=256, K=96, A_dtype="float16", W_dtype="int4"), "cpu", 8)
     assert {c.hint.k_vec for c in cpu} == {1, 4, 8, 16, 32}

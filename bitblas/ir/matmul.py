@@ -6,6 +6,11 @@ Blocks (names the schedules rely on):
   ``C``        [M, N]  the reduction over K, in ``plan.accum``;
   ``D``        [M, N]  the epilogue (per-channel / per-token / global scales, bias, output cast).
 M is ``plan.m`` or the symbolic variable ``m``.
+
+``fp8_values=True`` (float8 activations and weights; the fp8 tensor-core schedule): ``B_decode``
+holds the weight's bit patterns (int8) and ``C`` multiplies the float8 values themselves
+(``reinterpret`` of the bits, cast to float32) instead of looking the codes up in tables, the
+form that schedule tensorizes into ``mma.sync`` e4m3 / e5m2.
 """
 from __future__ import annotations
 
@@ -34,8 +39,12 @@ def decode_code(buf, row, k, fmt: Format):
     return q if fmt.kind == "int" else q & 0xFF
 
 
-def emit_matmul(plan: Plan) -> tirx.PrimFunc:
+def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     c = plan.config
+    if fp8_values and not all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w)):
+        raise ValueError(f"fp8_values=True needs float8 activations and weights, not {c.A_dtype} x {c.W_dtype}")
+    if fp8_values and c.with_scaling and not plan.scale_in_epilogue:
+        raise NotImplementedError("fp8_values=True with group scales (the scales apply in the epilogue only)")
     m = te.var(M_VAR, "int32") if plan.m is None else plan.m
     ph = {}
     for spec in plan.args:
@@ -61,6 +70,8 @@ def emit_matmul(plan: Plan) -> tirx.PrimFunc:
         return z[n, g].astype(dec)
 
     def weight(n, k):
+        if fp8_values:
+            return ph["W"][n, k]              # the bits (int8); C reinterprets them
         if w.kind == "float":
             v = ph["W"][k, n] if c.layout == "nn" else ph["W"][n, k]
             return v.astype(dec)
@@ -87,6 +98,9 @@ def emit_matmul(plan: Plan) -> tirx.PrimFunc:
     int_grouped = (not float_decode) and c.with_scaling and not plan.scale_in_epilogue
 
     def body(i, j):
+        if fp8_values:
+            return te.sum(tirx.reinterpret(a.torch_dtype, ph["A"][i, k]).astype("float32")
+                          * tirx.reinterpret(w.torch_dtype, B[j, k]).astype("float32"), axis=k)
         if int_grouped:  # integer products, float group scales: scale each product in float32
             return te.sum((act(i, k) * B[j, k]).astype("float32") * scale_at(j, k), axis=k)
         return te.sum(act(i, k).astype(acc) * B[j, k].astype(acc), axis=k)

@@ -3,12 +3,12 @@ import dataclasses
 
 from .cpu import CPUHint, schedule_cpu
 from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
-from .cuda_mma import MMAHint, schedule_cuda_mma
+from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 
 __all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "schedule_cpu", "schedule_cuda_simple",
            "schedule_cuda_mma", "schedule_cuda_gemv", "gemv_unsupported", "schedule", "default_hint",
-           "HINTS", "hint_to_dict", "hint_from_dict"]
+           "HINTS", "hint_to_dict", "hint_from_dict", "ir_options"]
 
 HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint)}
 
@@ -29,17 +29,24 @@ def default_hint(plan, target=None):
         return CPUHint.default(plan)
     if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint weights
         return GEMVHint.default(plan, target)
-    # tensor cores for float16/bfloat16 activations with rows > 16 (or symbolic M); None: n/a
+    # tensor cores with rows > 16 (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
+    # activations, see cuda_mma.mma_reason; None: n/a
     return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
 
 
+def ir_options(plan, hint) -> dict:
+    """Keyword arguments of ``emit_matmul`` for the IR form the hint's template schedules."""
+    return _mma_ir_options(plan, hint)
+
+
 def schedule(func, plan, hint=None, target=None):
-    """Scheduled IRModule of ``func`` (from ``emit_matmul(plan)``) for the plan's target kind."""
+    """Scheduled IRModule of ``func`` (from ``emit_matmul(plan, **ir_options(plan, hint))``) for the
+    plan's target kind."""
     hint = hint or default_hint(plan, target)
     if plan.target_kind == "cpu":
         return schedule_cpu(func, plan, hint)
     if isinstance(hint, MMAHint):
-        return schedule_cuda_mma(func, plan, hint)
+        return schedule_cuda_mma(func, plan, hint, target)
     if isinstance(hint, GEMVHint):
         return schedule_cuda_gemv(func, plan, hint)
     return schedule_cuda_simple(func, plan, hint)

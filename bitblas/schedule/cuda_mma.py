@@ -1,4 +1,5 @@
-"""Tensor-core CUDA schedule: mma.sync m16n8k16 (fp32 accumulate) for float16 / bfloat16 activations.
+"""Tensor-core CUDA schedule: mma.sync for float16 / bfloat16 (m16n8k16, fp32 accumulate), int8
+(m16n8k32 s8, int32 accumulate) and float8 (m16n8k32 e4m3 / e5m2, fp32 accumulate) activations.
 
 Applies to every weight format (the ``B_decode`` block of :mod:`bitblas.ir.matmul` is generic):
 
@@ -14,19 +15,29 @@ Applies to every weight format (the ``B_decode`` block of :mod:`bitblas.ir.matmu
 * epilogue: accumulators -> shared (fp32) -> the fused ``D`` block (bias, global scale, cast),
   vectorized and predicated global stores.
 
-:func:`MMAHint.default` returns None where the template does not apply (other activation dtypes,
-``layout="nn"``, K or row strides that the vector copies cannot keep aligned); the caller then uses
-the simple schedule.
+:func:`MMAHint.default` returns None where no path applies (other activation dtypes,
+``layout="nn"``, K or row strides that the vector copies cannot keep aligned, fp8 below sm_89);
+the caller then uses the simple schedule. :func:`mma_reason` says why.
 
 int8 activations (W8A8, and W4A8 / W2A8 with weights decoded to int8 in shared memory; integer
 weights whose values fit int8, per-channel scales or none): ``mma.sync.m16n8k32`` s8 x s8 -> s32,
-int32 accumulators, the per-channel weight x per-token activation scales in the epilogue. This
-path is opt-in ONLY (an explicit ``MMAHint`` passed to ``build_plan`` / ``cuda_source``): it is
-not verified on a GPU yet, so :meth:`MMAHint.default` and the tuner's space never pick it (see
+int32 accumulators, the per-channel weight x per-token activation scales in the epilogue (see
 :func:`mma_int8_unsupported_reason`). BK must be a multiple of 32 there. The decoded weights are
 stored int8 (``unsafe_set_dtype`` on ``B_decode``: exact, the values fit); int8 weights still take the
 decode step (a plain copy into the static tile). Edge tiles (rows past M, columns past N) load
 synchronously: TVM 0.27 emits predicated zero-filling cp.async only for float tiles.
+
+float8 activations and weights (float8_e4m3 / float8_e5m2, any pairing; per-channel weight scale,
+per-token activation scale, bias in the epilogue; sm_89+, see :func:`mma_fp8_unsupported_reason`):
+the int8 path's structure with the bits as int8 tiles (identical m16n8k32 8-bit fragments and
+ldmatrix), ``mma.sync.m16n8k32.row.col.f32.<a>.<b>.f32`` (TVM 0.27's ``ptx_mma`` codegen emits the
+e4m3 / e5m2 variants) and fp32 accumulators. The IR is emitted with ``fp8_values=True``
+(:func:`bitblas.ir.matmul.emit_matmul`): ``C`` multiplies ``reinterpret``-ed float8 values, the
+pattern the fp8 mma intrinsic below describes; no table lookup or conversion reaches the kernel.
+Precision: Ada / Hopper fp8 mma keep 13 mantissa bits in the accumulator (low bits truncated per
+mma) and the k loop accumulates there (no promotion to a CUDA-core fp32 sum every few k steps,
+as DeepGEMM does): relative error up to about K/32 * 2**-13, fine for bf16 outputs, visible in
+float32 ones.
 """
 from __future__ import annotations
 
@@ -36,12 +47,15 @@ from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
 
-__all__ = ["MMAHint", "schedule_cuda_mma", "mma_unsupported_reason", "MIN_ROWS"]
+__all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
+           "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
 
 logger = logging.getLogger(__name__)
 
 # Static row counts up to this are left to the GEMV / simple schedules.
 MIN_ROWS = 16
+# mma.sync with e4m3 / e5m2 operands: sm_89 (Ada) and later.
+FP8_MIN_SM = 89
 _THREADS_PER_WARP = 32
 
 
@@ -50,7 +64,8 @@ class MMAHint:
     """Block tile BM x BN x BK, warp tile WM x WN, ``stages``-deep cp.async ring.
 
     (BM / WM) * (BN / WN) warps per block; BM, BN, WM, WN multiples of 16 with WM | BM, WN | BN;
-    BK a multiple of 16 (of 32 for int8 activations); stages >= 2 (3 or more with ``inner_pipeline`` on float weights).
+    BK a multiple of 16 (of 32 for 8-bit activations: int8, float8); stages >= 2 (3 or more with
+    ``inner_pipeline`` on float weights).
     ``vec_decode``: contiguous decoded elements per thread step (half2 vectors, unrolled).
     """
 
@@ -94,19 +109,11 @@ class MMAHint:
         (4x2 warps of 64x64), BK=64, 3 stages (the best of a small sweep on the H200 for fp16 and
         W4A16 at 4096^3); N <= 64 -> 64-wide blocks. Quantized weights: 8 codes decoded per
         thread step.
-        ``target`` (a CUDA Target): needs sm_80+, and stages / tiles shrink until the shared memory
-        fits its ``max_shared_memory_per_block``.
+        ``target`` (a CUDA Target): needs sm_80+ (sm_89+ for float8, which also needs the target),
+        and stages / tiles shrink until the shared memory fits its ``max_shared_memory_per_block``.
+        Every path (fp16/bf16, int8, float8; see the module docstring) uses the same rule.
         """
-        if mma_unsupported_reason(plan) is not None:
-            return None
-        return cls._pick(plan, target)
-
-    @classmethod
-    def for_int8(cls, plan, target=None) -> Optional["MMAHint"]:
-        """A tile for the opt-in int8 path (W8A8 / W4A8 / W2A8, see the module docstring), chosen
-        by the rule of :meth:`default`; None where the path does not apply. Never used by default:
-        pass the result explicitly (``build_plan(plan, target, hint)``)."""
-        if mma_int8_unsupported_reason(plan) is not None:
+        if mma_reason(plan, _target_info(target)[0]) is not None:
             return None
         return cls._pick(plan, target)
 
@@ -164,8 +171,18 @@ def _target_info(target):
     return sm, smem
 
 
+def mma_reason(plan, sm: Optional[int] = None) -> Optional[str]:
+    """Why no tensor-core path takes this plan (None: the one for its activation dtype does).
+    ``sm``: the target's compute capability (90 for sm_90), which the float8 path needs (sm_89+)."""
+    if _int8(plan):
+        return mma_int8_unsupported_reason(plan)
+    if _fp8(plan):
+        return mma_fp8_unsupported_reason(plan, sm)
+    return mma_unsupported_reason(plan)
+
+
 def mma_unsupported_reason(plan) -> Optional[str]:
-    """Why the tensor-core template cannot take this plan (None: it can)."""
+    """Why the float16 / bfloat16 tensor-core path cannot take this plan (None: it can)."""
     c = plan.config
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"A_dtype={c.A_dtype} (tensor-core template: float16 / bfloat16 activations)"
@@ -175,7 +192,7 @@ def mma_unsupported_reason(plan) -> Optional[str]:
 
 
 def _shared_reason(plan, k_multiple: int, why_k: str) -> Optional[str]:
-    """The conditions the fp16/bf16 and int8 paths share (None: met)."""
+    """The conditions the fp16/bf16, int8 and float8 paths share (None: met)."""
     c = plan.config
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
@@ -193,7 +210,7 @@ INT8_MMA_WEIGHTS = ("int8", "int4", "int2", "int1", "uint4", "uint2", "uint1")
 
 
 def mma_int8_unsupported_reason(plan) -> Optional[str]:
-    """Why the int8 tensor-core path (an explicit MMAHint only) cannot take this plan (None: it can)."""
+    """Why the int8 tensor-core path cannot take this plan (None: it can)."""
     c = plan.config
     if c.A_dtype != "int8":
         return f"A_dtype={c.A_dtype} (int8 tensor-core path: int8 activations)"
@@ -204,13 +221,50 @@ def mma_int8_unsupported_reason(plan) -> Optional[str]:
     return _shared_reason(plan, 32, "the k32 int8 mma")
 
 
+# PTX names of the float8 formats (by their torch / TVM dtype)
+_PTX_FP8 = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def mma_fp8_unsupported_reason(plan, sm: Optional[int] = None) -> Optional[str]:
+    """Why the float8 tensor-core path cannot take this plan on compute capability ``sm`` (None: it can)."""
+    c = plan.config
+    if plan.a.torch_dtype not in _PTX_FP8:
+        return f"A_dtype={c.A_dtype} (float8 tensor-core path: float8 activations)"
+    if plan.w.torch_dtype not in _PTX_FP8:
+        return f"W_dtype={c.W_dtype} (float8 tensor-core path: float8_e4m3 / float8_e5m2 weights)"
+    if c.with_scaling and not plan.scale_in_epilogue:
+        return "group-scaled weights need per-group partial sums (not implemented)"
+    if sm is None:
+        return f"float8 mma needs sm_{FP8_MIN_SM}+ (the target's arch is not known)"
+    if sm < FP8_MIN_SM:
+        return f"sm_{sm} < sm_{FP8_MIN_SM} (float8 mma needs sm_{FP8_MIN_SM}+)"
+    return _shared_reason(plan, 32, "the k32 float8 mma")
+
+
+def ir_options(plan, hint) -> dict:
+    """Keyword arguments of :func:`bitblas.ir.matmul.emit_matmul` that this template needs: the
+    float8 path multiplies float8 values (``fp8_values``), where its scales can apply (epilogue)."""
+    c = plan.config
+    fp8 = isinstance(hint, MMAHint) and _fp8(plan) and plan.w.torch_dtype in _PTX_FP8
+    return {"fp8_values": True} if fp8 and (not c.with_scaling or plan.scale_in_epilogue) else {}
+
+
 def _int8(plan) -> bool:
     return plan.config.A_dtype == "int8"
 
 
+def _fp8(plan) -> bool:
+    return plan.a.torch_dtype in _PTX_FP8
+
+
+def _eight_bit(plan) -> bool:
+    """8-bit activations (int8 or float8): m16n8k32 fragments, 1-byte tiles."""
+    return _int8(plan) or _fp8(plan)
+
+
 def _elem_bytes(plan) -> int:
     """Bytes of one activation element (and of one decoded weight element)."""
-    return 1 if _int8(plan) else 2
+    return 1 if _eight_bit(plan) else 2
 
 
 def _pad_elems(plan) -> int:
@@ -219,13 +273,33 @@ def _pad_elems(plan) -> int:
 
 
 def _k_tile(plan) -> int:
-    """K of one mma tile: 16 (m16n8k16, 16-bit inputs) or 32 (m16n8k32, int8)."""
-    return 32 if _int8(plan) else 16
+    """K of one mma tile: 16 (m16n8k16, 16-bit inputs) or 32 (m16n8k32, int8 / float8)."""
+    return 32 if _eight_bit(plan) else 16
 
 
 # -- tensor intrinsics ---------------------------------------------------------------------------
 _BF16_INTRINS = {}
 _I8_INTRINS = {}
+
+
+def _plan_intrinsics(plan) -> dict:
+    """Names of the ldmatrix / fill / mma / store intrinsics of the plan's path."""
+    if _fp8(plan):
+        return _fp8_intrinsics(_PTX_FP8[plan.a.torch_dtype], _PTX_FP8[plan.w.torch_dtype])
+    return _intrinsics(plan.config.A_dtype)
+
+
+def _fp8_intrinsics(a_ptx: str, b_ptx: str) -> dict:
+    """float8: the int8 ldmatrix intrinsics (the tiles hold the bits as int8), fp32 fill and store,
+    and an m16n8k32 mma for the (A, B) float8 pairing, registered here."""
+    from tvm.s_tir import TensorIntrin
+    tc = tensor_intrin_cuda()
+    i8 = _intrinsics("int8")
+    name = f"bitblas_mma_{a_ptx}{b_ptx}f32_bits_trans_b"
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, *_mma_fp8_bits_trans_b(a_ptx, b_ptx))
+    return {"ld_a_dyn": i8["ld_a_dyn"], "ld_b": i8["ld_b"], "ld_b_dyn": i8["ld_b_dyn"], "mma": name,
+            "fill": tc.MMA_fill_16x16_f32_INTRIN, "store": tc.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE}
 
 
 def _intrinsics(dtype: str) -> dict:
@@ -376,6 +450,58 @@ def _mma_b16_trans_b(tc, dtype, abbrv):
     return desc, impl
 
 
+def _mma_fp8_bits_trans_b(a_ptx: str, b_ptx: str):
+    """mma.sync m16n8k32 (two n8 halves) of float8 operands held as int8 bits, B given as [N, K],
+    fp32 accumulate. The description multiplies the ``reinterpret``-ed float8 values (the C block of
+    ``emit_matmul(plan, fp8_values=True)``); the fragments are the s8 m16n8k32 ones (16 bytes per
+    thread, ``shared_16x32_to_ldmatrix_32x16_layout``), the PTX operand types are ``a_ptx`` /
+    ``b_ptx`` ("e4m3" / "e5m2")."""
+    from tvm.script import tirx as T
+    from tvm.tirx import Cast, reinterpret
+    tc = tensor_intrin_cuda()
+    dtypes = {v: k for k, v in _PTX_FP8.items()}
+    a_dt, b_dt = dtypes[a_ptx], dtypes[b_ptx]
+    map_ab = tc.shared_16x32_to_ldmatrix_32x16_layout
+    map_c = tc.shared_16x16_to_ldmatrix_32x8_layout
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
+        B = T.match_buffer(b, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:16], B[0:32, 0:16])
+            T.writes(C[0:32, 0:8])
+            for i, j, k in T.grid(16, 16, 32):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    thread_id_C, local_id_C = T.meta_var(map_c(vi, vj))
+                    thread_id_A, local_id_A = T.meta_var(map_ab(vi, vk))
+                    thread_id_B, local_id_B = T.meta_var(map_ab(vj, vk))
+                    T.reads(C[thread_id_C, local_id_C], A[thread_id_A, local_id_A], B[thread_id_B, local_id_B])
+                    T.writes(C[thread_id_C, local_id_C])
+                    C[thread_id_C, local_id_C] += Cast("float32", reinterpret(a_dt, A[thread_id_A, local_id_A])) * \
+                        Cast("float32", reinterpret(b_dt, B[thread_id_B, local_id_B]))
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
+        B = T.match_buffer(b, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:16], B[0:32, 0:16])
+            T.writes(C[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.mma("m16n8k32", "row", "col", a_ptx, b_ptx, "fp32",
+                                            A.data, A.elem_offset + tx * 16, B.data, B.elem_offset + tx * 16,
+                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
+                T.evaluate(T.ptx_legacy.mma("m16n8k32", "row", "col", a_ptx, b_ptx, "fp32",
+                                            A.data, A.elem_offset + tx * 16, B.data, B.elem_offset + tx * 16 + 8,
+                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
+
+    return desc, impl
+
+
 # -- copy geometry -------------------------------------------------------------------------------
 def _vec(row_elems: int, stride_elems: int, rows: int, elem_bytes: float, threads: int,
          max_bytes: int = 16) -> Optional[int]:
@@ -398,9 +524,9 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     eb = _elem_bytes(plan)
     if hint.BK % _k_tile(plan):
         return None
-    # int8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
+    # int8 / float8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
     # codegen breaks on a 16 x int8 zero vector; such tiles are loaded synchronously, 4 bytes a step
-    a_pad = _int8(plan) and (plan.m is None or plan.m % hint.BM != 0)
+    a_pad = _eight_bit(plan) and (plan.m is None or plan.m % hint.BM != 0)
     a_vec = _vec(hint.BK, c.K, hint.BM, eb, t, max_bytes=4 if a_pad else 16)
     if w.kind == "float":
         w_vec = _vec(hint.BK, c.K, hint.BN, 2, t)
@@ -422,9 +548,11 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
 
 
 # -- the schedule --------------------------------------------------------------------------------
-def schedule_cuda_mma(func, plan, hint: MMAHint):
-    int8 = _int8(plan)
-    reason = mma_int8_unsupported_reason(plan) if int8 else mma_unsupported_reason(plan)
+def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
+    """``func``: ``emit_matmul(plan, **ir_options(plan, hint))``; ``target``: the CUDA Target (the
+    float8 path needs sm_89+)."""
+    int8, eight_bit = _int8(plan), _eight_bit(plan)
+    reason = mma_reason(plan, _target_info(target)[0])
     if reason is not None:
         raise ValueError(f"tensor-core schedule does not apply: {reason}")
     hint.check()
@@ -432,7 +560,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
     if vecs is None:
         raise ValueError(f"tensor-core schedule: {hint} does not fit N={plan.config.N}, K={plan.config.K}, "
                          f"W_dtype={plan.config.W_dtype}")
-    intr = _intrinsics(plan.config.A_dtype)
+    intr = _plan_intrinsics(plan)
     tc = tensor_intrin_cuda()
     kt = _k_tile(plan)                    # K of one mma tile
     pad = _pad_elems(plan)
@@ -442,6 +570,9 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
 
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     C = sch.get_sblock("C")
+    if _fp8(plan) and str(sch.get(sch.get_sblock("B_decode")).writes[0].source.dtype) != "int8":
+        # the table-lookup IR: B_decode holds values, not the bits the fp8 mma multiplies
+        raise ValueError("float8 tensor-core schedule: emit the IR with emit_matmul(plan, **ir_options(plan, hint))")
     pad_m = plan.m is None or plan.m % BM != 0
     if pad_m or c.N % BN or c.K % BK:
         sch.pad_einsum(C, [BM, BN, BK])
@@ -537,7 +668,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
 
     la, lb = tile16(A_w), tile16(B_w)
     imap = lambda r, s: (r // 16, s // 16, *tc.shared_16x16_to_ldmatrix_32x8_layout(r % 16, s % 16))  # noqa: E731
-    if int8:   # A [16, 32] and B [16 (n), 32 (k)] fragments: 16 int8 per thread
+    if eight_bit:   # A [16, 32] and B [16 (n), 32 (k)] fragments: 16 bytes per thread
         lay = tc.shared_16x32_to_ldmatrix_32x16_layout
         imap_ab = lambda r, s: (r // 16, s // 32, *lay(r % 16, s % 32))  # noqa: E731
     else:
@@ -550,7 +681,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint):
     sch.tensorize(sch.get_loops(C)[-3], intr["mma"])
     sch.tensorize(sch.get_loops(sch.get_sblock("C_init"))[-2], intr["fill"])
 
-    # epilogue: fragments -> fp32 (int32) shared tile -> fused D (bias, global scale, cast) -> global
+    # epilogue: fragments -> fp32 (int32 for int8) shared tile -> fused D (bias, global scale, cast) -> global
     sch.set_scope(C_w, 0, "shared.dyn")
     D = sch.get_sblock("D")
     sch.reverse_compute_at(D, warp)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint
-from ..schedule import cuda_gemv
+from ..schedule import cuda_gemv, cuda_mma
 
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
@@ -54,7 +54,7 @@ def _decode_ops(plan) -> float:
     c, w = plan.config, plan.w
     if w.kind == "float":
         return 0.0
-    ops = 4.0 + (4.0 if w.kind == "table" else 0.0)
+    ops = 4.0 + (4.0 if w.kind == "table" and not cuda_mma._fp8(plan) else 0.0)   # fp8 mma: a copy
     ops += 2.0 if c.with_scaling else 0.0
     ops += 2.0 if c.with_zeros else 0.0
     return ops
@@ -65,7 +65,8 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     N, K = c.N, c.K
     BM, BN, BK, WM, WN = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN
     Kp = math.ceil(K / BK) * BK
-    a_b, w_b = 2.0, (2.0 if w.kind == "float" else _elem_bytes(w))
+    eight = cuda_mma._eight_bit(plan)       # int8 / float8 mma: 1-byte tiles, k32 steps, 2x the rate
+    a_b, w_b = (1.0 if eight else 2.0), (2.0 if w.kind == "float" else _elem_bytes(w))
     out_b = 4.0 if c.out_dtype == "float32" else 2.0
     tiles_m, tiles_n = math.ceil(m / BM), math.ceil(N / BN)
     grid = tiles_m * tiles_n
@@ -84,10 +85,10 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     per_sm = math.ceil(grid / spec.sm_count)            # blocks on the busiest SM
     resident = min(bps, per_sm)                          # blocks sharing an SM at a time
     # cycles of one block on its SM's pipes
-    mma_clk = 2.0 * BM * BN * Kp / spec.tc_flops_per_sm_clk
-    ksteps16 = Kp // 16
-    ld_bytes = ksteps16 * warps * ((WM // 16) + (WN // 16)) * 512
-    fill_bytes = BM * Kp * a_b + BN * Kp * w_b + (BN * Kp * 2 * 2 if w.kind != "float" else 0)
+    mma_clk = 2.0 * BM * BN * Kp / (spec.tc_flops_per_sm_clk * (2.0 if eight else 1.0))
+    ksteps = Kp // (32 if eight else 16)
+    ld_bytes = ksteps * warps * ((WM // 16) + (WN // 16)) * 512
+    fill_bytes = BM * Kp * a_b + BN * Kp * w_b + (BN * Kp * a_b * 2 if w.kind != "float" else 0)
     smem_clk = (ld_bytes + fill_bytes) / 128.0
     dec_clk = BN * Kp * _decode_ops(plan) / spec.alu_ops_per_sm_clk
     pipes = sorted((mma_clk, smem_clk, dec_clk))

@@ -49,8 +49,8 @@ def mma_rows(config: MatmulConfig) -> Optional[int]:
 def _mma(config, spec) -> List[Candidate]:
     rows = mma_rows(config)
     plan = make_plan(config, "cuda", rows)
-    if cuda_mma.mma_unsupported_reason(plan) is not None:
-        return []
+    if cuda_mma.mma_reason(plan, spec.cc if spec is not None else None) is not None:
+        return []                         # fp16/bf16, int8 or (sm_89+) float8 activations only
     if spec is not None and spec.cc < 80:
         return []
     smem_limit = spec.smem_per_block if spec is not None else 49152

@@ -1,0 +1,285 @@
+"""The float8 tensor-core path of bitblas/schedule/cuda_mma.py: float8_e4m3 / float8_e5m2 activations
+and weights (any pairing), ``mma.sync.m16n8k32.row.col.f32.<a>.<b>.f32`` on sm_89+, fp32 accumulate,
+per-channel weight scale x per-token activation scale, bias and the output cast in the epilogue.
+The default for such plans with rows > 16 (or symbolic M) on an sm_89+ target; sm_80 and unknown
+targets keep the simple schedule.
+
+    python -m pytest testing/test_mma_fp8.py -m "not gpu"     # CI: dispatch + nvcc codegen
+    python -m pytest testing/test_mma_fp8.py -m gpu           # GPU (sm_89+): kernels vs reference
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, lower_plan, nvcc_compile
+from bitblas.ir.matmul import emit_matmul
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
+from bitblas.schedule.cuda_mma import mma_fp8_unsupported_reason, mma_reason
+
+C = MatmulConfig
+TARGETS = {
+    arch: {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": smem, "max_threads_per_block": 1024,
+           "thread_warp_size": 32}
+    for arch, smem in (("sm_80", 166912), ("sm_89", 101376), ("sm_90", 232448))
+}
+E4, E5 = "float8_e4m3", "float8_e5m2"
+SCALED = dict(with_scaling=True, with_act_scaling=True)
+PTX = {E4: "e4m3", E5: "e5m2"}
+
+
+def _plan(cfg, m=None):
+    return make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else m)
+
+
+def _mma_name(cfg):
+    return f"mma.sync.aligned.m16n8k32.row.col.f32.{PTX[cfg.A_dtype]}.{PTX[cfg.W_dtype]}.f32"
+
+
+# -- dispatch (CPU only) --------------------------------------------------------------------------
+DISPATCH = {
+    "e4m3xe4m3-dyn-bf16": C(M=None, N=1000, K=512, A_dtype=E4, W_dtype=E4, out_dtype="bfloat16", **SCALED),
+    "e5m2xe4m3-M17": C(M=17, N=256, K=512, A_dtype=E5, W_dtype=E4, **SCALED),
+    "e4m3xe5m2-M128-f32-bias": C(M=128, N=256, K=512, A_dtype=E4, W_dtype=E5, out_dtype="float32", with_bias=True,
+                                 **SCALED),
+    "e4m3xe4m3-noscale": C(M=None, N=256, K=512, A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+@pytest.mark.parametrize("name", list(DISPATCH))
+def test_fp8_default(name, arch):
+    plan = _plan(DISPATCH[name])
+    target = cuda_target(TARGETS[arch])
+    hint = default_hint(plan, target)
+    assert isinstance(hint, MMAHint) and hint.BK % 32 == 0
+    assert hint.smem_bytes(plan) <= TARGETS[arch]["max_shared_memory_per_block"]
+    assert mma_reason(plan, int(arch[3:])) is None
+
+
+@pytest.mark.parametrize("target", [TARGETS["sm_80"], "sm_75", None], ids=["sm80", "sm75", "unknown"])
+def test_fp8_falls_back_below_sm89(target):
+    plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
+    t = cuda_target(target) if target is not None else None
+    assert isinstance(default_hint(plan, t), SimpleCUDAHint)
+    assert MMAHint.default(plan, t) is None
+    assert "sm_89" in mma_fp8_unsupported_reason(plan, 80 if target else None)
+
+
+def test_fp8_explicit_hint_refused_below_sm89():
+    plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
+    with pytest.raises(ValueError, match="does not apply.*sm_80"):
+        lower_plan(plan, MMAHint(BK=32), cuda_target(TARGETS["sm_80"]))
+
+
+@pytest.mark.parametrize("cfg,why", [
+    (C(M=None, N=256, K=512, A_dtype=E4, W_dtype=E4, group_size=128, **SCALED), "group"),
+    (C(M=16, N=256, K=512, A_dtype=E4, W_dtype=E4, **SCALED), "M=16"),
+    (C(M=None, N=256, K=528, A_dtype=E4, W_dtype=E4, **SCALED), "K=528"),
+    (C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype=E4, with_scaling=True), "A_dtype"),
+], ids=["grouped", "M16", "K528", "bf16xe4m3"])
+def test_fp8_unsupported(cfg, why):
+    plan = _plan(cfg)
+    assert why in mma_fp8_unsupported_reason(plan, 90)
+    if cfg.A_dtype != "bfloat16":           # bf16 x e4m3 is the fp16/bf16 path's (decoded weights)
+        target = cuda_target(TARGETS["sm_90"])
+        assert isinstance(default_hint(plan, target), SimpleCUDAHint)
+        with pytest.raises(ValueError, match="does not apply"):
+            lower_plan(plan, MMAHint(BK=32), target)
+
+
+def test_fp8_bk_must_be_32():
+    plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
+    with pytest.raises(ValueError, match="does not fit"):
+        lower_plan(plan, MMAHint(BM=64, BN=64, WM=32, WN=32, BK=16), cuda_target(TARGETS["sm_90"]))
+
+
+def test_fp8_ir_keeps_the_plan_signature():
+    """The fp8_values IR multiplies reinterpreted float8 values, and keeps every argument of the plan
+    (the unused code tables too), so callers pass the same arguments to either schedule."""
+    plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
+    func = emit_matmul(plan, fp8_values=True)
+    assert len(func.params) == len(plan.args)
+    script = func.script()
+    assert "reinterpret" in script and "float8_e4m3fn" in script
+    mod = lower_plan(plan, None, cuda_target(TARGETS["sm_90"]))
+    assert len(mod["main"].params) == len(plan.args)
+    with pytest.raises(ValueError, match="fp8_values"):
+        emit_matmul(_plan(C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype=E4, with_scaling=True)),
+                    fp8_values=True)
+
+
+def test_fp8_tuner_space():
+    from bitblas.hardware import DeviceSpec
+    from bitblas.schedule import cuda_mma
+    from bitblas.tune.space import candidates
+    h200 = DeviceSpec(name="test H200", arch="sm_90", sm_count=132, smem_per_sm=233472, smem_per_block=232448,
+                      regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=50 * 2 ** 20,
+                      dram_bandwidth=4.8e12, clock_hz=1.98e9)
+    a100 = DeviceSpec(name="test A100", arch="sm_80", sm_count=108, smem_per_sm=167936, smem_per_block=166912,
+                      regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=40 * 2 ** 20,
+                      dram_bandwidth=2.0e12, clock_hz=1.41e9)
+    cfg = DISPATCH["e4m3xe4m3-dyn-bf16"]
+    plan = _plan(cfg)
+    cands = candidates(cfg, "cuda", 256, h200)
+    assert {type(c.hint) for c in cands} == {MMAHint} and len(cands) > 50
+    assert all(c.plan_m is None and c.hint.BK % 32 == 0 and cuda_mma._copy_plan(plan, c.hint) is not None
+               for c in cands)
+    assert {type(c.hint) for c in candidates(cfg, "cuda", 256, a100)} == {SimpleCUDAHint}
+
+
+# -- codegen through nvcc (no GPU) ---------------------------------------------------------------
+CODEGEN = {
+    "e4m3xe4m3-dyn-N1000-bf16": C(M=None, N=1000, K=512, A_dtype=E4, W_dtype=E4, out_dtype="bfloat16", **SCALED),
+    "e5m2xe4m3-M17-N256-f16": C(M=17, N=256, K=512, A_dtype=E5, W_dtype=E4, **SCALED),
+    "e4m3xe5m2-M128-N1000-f32-bias": C(M=128, N=1000, K=512, A_dtype=E4, W_dtype=E5, out_dtype="float32",
+                                       with_bias=True, **SCALED),
+    "e5m2xe5m2-M256-N256-bf16": C(M=256, N=256, K=512, A_dtype=E5, W_dtype=E5, out_dtype="bfloat16", **SCALED),
+    "e4m3xe4m3-dyn-N256-noscale-f32": C(M=None, N=256, K=512, A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+@pytest.mark.parametrize("name", list(CODEGEN))
+def test_fp8_mma_codegen(name, arch):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found (set CUDA_HOME)")
+    cfg = CODEGEN[name]
+    plan = _plan(cfg)
+    target = cuda_target(TARGETS[arch])
+    hint = default_hint(plan, target)
+    assert isinstance(hint, MMAHint)
+    src = cuda_source(plan, target)
+    assert _mma_name(cfg) in src
+    assert "ldmatrix.sync.aligned.m8n8.x4" in src
+    assert "w_table" not in src and "a_table" not in src          # no table decode in the kernel
+    if plan.m is not None and plan.m % hint.BM == 0 and cfg.N % hint.BN == 0:
+        assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
+    assert nvcc_compile(src, arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_fp8_mma_codegen_small_tile():
+    """A hand-made hint (64 x 64 blocks, 4 warps, BK=64, 2 stages) on a symbolic-M e4m3 kernel."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found (set CUDA_HOME)")
+    cfg = CODEGEN["e4m3xe4m3-dyn-N1000-bf16"]
+    src = cuda_source(_plan(cfg), cuda_target(TARGETS["sm_90"]), MMAHint(BM=64, BN=64, WM=32, WN=32, BK=64, stages=2))
+    assert _mma_name(cfg) in src
+    assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_fp8_sm80_falls_back_to_simple_codegen():
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found (set CUDA_HOME)")
+    plan = _plan(CODEGEN["e4m3xe4m3-dyn-N1000-bf16"])
+    src = cuda_source(plan, cuda_target(TARGETS["sm_80"]))
+    assert "mma.sync" not in src
+    assert nvcc_compile(src, "sm_80")[:4] == b"\x7fELF"
+
+
+# -- GPU (sm_89+): correctness --------------------------------------------------------------------
+def _fp8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+needs_gpu = pytest.mark.skipif(not _fp8_gpu(), reason="needs a CUDA GPU of sm_89+")
+
+GPU_CONFIGS = {
+    "e4m3xe4m3-bf16": dict(A_dtype=E4, W_dtype=E4, out_dtype="bfloat16", **SCALED),
+    "e4m3xe4m3-f16": dict(A_dtype=E4, W_dtype=E4, out_dtype="float16", **SCALED),
+    "e4m3xe4m3-f32-bias": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32", with_bias=True, **SCALED),
+    "e5m2xe4m3-bf16": dict(A_dtype=E5, W_dtype=E4, out_dtype="bfloat16", **SCALED),
+    "e5m2xe4m3-f16-bias": dict(A_dtype=E5, W_dtype=E4, out_dtype="float16", with_bias=True, **SCALED),
+    "e4m3xe5m2-f32": dict(A_dtype=E4, W_dtype=E5, out_dtype="float32", **SCALED),
+    "e4m3xe4m3-noscale-f32": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+}
+SHAPES = ((256, 512), (1000, 512), (1000, 1536))
+M_LIST = (17, 128, 1000, 1024)
+
+
+def fp8_mma_tolerance(cfg) -> float:
+    """The table's tolerance, widened by the fp8 tensor cores' accumulator: mma f32.e4m3/e5m2.f32 on
+    Ada and Hopper keeps 13 mantissa bits (an "FP22" accumulator; the low 10 bits are truncated at
+    every mma, as measured by SageAttention2), and this template adds all K / 32 mma of a k loop
+    in that accumulator (no promotion to a CUDA-core fp32 sum): at most 2**-13 of |acc| per mma."""
+    return max(tolerance(cfg), cfg.K / 32 * 2.0 ** -13)
+
+
+def _check(cfg, plan, fn, m):
+    """Run ``fn`` on fresh random inputs of ``m`` rows into a NaN-poisoned output; None or an error line."""
+    from bitblas.tune.tuner import kernel_args
+    seed = random.randrange(2 ** 31)
+    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
+    out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
+    fn(*kernel_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    ref = reference_matmul(cfg, **inputs)
+    err, tol = relative_error(out.cpu(), ref), fp8_mma_tolerance(cfg)
+    print(f"{cfg.A_dtype}x{cfg.W_dtype}->{cfg.out_dtype} m={m} N={cfg.N} K={cfg.K}: rel. err {err:.3e} "
+          f"(table {tolerance(cfg):.1e}, fp8-mma bound {tol:.1e})")
+    return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("name", list(GPU_CONFIGS))
+def test_fp8_mma_dynamic(name, n, k):
+    cfg = C(M=None, N=n, K=k, **GPU_CONFIGS[name])
+    plan = make_plan(cfg, "cuda", None)
+    target = cuda_target()
+    hint = default_hint(plan, target)
+    assert isinstance(hint, MMAHint), f"{target}: {mma_reason(plan)}"
+    fn = build_plan(plan, target, hint)
+    errors = [e for e in (_check(cfg, plan, fn, m) for m in M_LIST) if e]
+    assert not errors, f"{cfg} {hint}:\n" + "\n".join(errors)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name,m,n,hint", [
+    ("e4m3xe4m3-bf16", 17, 1000, None), ("e4m3xe4m3-f32-bias", 128, 256, None),
+    ("e5m2xe4m3-bf16", 1000, 1000, None), ("e4m3xe5m2-f32", 1024, 1000, None),
+    ("e4m3xe4m3-f16", 1000, 1000, MMAHint(BM=64, BN=64, WM=32, WN=32, BK=64, stages=2)),
+    ("e4m3xe4m3-bf16", 1024, 1000, MMAHint(BM=128, BN=128, WM=64, WN=64, BK=128, stages=3)),
+    ("e5m2xe4m3-f16-bias", 1000, 256, MMAHint(BM=128, BN=128, WM=64, WN=64, BK=32, stages=4, vec_decode=4)),
+])
+def test_fp8_mma_static_m(name, m, n, hint):
+    cfg = C(M=m, N=n, K=512, **GPU_CONFIGS[name])
+    plan = make_plan(cfg, "cuda", m)
+    target = cuda_target()
+    hint = hint or default_hint(plan, target)
+    assert isinstance(hint, MMAHint)
+    fn = build_plan(plan, target, hint)
+    err = _check(cfg, plan, fn, m)
+    assert err is None, f"{hint}: {err}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_fp8_matmul_operator_uses_mma():
+    """The user path: bitblas.Matmul on CUDA tensors picks the fp8 tensor-core kernel and matches the reference."""
+    import bitblas
+    cfg = C(M=None, N=1000, K=1536, **GPU_CONFIGS["e4m3xe4m3-bf16"])
+    op = bitblas.Matmul(cfg, target="cuda")
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in op.get_source()
+    inputs = random_inputs(cfg, 300, device="cuda", seed=7)
+    out = op(**inputs)
+    assert relative_error(out.cpu(), reference_matmul(cfg, **inputs)) <= fp8_mma_tolerance(cfg)
+
+
+def test_fp8_schedule_needs_fp8_values_ir():
+    from bitblas.schedule import schedule
+    plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
+    target = cuda_target(TARGETS["sm_90"])
+    with pytest.raises(ValueError, match="ir_options"):
+        schedule(emit_matmul(plan), plan, default_hint(plan, target), target)

@@ -103,14 +103,14 @@ def gemv_unsupported(plan) -> Optional[str]:
         return f"needs a static row count 1..{GEMV_MAX_ROWS}"
     if c.A_dtype not in _ACT:
         return "activations must be float16 or bfloat16"
-    if plan.w.kind not in ("int", "uint"):
-        return "weights must be an int/uint format"
+    if _decoder(plan.w) is None:
+        return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
     if c.layout != "nt":
         return "layout must be 'nt'"
-    if plan.w.global_scale or c.with_act_scaling:
-        return "no global or activation scales"
-    if c.with_scaling and plan.scale_dtype != c.A_dtype:
-        return "scales must have the activation dtype"
+    if c.with_act_scaling:
+        return "no activation scales"
+    if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+        return "scales must have the activation dtype (or be float8_e4m3 bytes)"
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return "output must be float16, bfloat16 or float32"
     if _vec_bytes(plan) is None:
@@ -143,8 +143,20 @@ def _field_plan(bits: int, mant: int):
     return out
 
 
-def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
-    """CUDA source of the helpers for one (activation dtype, weight format, vector size)."""
+def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None):
+    """CUDA source of the helpers for one (activation dtype, weight format, vector size); ``dec``
+    and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
+    helpers and replace the decoder (and, for adjacent pairs, the activation pairing)."""
+    src = _int_helpers(tag, act, bits, signed, nw)
+    if dec != "int":
+        src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
+        if dec == "lut4":
+            src[f"bb_prep_{tag}"] = _prep_adjacent(tag, act, nw)
+        src["bb_e4m3f"] = _e4m3_scale_helper()
+    return src
+
+
+def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
     ctype, t2, magic, mant, magic_f = _ACT[act]
     src = {}
     src[f"bb_ldw{nw}"] = {
@@ -290,6 +302,208 @@ __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
 
 
 # --------------------------------------------------------------------------------------------
+# Table formats: the decode rule is chosen by the format's table (no format names)
+# --------------------------------------------------------------------------------------------
+def _decoder(w) -> Optional[str]:
+    """How the template decodes weight format ``w``: "int" (int/uint codes, magic numbers),
+    "e2m1" (4-bit e2m1 codes: bit placement), "lut4" (any other 16-entry table: prmt lookup),
+    "e5m2" / "e4m3" (float8 bit patterns), None (not taken)."""
+    from ..formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE
+    if w.kind in ("int", "uint"):
+        return "int"
+    if w.kind != "table":
+        return None
+    if w.bits == 4:
+        return "e2m1" if w.table == E2M1_TABLE else "lut4"
+    if w.bits == 8 and w.table == E5M2_TABLE:
+        return "e5m2"
+    if w.bits == 8 and w.table == E4M3_TABLE:
+        return "e4m3"
+    return None
+
+
+def _act_bits(v: float, act: str) -> int:
+    """16-bit pattern of ``v`` rounded as the TensorIR does (float64 -> float32 -> act, nearest even)."""
+    import struct
+    f = struct.unpack("<I", struct.pack("<f", v))[0]
+    if act == "bfloat16":
+        return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16) & 0xFFFF
+    return struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", f))[0]))[0]
+
+
+_LUT_AND = _lut(lambda a, b, c: a & b)                       # a & b
+_LUT_AND_OR = _lut(lambda a, b, c: (a & b) | c)              # (a & b) | c
+_LUT_SEL = _lut(lambda a, b, c: (c & b) | (~c & a))          # c ? b : a, bitwise
+
+
+def _e2m1_consts(act: str):
+    """e2m1 -> half/bfloat16 by bit placement. Pair p of a word takes nibble p (low half) and
+    nibble p + 4 (high half), as the int path. For each pair: (left shift of the word that puts
+    the sign bits at 15 / 31, left shift that puts the 3 magnitude bits (e1 e0 m) at the lowest
+    exponent bits and the top mantissa bit); negative = right shift. The result is the e2m1 value
+    times 2**-(bias - 1) (an e2m1 subnormal, e = 0, becomes a subnormal half), so one multiply by
+    ``mul`` makes it exact."""
+    mant = _ACT[act][3]
+    bias = 15 if act == "float16" else 127
+    shifts = [(12 - 4 * p, (mant - 1) - 4 * p) for p in range(4)]
+    return dict(shifts=shifts, mag_mask=(7 << (mant - 1)) * 0x10001, sign_mask=0x80008000,
+                mul=2.0 ** (bias - 1), lut_mag=_LUT_AND, lut_sign=_LUT_AND_OR)
+
+
+def _lut4_consts(table, act: str):
+    """A 16-entry table in eight registers: low and high bytes of the half (bfloat16) patterns of
+    entries 0..7 and 8..15 (little-endian, 4 entries per register). A ``prmt`` whose selector
+    nibbles are codes & 7 reads 4 bytes at once from one 8-byte table; a second ``prmt`` in sign
+    mode on the code word itself (selector nibble 8 | byte index) makes a 0x00 / 0xff byte mask
+    from bit 3 of each code; ``lop3`` picks the 0..7 or 8..15 byte; two ``prmt`` interleave low
+    and high bytes into two half2 of adjacent codes."""
+    hb = [_act_bits(float(v), act) for v in table]
+
+    def pack(vals):
+        return sum((v & 0xFF) << (8 * i) for i, v in enumerate(vals))
+    lo, hi = [h & 0xFF for h in hb], [h >> 8 for h in hb]
+    return dict(tl0=(pack(lo[0:4]), pack(lo[4:8])), tl1=(pack(lo[8:12]), pack(lo[12:16])),
+                th0=(pack(hi[0:4]), pack(hi[4:8])), th1=(pack(hi[8:12]), pack(hi[12:16])),
+                sel_mask=0x77777777, msel=(0x9D8C, 0xBFAE), ilv=(0x5140, 0x7362), lut_sel=_LUT_SEL)
+
+
+def _e4m3_consts():
+    """e4m3 -> half without the 2**8 factor (folded into the float32 scale): the magnitude bits
+    (byte & 0x7f) placed at bits 7..13 of a half (a byte moved into the high byte by ``prmt``, then
+    shifted right by one), the sign at bit 15 from the word (pairs (byte 0, byte 2) and (byte 1,
+    byte 3) have their signs 8 and 0 bits below 15 / 31). e = 0 gives a subnormal half, exact."""
+    return dict(mag_mask=0x7F7F7F7F, pairs=((0x2404, 8, (0, 2)), (0x3414, 0, (1, 3))),
+                sign_mask=0x80008000, lut_sign=_LUT_AND_OR, factor=256.0)
+
+
+E5M2_PRMT = (0x1404, 0x3424)      # bytes (0, 1) and (2, 3) into the high bytes of two halves
+
+
+def _emu_lop3(a, b, c, lut):
+    """lop3.b32 on Python ints / numpy uint32 arrays (the tests run the decoders through it)."""
+    r = 0
+    for i in range(8):
+        x = (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+        if lut >> i & 1:
+            r = r | x
+    return r & 0xFFFFFFFF
+
+
+def _emu_prmt(a, b, sel):
+    """prmt.b32 (default mode: selector nibbles, bit 3 replicates the selected byte's sign) on
+    Python ints."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        n = (sel >> (4 * i)) & 0xF
+        v = src[n & 7]
+        if n & 8:
+            v = 0xFF if v & 0x80 else 0
+        out |= v << (8 * i)
+    return out
+
+
+def _e4m3_scale_helper():
+    """float8_e4m3 scale byte -> float32, exact (normal: exponent rebiased in the bit pattern;
+    subnormal: m * 2**-9). 0x7f / 0xff (NaN in e4m3fn) decode to +-480; quantizers never write them."""
+    return r"""
+__device__ __forceinline__ float bb_e4m3f(int b) {
+  const unsigned mg = (unsigned)b & 0x7Fu;
+  const float v = mg >= 8u ? __uint_as_float((mg + 960u) << 20) : (float)mg * 0.001953125f;
+  return (b & 0x80) ? -v : v;
+}
+"""
+
+
+def _table_dec(tag: str, act: str, nw: int, dec: str, table):
+    """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders)."""
+    ctype, t2, magic, mant, magic_f = _ACT[act]
+    h2 = "half2" if act == "float16" else "bfloat162"
+    if dec == "e5m2":
+        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
+        for j in range(nw):
+            for t, sel in enumerate(E5M2_PRMT):
+                lines.append(f"  {{ unsigned x = __byte_perm(w[{j}], 0u, 0x{sel:x});")
+                lines.append(f"    float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));")
+                lines.append(f"    d[{4 * j + 2 * t}] = f.x; d[{4 * j + 2 * t + 1}] = f.y; }}")
+        lines.append("}")
+        return "\n" + "\n".join(lines) + "\n"
+    if dec == "e4m3":
+        k = _e4m3_consts()
+        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], qm = q & 0x{k['mag_mask']:08x}u;")
+            for sel, sh, (b0, b1) in k["pairs"]:
+                sgn = f"q << {sh}" if sh else "q"
+                lines.append(f"    {{ unsigned x; const unsigned t = __byte_perm(qm, 0u, 0x{sel:x}) >> 1;")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(t));")
+                lines.append(f"      float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));")
+                lines.append(f"      d[{4 * j + b0}] = f.x; d[{4 * j + b1}] = f.y; }}")
+            lines.append("  }")
+        lines.append("}")
+        return "\n" + "\n".join(lines) + "\n"
+    lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
+    if dec == "e2m1":
+        k = _e2m1_consts(act)
+        lines.append(f"  const {t2} k = __float2{h2}_rn({k['mul']!r}f);")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}];")
+            for p, (ss, ms) in enumerate(k["shifts"]):
+                sgn = f"q << {ss}" if ss > 0 else (f"q >> {-ss}" if ss < 0 else "q")
+                mag = f"q << {ms}" if ms > 0 else (f"q >> {-ms}" if ms < 0 else "q")
+                lines.append(f"    {{ unsigned mg, x;")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['mag_mask']:08x}, 0, 0x{k['lut_mag']:02x};\" "
+                             f": \"=r\"(mg) : \"r\"({mag}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(mg));")
+                lines.append(f"      {t2} v = __hmul2(*reinterpret_cast<{t2}*>(&x), k);")
+                lines.append(f"      d[{4 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")
+            lines.append("  }")
+    else:                                   # lut4
+        k = _lut4_consts(table, act)
+        for nm in ("tl0", "tl1", "th0", "th1"):
+            a, b = k[nm]
+            lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
+            lines.append("    unsigned m0, m1;")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][0]:x};\" : \"=r\"(m0) : \"r\"(q), \"r\"(q4));")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][1]:x};\" : \"=r\"(m1) : \"r\"(q), \"r\"(q4));")
+            for h, (sv, mv) in enumerate((("s0", "m0"), ("s1", "m1"))):
+                lines.append("    { unsigned x0, x1, y0, y1, lo, hi;")
+                for out, tb in (("x0", "tl0"), ("x1", "tl1"), ("y0", "th0"), ("y1", "th1")):
+                    lines.append(f"      asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"({out}) : \"r\"({tb}a), \"r\"({tb}b), \"r\"({sv}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, %2, %3, 0x{k['lut_sel']:02x};\" : \"=r\"(lo) : \"r\"(x0), \"r\"(x1), \"r\"({mv}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, %2, %3, 0x{k['lut_sel']:02x};\" : \"=r\"(hi) : \"r\"(y0), \"r\"(y1), \"r\"({mv}));")
+                lines.append(f"      d[{4 * j + 2 * h}] = __byte_perm(lo, hi, 0x{k['ilv'][0]:x});")
+                lines.append(f"      d[{4 * j + 2 * h + 1}] = __byte_perm(lo, hi, 0x{k['ilv'][1]:x}); }}")
+            lines.append("  }")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _prep_adjacent(tag: str, act: str, nw: int) -> str:
+    """``bb_prep_{tag}`` for decoders whose pairs are adjacent codes (k, k+1): the activation words
+    as they are, and their sum."""
+    ctype, t2, magic, mant, magic_f = _ACT[act]
+    cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
+    na = nw * 4
+    lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
+    for i in range(na):
+        lines.append(f"  ap[{i}] = a[{i}];")
+    lines.append("  float s = 0.f;")
+    for g in range(0, na, 4):
+        terms = [f"*reinterpret_cast<const {t2}*>(&a[{g + t}])" for t in range(min(4, na - g))]
+        expr = terms[0]
+        for t in terms[1:]:
+            expr = f"__hadd2({expr}, {t})"
+        lines.append(f"  {{ float2 f = {cvt2}({expr}); s += f.x + f.y; }}")
+    lines += ["  return s;", "}"]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
 # The kernel, as TVMScript text (its signature follows the plan's argument list)
 # --------------------------------------------------------------------------------------------
 def _fmt_float(x: float) -> str:
@@ -309,8 +523,14 @@ def _kernel_script(plan, hint: GEMVHint):
     NA = V // 2                             # activation words (2 values) per vector
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
-    tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
-    helpers = _helpers(tag, act, b, signed, NW)
+    dec = _decoder(w)
+    if dec == "int":
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
+    else:
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
+    helpers = _helpers(tag, act, b, signed, NW, dec, w.table)
+    s_f8 = c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
+    dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" else 1.0
     f32_path = b == 8
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift
@@ -352,6 +572,11 @@ def _kernel_script(plan, hint: GEMVHint):
         cv * sum(a)."""
         g = gidx(cidx)
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
+        if s_f8:
+            s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
+                      f"return_type='float32')")
+        if dec_factor != 1.0:
+            s_expr = f"{s_expr} * {_fmt_float(dec_factor)}" if c.with_scaling else _fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
         if quant_zeros:
             cpb = w.codes_per_byte
@@ -396,6 +621,8 @@ def _kernel_script(plan, hint: GEMVHint):
                 f"return_type='float32')")
 
     def store_line(ind, i, n, val):
+        if w.global_scale:
+            val = f"{val} * global_scale[0]"
         if c.with_bias:
             val = f"{val} + T.Cast('float32', bias[{n}])"
         return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
@@ -464,7 +691,7 @@ def _body_rows(plan, hint, add, e):
     if hint.stages >= 3 and NW == 4:
         return _body_rows_ring(plan, hint, add, e)
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
@@ -540,7 +767,7 @@ def _body_rows_ring(plan, hint, add, e):
     NS = NIT // U
     R, WARPS, ST = hint.rows_per_warp, hint.warps, hint.stages
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     src = e["src"]
     add("    T.device_entry()")
@@ -575,8 +802,9 @@ def _body_rows_ring(plan, hint, add, e):
             issue("    ", str(s0))
         commit("    ")
     add(f"    for st in T.serial({NS}):")
-    add(f"        for u in T.unroll({U}):")
-    add(f"            for r in T.unroll({R}):")
+    if sdt or zdt:                            # raw scales / zeros of this step (none: no loop)
+        add(f"        for u in T.unroll({U}):")
+        add(f"            for r in T.unroll({R}):")
     if sdt:
         add(f"                sr[u, r] = scale[{nr}, {e['gidx'](cload('st'))}]")
     if zdt:
@@ -613,7 +841,7 @@ def _body_ksplit(plan, hint, add, e):
     NB = -(-N // R)                          # row batches
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{GRID}])")

@@ -2,7 +2,7 @@
 
 Each test runs the decoder's integer program (shifts, ``lop3``, ``prmt``, the final multiply) in
 Python, with the constants taken from the same functions the CUDA generator uses
-(``bitblas.schedule.cuda_gemv._e2m1_consts`` ...), and compares every code with the format's table
+(``bitblas.schedule.gemv_decode._e2m1_consts`` ...), and compares every code with the format's table
 rounded as the TensorIR rounds it (float32 -> activation dtype, through torch). Random words check
 that the codes of one word do not leak into each other.
 """
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bitblas.formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE, NF4_TABLE
-from bitblas.schedule import cuda_gemv as g
+from bitblas.schedule import gemv_decode as g
 
 ACTS = ("float16", "bfloat16")
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}

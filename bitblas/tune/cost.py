@@ -157,7 +157,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     # a busy SM pulls at most ~3x its fair share of DRAM bandwidth
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff
-    ops = N * K * (1.5 + 0.5 * m) + N * m * 10 * max(1, kw)
+    ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     return max(t_mem, t_alu) + 0.1 * min(t_mem, t_alu) + _LAUNCH_S
 

@@ -156,6 +156,47 @@ def test_gemv_hints(hint):
         assert err <= tol, f"{hint} m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
 
 
+EXACT = {"fp4_e2m1": {}, "nf4": {}, "float8_e4m3": {}, "float8_e5m2": {},
+         "nvfp4": dict(group_size=16, with_scaling=True)}
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+@pytest.mark.parametrize("wd", list(EXACT))
+@gpu
+def test_gemv_decode_exact(wd, act):
+    """Every code decodes exactly on the GPU (bfloat16 subnormals in the e2m1 multiply included):
+    one-hot activation rows pick single weights, scales 1, float32 output, compared for equality
+    with the table rounded to the activation dtype (4-bit formats) or as is (float8)."""
+    import math
+
+    from bitblas.formats import FORMATS
+    from bitblas.quantization.quantize import pack_weight
+    fmt = FORMATS[wd]
+    N, K, M = 256, 512, 16
+    cfg = MatmulConfig(N=N, K=K, A_dtype=act, W_dtype=wd, out_dtype="float32", **EXACT[wd])
+    assert isinstance(default_hint(make_plan(cfg, "cuda", M)), GEMVHint)
+    g = torch.Generator().manual_seed(0)
+    ok = torch.tensor([math.isfinite(v) and not (fmt.bits == 8 and c & 0x7F == 0x7F) for c, v in enumerate(fmt.table)])
+    codes = torch.randint(0, len(fmt.table), (N, K), generator=g)
+    codes[~ok[codes]] = 0                       # inf / NaN codes: 0 * inf would be NaN
+    cols = torch.randperm(K, generator=g)[:M]
+    A = torch.zeros(M, K, dtype=TORCH_DTYPES[act])
+    A[torch.arange(M), cols] = 1
+    extra = {}
+    if cfg.with_scaling:
+        extra = dict(scale=torch.ones(N, K // cfg.group_size), global_scale=torch.ones(1))
+    inputs = {k: v.cuda() for k, v in pack_weight(cfg, codes, **extra).items()}
+    out = bitblas.Matmul(cfg)(A.cuda(), **inputs)
+    torch.cuda.synchronize()
+    table = torch.tensor(fmt.table, dtype=torch.float32)
+    if fmt.bits == 4:
+        table = table.to(TORCH_DTYPES[act]).float()
+    want = table[codes[:, cols].T]              # [M, N]
+    bad = (out.cpu() != want).nonzero()
+    assert bad.numel() == 0, [(int(i), int(n), int(codes[n, cols[i]]), float(out[i, n]), float(want[i, n]))
+                              for i, n in bad[:8]]
+
+
 TABLE_HINT_FORMATS = ["f16-nf4-g64", "bf16-nvfp4", "f16-e4m3-chan", "bf16-fp4-g128", "bf16-e5m2-g128"]
 
 

@@ -49,7 +49,9 @@ def test_default_rows_rule():
     assert default_rows(cfg, "cuda", 17) is None       # tensor cores: symbolic
     assert default_rows(cfg, "cpu", 5) is None
     assert default_rows(cfg.replace(M=40), "cuda", 40) == 40
-    assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) is None     # no GEMV for table formats
+    assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) == 5        # GEMV takes table formats too
+    f8 = cfg.replace(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=-1)
+    assert default_rows(f8, "cuda", 5) is None                                # float8 activations: no GEMV
 
 
 def test_every_bucket_reached_and_every_m_correct(db_path):

@@ -50,13 +50,31 @@ SHAPES = ((1000, 1536), (4104, 8192))      # N no multiple of the rows per block
 
 
 def _run(fn, plan, inputs, out):
-    args = [out.view(plan.m, -1) if s.role == "output" else inputs[s.name] for s in plan.args]
+    """Call a built kernel with the plan's argument list: tables from the format registry, an absent
+    optional global scale as 1, float8 tensors as their int8 bits."""
+    from bitblas.formats import FORMATS
+    args = []
+    for s in plan.args:
+        if s.role == "output":
+            t = out.view(plan.m, -1)
+        elif s.role == "table":
+            fmt = plan.w if s.name == "w_table" else FORMATS[plan.scale_dtype]
+            t = torch.tensor(fmt.table, dtype=torch.float32, device="cuda")
+        elif s.name not in inputs and s.optional:
+            t = torch.ones(s.shape, dtype=torch.float32, device="cuda")
+        else:
+            t = inputs[s.name]
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                t = t.view(torch.int8)
+        args.append(t)
     fn(*args)
 
 
-def _err(cfg, m, fn=None, plan=None, seed=None):
+def _err(cfg, m, fn=None, plan=None, seed=None, drop=()):
     seed = random.randrange(2 ** 31) if seed is None else seed
     inputs = random_inputs(cfg, m, device="cuda", seed=seed)
+    for name in drop:
+        inputs.pop(name, None)
     out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
     if fn is None:
         op = bitblas.Matmul(cfg)
@@ -79,6 +97,47 @@ def test_gemv(kw, n, k, m):
     assert err <= tol, f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
 
 
+# Table formats (fp4_e2m1, nf4, float8 weights, nvfp4) x float16 / bfloat16 activations.
+TABLE_FORMATS = {}
+for _act, _o in (("float16", "float16"), ("bfloat16", "bfloat16")):
+    _a = "f16" if _act == "float16" else "bf16"
+    TABLE_FORMATS.update({
+        f"{_a}-fp4-g128": dict(A_dtype=_act, W_dtype="fp4_e2m1", group_size=G, with_scaling=True, out_dtype=_o),
+        f"{_a}-nf4-g64": dict(A_dtype=_act, W_dtype="nf4", group_size=64, with_scaling=True, out_dtype=_o),
+        f"{_a}-e4m3-chan": dict(A_dtype=_act, W_dtype="float8_e4m3", with_scaling=True, out_dtype=_o),
+        f"{_a}-e5m2-g128": dict(A_dtype=_act, W_dtype="float8_e5m2", group_size=G, with_scaling=True, out_dtype=_o),
+        f"{_a}-nvfp4": dict(A_dtype=_act, W_dtype="nvfp4", group_size=16, with_scaling=True, out_dtype=_o),
+    })
+CODEGEN_FORMATS = list(TABLE_FORMATS) + ["f16-nf4-chan-bias-f32out", "f16-e4m3-noscale"]
+TABLE_FORMATS.update({
+    "f16-nf4-chan-bias-f32out": dict(A_dtype="float16", W_dtype="nf4", with_scaling=True, with_bias=True,
+                                     out_dtype="float32"),
+    "f16-e4m3-noscale": dict(A_dtype="float16", W_dtype="float8_e4m3"),
+    "bf16-e5m2-chan-f32out": dict(A_dtype="bfloat16", W_dtype="float8_e5m2", with_scaling=True, out_dtype="float32"),
+    "bf16-fp4-noscale-bias": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", with_bias=True, out_dtype="bfloat16"),
+})
+
+
+@pytest.mark.parametrize("fmt", list(TABLE_FORMATS))
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("m", ROWS)
+@gpu
+def test_gemv_table_formats(fmt, n, k, m):
+    cfg = MatmulConfig(N=n, K=k, **TABLE_FORMATS[fmt])
+    err, tol, seed = _err(cfg, m)
+    assert err <= tol, f"{fmt} m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+@pytest.mark.parametrize("m", (1, 7))
+@gpu
+def test_gemv_nvfp4_default_global_scale(act, m):
+    """nvfp4 without global_scale: the operator passes 1; the reference takes none."""
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype=act, W_dtype="nvfp4", group_size=16, with_scaling=True)
+    err, tol, seed = _err(cfg, m, drop=("global_scale",))
+    assert err <= tol, f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
 HINTS = [GEMVHint(1, 4, 1, 0), GEMVHint(4, 2, 4, 8), GEMVHint(2, 8, 2, 4), GEMVHint(8, 1, 8, 16),
          GEMVHint(4, k_warps=4, grid=5), GEMVHint(3, vec_bytes=8, k_warps=2), GEMVHint(2, k_warps=16, grid=64),
          GEMVHint(4, 1, 1, stages=4), GEMVHint(3, 2, 2, stages=3), GEMVHint(2, 4, 2, stages=1)]
@@ -95,6 +154,68 @@ def test_gemv_hints(hint):
         fn = build_plan(plan, hint=hint)
         err, tol, seed = _err(cfg, m, fn=fn, plan=plan)
         assert err <= tol, f"{hint} m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+EXACT = {"fp4_e2m1": {}, "nf4": {}, "float8_e4m3": {}, "float8_e5m2": {},
+         "nvfp4": dict(group_size=16, with_scaling=True)}
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+@pytest.mark.parametrize("wd", list(EXACT))
+@gpu
+def test_gemv_decode_exact(wd, act):
+    """Every code decodes exactly on the GPU (bfloat16 subnormals in the e2m1 multiply included):
+    one-hot activation rows pick single weights, scales 1, float32 output, compared for equality
+    with the table rounded to the activation dtype (4-bit formats) or as is (float8)."""
+    import math
+
+    from bitblas.formats import FORMATS
+    from bitblas.quantization.quantize import pack_weight
+    fmt = FORMATS[wd]
+    N, K, M = 256, 512, 16
+    cfg = MatmulConfig(N=N, K=K, A_dtype=act, W_dtype=wd, out_dtype="float32", **EXACT[wd])
+    assert isinstance(default_hint(make_plan(cfg, "cuda", M)), GEMVHint)
+    g = torch.Generator().manual_seed(0)
+    ok = torch.tensor([math.isfinite(v) and not (fmt.bits == 8 and c & 0x7F == 0x7F) for c, v in enumerate(fmt.table)])
+    codes = torch.randint(0, len(fmt.table), (N, K), generator=g)
+    codes[~ok[codes]] = 0                       # inf / NaN codes: 0 * inf would be NaN
+    cols = torch.randperm(K, generator=g)[:M]
+    A = torch.zeros(M, K, dtype=TORCH_DTYPES[act])
+    A[torch.arange(M), cols] = 1
+    extra = {}
+    if cfg.with_scaling:
+        extra = dict(scale=torch.ones(N, K // cfg.group_size), global_scale=torch.ones(1))
+    inputs = {k: v.cuda() for k, v in pack_weight(cfg, codes, **extra).items()}
+    out = bitblas.Matmul(cfg)(A.cuda(), **inputs)
+    torch.cuda.synchronize()
+    table = torch.tensor(fmt.table, dtype=torch.float32)
+    if fmt.bits == 4:
+        table = table.to(TORCH_DTYPES[act]).float()
+    want = table[codes[:, cols].T]              # [M, N]
+    bad = (out.cpu() != want).nonzero()
+    assert bad.numel() == 0, [(int(i), int(n), int(codes[n, cols[i]]), float(out[i, n]), float(want[i, n]))
+                              for i, n in bad[:8]]
+
+
+TABLE_HINT_FORMATS = ["f16-nf4-g64", "bf16-nvfp4", "f16-e4m3-chan", "bf16-fp4-g128", "bf16-e5m2-g128"]
+
+
+@pytest.mark.parametrize("hint", HINTS, ids=[str(tuple(h.__dict__.values())) for h in HINTS])
+@pytest.mark.parametrize("fmt", TABLE_HINT_FORMATS)
+@gpu
+def test_gemv_table_hints(fmt, hint):
+    """Every kernel shape (rows, k-split, cp.async ring) with the table decoders; hints whose vector
+    width does not fit the format (nvfp4: 16 values per scale) are skipped."""
+    from bitblas.build import build_plan
+    from bitblas.schedule.cuda_gemv import _vec_bytes
+    cfg = MatmulConfig(N=1000, K=1536, **TABLE_FORMATS[fmt])
+    for m in (1, 5):
+        plan = make_plan(cfg, "cuda", m)
+        if _vec_bytes(plan, hint.vec_bytes) is None:
+            pytest.skip(f"vec_bytes={hint.vec_bytes} does not fit {fmt}")
+        fn = build_plan(plan, hint=hint)
+        err, tol, seed = _err(cfg, m, fn=fn, plan=plan)
+        assert err <= tol, f"{fmt} {hint} m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
 
 
 @pytest.mark.parametrize("m", (1, 16))
@@ -133,9 +254,14 @@ def test_gemv_selection():
     assert isinstance(default_hint(make_plan(cfg, "cuda", 4)), GEMVHint)
     op = bitblas.Matmul(cfg)
     assert op._kernel_m("cuda", 7) == 7 and op._kernel_m("cuda", 17) is None and op._kernel_m("cpu", 7) is None
-    nf4 = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=G, with_scaling=True)
-    assert gemv_unsupported(make_plan(nf4, "cuda", 1))
-    assert bitblas.Matmul(nf4)._kernel_m("cuda", 1) is None
+    for kw in TABLE_FORMATS.values():                 # table formats: GEMV at 1..16 rows as well
+        tcfg = MatmulConfig(N=1000, K=1536, **kw)
+        assert gemv_unsupported(make_plan(tcfg, "cuda", 1)) is None, kw
+        assert isinstance(default_hint(make_plan(tcfg, "cuda", 16)), GEMVHint)
+        assert bitblas.Matmul(tcfg)._kernel_m("cuda", 1) == 1
+    f8 = MatmulConfig(N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True)
+    assert "activations" in gemv_unsupported(make_plan(f8, "cuda", 1))
+    assert bitblas.Matmul(f8)._kernel_m("cuda", 1) is None
 
 
 @pytest.mark.nvcc
@@ -150,3 +276,25 @@ def test_gemv_codegen(arch):
         src = cuda_source(plan, arch)
         assert "lop3.b32" in src or "__byte_perm" in src
         assert nvcc_compile(src, arch)
+
+
+CODEGEN_CASES = [(1, 1000, 1536, None), (3, 256, 512, GEMVHint(2, k_warps=4)), (16, 1000, 1536, None),
+                 (1, 256, 512, GEMVHint(4, 1, 1, stages=4))]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("fmt", CODEGEN_FORMATS)
+def test_gemv_table_codegen(fmt, arch):
+    """The table decoders compile with nvcc at 1, 3 and 16 rows, for the rows, k-split and ring kernels."""
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    for m, n, k, hint in CODEGEN_CASES:
+        cfg = MatmulConfig(N=n, K=k, **TABLE_FORMATS[fmt])
+        plan = make_plan(cfg, "cuda", m)
+        src = cuda_source(plan, arch, hint)
+        assert "bb_dec_" in src and ("lop3.b32" in src or "prmt.b32" in src or "__byte_perm" in src)
+        if plan.w.global_scale:
+            assert "global_scale" in src and "bb_e4m3f(" in src
+        assert nvcc_compile(src, arch), (fmt, m, n, k, hint)

@@ -117,8 +117,8 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 
 def test_gemv_mma_refused():
     plan8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int8", with_scaling=True), "cuda", 4)
-    assert "8-bit" in mma_gemv_unsupported(plan8, GEMVHint(rows_per_warp=16, mma=True))
+    assert "1/2/4-bit" in mma_gemv_unsupported(plan8, GEMVHint(rows_per_warp=16, mma=True))
     plan4 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int4", with_scaling=True), "cuda", 4)
     assert "rows_per_warp=8" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=8, mma=True))
-    with pytest.raises(ValueError, match="8-bit"):
+    with pytest.raises(ValueError, match="1/2/4-bit"):
         cuda_source(plan8, cuda_target(TARGETS["sm_90"]), GEMVHint(rows_per_warp=16, mma=True))

@@ -27,7 +27,7 @@ def default_hint(plan, target=None):
     """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
-    if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint weights
+    if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint/table weights
         return GEMVHint.default(plan, target)
     # tensor cores with rows > 16 (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
     # activations, see cuda_mma.mma_reason; None: n/a

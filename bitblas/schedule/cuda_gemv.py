@@ -1,4 +1,5 @@
-"""The small-M CUDA template (decode, M = 1..16): float16/bfloat16 activations x int/uint weights.
+"""The small-M CUDA template (decode, M = 1..16): float16/bfloat16 activations x int/uint, fp4_e2m1,
+nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4 weights.
 
 Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
 signature follows the plan's argument list); the per-vector decode and dot product are CUDA
@@ -22,6 +23,35 @@ float32 with the group scale. The integer offset centres the codes (the XOR for 
 zero-point code, the rounded float zero point); the float remainder of a zero point is applied
 through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
 
+Table formats (:func:`_decoder` picks the rule from the format's table, not its name); the group
+scale stays a float32 multiply after the dot product, as for int codes:
+
+* e2m1 (fp4_e2m1, nvfp4): per pair, one shifted copy of the word gives the magnitude bits
+  (e1 e0 m) at the lowest exponent bits and the top mantissa bit (``lop3`` masks them), another
+  gives the sign bit at bit 15 (``lop3`` merges it); the half is then the e2m1 value times
+  2**-14 (bfloat16: 2**-126), e = 0 landing on a subnormal, and one ``hmul2`` by 2**14 (2**126)
+  makes it exact. ~2.4 instructions per weight (7 shifts, 8 lop3, 4 hmul2 per 8 codes);
+* nf4 and any other 4-bit table: the 16 half (bfloat16) patterns live in eight registers (low and
+  high bytes of entries 0..7 and 8..15); ``prmt`` with the codes & 7 as selector nibbles looks up
+  four bytes at once, ``prmt`` in sign mode on the code word makes the bit-3 byte mask, ``lop3``
+  selects, two ``prmt`` interleave low / high bytes into half2 of adjacent codes: 21 instructions
+  per 8 codes (~2.6 per weight), all ALU. The alternative, a 256-entry half2 table in shared
+  memory indexed by a whole byte, needs ~1.5 instructions per weight but one LDS per 2 weights:
+  shared-memory loads issue at a quarter of the ALU rate and random bytes conflict on the banks
+  (~3.5 wavefronts per warp load): by that estimate (not measured) several times slower than
+  the registers, at a rate the 4-bit GEMV needs to keep up with DRAM;
+* float8 weights take the float32 path of 8-bit codes (their values reach 448 / 57344, beyond a
+  half2 dot product): e5m2 is the high byte of a half (one ``prmt`` per 2 weights, inf / NaN
+  included); e4m3 places the magnitude at bits 7..13 (``prmt`` into the high byte, shift right
+  by one, the sign merged by ``lop3``), a subnormal half for e = 0, and the 2**8 of the bias
+  difference is folded into the float32 scale; the halves are converted to float32 (exact, also
+  for bfloat16 activations), one FFMA each. ~1.5 (e5m2) and ~3 (e4m3) instructions per weight
+  including the conversion. e4m3fn's NaN codes 0x7f / 0xff decode to +-480 (the quantizers
+  never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights;
+* nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is
+  decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
+  result before the bias.
+
 :func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
 tensor-core) schedule.
 """
@@ -31,14 +61,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
+from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _lut, _prep_adjacent,
+                          _table_dec)
 
 __all__ = ["GEMVHint", "gemv_unsupported", "schedule_cuda_gemv", "GEMV_MAX_ROWS", "TIRX_PIPELINE_ATTR"]
 
 GEMV_MAX_ROWS = 16
 TIRX_PIPELINE_ATTR = "bitblas.tir_pipeline"   # module attribute: compile with tir_pipeline="tirx"
 
-_ACT = {"float16": ("half", "__half2", 0x6400, 10, 1024.0),
-        "bfloat16": ("nv_bfloat16", "__nv_bfloat162", 0x4300, 7, 128.0)}
 
 
 @dataclass(frozen=True)
@@ -62,7 +92,7 @@ class GEMVHint:
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
         1/2/4-bit codes and sm_80+ (``target``: the CUDA Target, None = assume sm_80+)."""
         m = plan.m or 1
-        if m >= 3 and plan.w.bits <= 4 and _target_sm(target) >= 80:
+        if m >= 3 and plan.w.kind in ("int", "uint") and plan.w.bits <= 4 and _target_sm(target) >= 80:
             if m <= 8:
                 return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             if plan.config.N >= 16896:
@@ -113,6 +143,11 @@ def _vec_bytes(plan, want: int = 0) -> Optional[int]:
     return None
 
 
+def decode_ops_per_weight(plan) -> float:
+    """Rough ALU instructions per weight of the decode (the tuner's cost model)."""
+    return {"int": 1.5, "e2m1": 2.4, "lut4": 2.6, "e5m2": 1.5, "e4m3": 3.0}.get(_decoder(plan.w), 1.5)
+
+
 def gemv_unsupported(plan) -> Optional[str]:
     """None when the GEMV template takes ``plan``, else why not."""
     c = plan.config
@@ -122,14 +157,14 @@ def gemv_unsupported(plan) -> Optional[str]:
         return f"needs a static row count 1..{GEMV_MAX_ROWS}"
     if c.A_dtype not in _ACT:
         return "activations must be float16 or bfloat16"
-    if plan.w.kind not in ("int", "uint"):
-        return "weights must be an int/uint format"
+    if _decoder(plan.w) is None:
+        return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
     if c.layout != "nt":
         return "layout must be 'nt'"
-    if plan.w.global_scale or c.with_act_scaling:
-        return "no global or activation scales"
-    if c.with_scaling and plan.scale_dtype != c.A_dtype:
-        return "scales must have the activation dtype"
+    if c.with_act_scaling:
+        return "no activation scales"
+    if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+        return "scales must have the activation dtype (or be float8_e4m3 bytes)"
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return "output must be float16, bfloat16 or float32"
     if _vec_bytes(plan) is None:
@@ -140,11 +175,6 @@ def gemv_unsupported(plan) -> Optional[str]:
 # --------------------------------------------------------------------------------------------
 # CUDA helpers (device functions, inlined by nvcc), generated per format
 # --------------------------------------------------------------------------------------------
-def _lut(fn) -> int:
-    a, b, c = 0xF0, 0xCC, 0xAA
-    return fn(a, b, c) & 0xFF
-
-
 # lop3 LUT of f(a, b, c) = b ? (a ^ c) : c  (b = field mask, c = sign bit inside the field, magic outside)
 _LUT_FIELD = _lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))
 
@@ -162,8 +192,20 @@ def _field_plan(bits: int, mant: int):
     return out
 
 
-def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
-    """CUDA source of the helpers for one (activation dtype, weight format, vector size)."""
+def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None):
+    """CUDA source of the helpers for one (activation dtype, weight format, vector size); ``dec``
+    and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
+    helpers and replace the decoder (and, for adjacent pairs, the activation pairing)."""
+    src = _int_helpers(tag, act, bits, signed, nw)
+    if dec != "int":
+        src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
+        if dec == "lut4":
+            src[f"bb_prep_{tag}"] = _prep_adjacent(tag, act, nw)
+        src["bb_e4m3f"] = _e4m3_scale_helper()
+    return src
+
+
+def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
     ctype, t2, magic, mant, magic_f = _ACT[act]
     src = {}
     src[f"bb_ldw{nw}"] = {
@@ -328,8 +370,14 @@ def _kernel_script(plan, hint: GEMVHint):
     NA = V // 2                             # activation words (2 values) per vector
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
-    tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
-    helpers = _helpers(tag, act, b, signed, NW)
+    dec = _decoder(w)
+    if dec == "int":
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
+    else:
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
+    helpers = _helpers(tag, act, b, signed, NW, dec, w.table)
+    s_f8 = c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
+    dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" else 1.0
     f32_path = b == 8
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift
@@ -371,6 +419,11 @@ def _kernel_script(plan, hint: GEMVHint):
         cv * sum(a)."""
         g = gidx(cidx)
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
+        if s_f8:
+            s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
+                      f"return_type='float32')")
+        if dec_factor != 1.0:
+            s_expr = f"{s_expr} * {_fmt_float(dec_factor)}" if c.with_scaling else _fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
         if quant_zeros:
             cpb = w.codes_per_byte
@@ -415,6 +468,8 @@ def _kernel_script(plan, hint: GEMVHint):
                 f"return_type='float32')")
 
     def store_line(ind, i, n, val):
+        if w.global_scale:
+            val = f"{val} * global_scale[0]"
         if c.with_bias:
             val = f"{val} + T.Cast('float32', bias[{n}])"
         return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
@@ -485,7 +540,7 @@ def _body_rows(plan, hint, add, e):
     if hint.stages >= 3 and NW == 4:
         return _body_rows_ring(plan, hint, add, e)
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
@@ -561,7 +616,7 @@ def _body_rows_ring(plan, hint, add, e):
     NS = NIT // U
     R, WARPS, ST = hint.rows_per_warp, hint.warps, hint.stages
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     src = e["src"]
     add("    T.device_entry()")
@@ -596,8 +651,9 @@ def _body_rows_ring(plan, hint, add, e):
             issue("    ", str(s0))
         commit("    ")
     add(f"    for st in T.serial({NS}):")
-    add(f"        for u in T.unroll({U}):")
-    add(f"            for r in T.unroll({R}):")
+    if sdt or zdt:                            # raw scales / zeros of this step (none: no loop)
+        add(f"        for u in T.unroll({U}):")
+        add(f"            for r in T.unroll({R}):")
     if sdt:
         add(f"                sr[u, r] = scale[{nr}, {e['gidx'](cload('st'))}]")
     if zdt:
@@ -634,7 +690,7 @@ def _body_ksplit(plan, hint, add, e):
     NB = -(-N // R)                          # row batches
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{GRID}])")
@@ -720,8 +776,10 @@ def _body_ksplit(plan, hint, add, e):
 
 def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
-    if plan.w.bits > 4:
-        return "the tensor-core GEMV decodes 1/2/4-bit codes (8-bit weights use the rows kernel)"
+    if plan.w.kind not in ("int", "uint") or plan.w.bits > 4:
+        return "the tensor-core GEMV decodes int/uint 1/2/4-bit codes (other weights use the rows kernel)"
+    if plan.w.global_scale:
+        return "no global scale in the tensor-core GEMV"
     if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
         return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
     if hint.k_warps > 8:

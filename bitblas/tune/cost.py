@@ -173,9 +173,9 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     if getattr(hint, "mma", False):
         # decode + scale per weight pair, activation fragments once per 2 * R / 16 vectors;
         # the mma themselves run on the tensor pipe
-        ops = N * K * 1.6 + N * K * (1 if m <= 8 else 2) * 2.0 * 16 / R
+        ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * (1 if m <= 8 else 2) * 2.0 * 16 / R
     else:
-        ops = N * K * (1.5 + 0.5 * m) + N * m * 10 * max(1, kw)
+        ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     return max(t_mem, t_alu) + 0.1 * min(t_mem, t_alu) + _LAUNCH_S
 

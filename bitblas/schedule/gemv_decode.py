@@ -1,0 +1,220 @@
+"""Register decoders of the GEMV template (bitblas/schedule/cuda_gemv.py) for table formats.
+
+For each rule, a function gives the constants (shifts, masks, ``lop3`` truth tables, ``prmt``
+selectors, table registers) that both the CUDA generator (:func:`_table_dec`) and the CPU tests
+(testing/test_gemv_decode.py, through :func:`_emu_lop3` / :func:`_emu_prmt`) use, so the tests
+check the very program the kernels run. Why each rule looks as it does: cuda_gemv's docstring.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE
+
+# activation dtype -> (C type, C pair type, magic number bits, mantissa bits, magic number)
+_ACT = {"float16": ("half", "__half2", 0x6400, 10, 1024.0),
+        "bfloat16": ("nv_bfloat16", "__nv_bfloat162", 0x4300, 7, 128.0)}
+
+
+def _lut(fn) -> int:
+    """The ``lop3`` truth table of the bitwise function ``fn(a, b, c)``."""
+    a, b, c = 0xF0, 0xCC, 0xAA
+    return fn(a, b, c) & 0xFF
+
+
+def _decoder(w) -> Optional[str]:
+    """How the template decodes weight format ``w``: "int" (int/uint codes, magic numbers),
+    "e2m1" (4-bit e2m1 codes: bit placement), "lut4" (any other 16-entry table: prmt lookup),
+    "e5m2" / "e4m3" (float8 bit patterns), None (not taken)."""
+    if w.kind in ("int", "uint"):
+        return "int"
+    if w.kind != "table":
+        return None
+    if w.bits == 4:
+        return "e2m1" if w.table == E2M1_TABLE else "lut4"
+    if w.bits == 8 and w.table == E5M2_TABLE:
+        return "e5m2"
+    if w.bits == 8 and w.table == E4M3_TABLE:
+        return "e4m3"
+    return None
+
+
+def _act_bits(v: float, act: str) -> int:
+    """16-bit pattern of ``v`` rounded as the TensorIR does (float64 -> float32 -> act, nearest even)."""
+    import struct
+    f = struct.unpack("<I", struct.pack("<f", v))[0]
+    if act == "bfloat16":
+        return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16) & 0xFFFF
+    return struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", f))[0]))[0]
+
+
+_LUT_AND = _lut(lambda a, b, c: a & b)                       # a & b
+_LUT_AND_OR = _lut(lambda a, b, c: (a & b) | c)              # (a & b) | c
+_LUT_SEL = _lut(lambda a, b, c: (c & b) | (~c & a))          # c ? b : a, bitwise
+
+
+def _e2m1_consts(act: str):
+    """e2m1 -> half/bfloat16 by bit placement. Pair p of a word takes nibble p (low half) and
+    nibble p + 4 (high half), as the int path. For each pair: (left shift of the word that puts
+    the sign bits at 15 / 31, left shift that puts the 3 magnitude bits (e1 e0 m) at the lowest
+    exponent bits and the top mantissa bit); negative = right shift. The result is the e2m1 value
+    times 2**-(bias - 1) (an e2m1 subnormal, e = 0, becomes a subnormal half), so one multiply by
+    ``mul`` makes it exact."""
+    mant = _ACT[act][3]
+    bias = 15 if act == "float16" else 127
+    shifts = [(12 - 4 * p, (mant - 1) - 4 * p) for p in range(4)]
+    return dict(shifts=shifts, mag_mask=(7 << (mant - 1)) * 0x10001, sign_mask=0x80008000,
+                mul=2.0 ** (bias - 1), lut_mag=_LUT_AND, lut_sign=_LUT_AND_OR)
+
+
+def _lut4_consts(table, act: str):
+    """A 16-entry table in eight registers: low and high bytes of the half (bfloat16) patterns of
+    entries 0..7 and 8..15 (little-endian, 4 entries per register). A ``prmt`` whose selector
+    nibbles are codes & 7 reads 4 bytes at once from one 8-byte table; a second ``prmt`` in sign
+    mode on the code word itself (selector nibble 8 | byte index) makes a 0x00 / 0xff byte mask
+    from bit 3 of each code; ``lop3`` picks the 0..7 or 8..15 byte; two ``prmt`` interleave low
+    and high bytes into two half2 of adjacent codes."""
+    hb = [_act_bits(float(v), act) for v in table]
+
+    def pack(vals):
+        return sum((v & 0xFF) << (8 * i) for i, v in enumerate(vals))
+    lo, hi = [h & 0xFF for h in hb], [h >> 8 for h in hb]
+    return dict(tl0=(pack(lo[0:4]), pack(lo[4:8])), tl1=(pack(lo[8:12]), pack(lo[12:16])),
+                th0=(pack(hi[0:4]), pack(hi[4:8])), th1=(pack(hi[8:12]), pack(hi[12:16])),
+                sel_mask=0x77777777, msel=(0x9D8C, 0xBFAE), ilv=(0x5140, 0x7362), lut_sel=_LUT_SEL)
+
+
+def _e4m3_consts():
+    """e4m3 -> half without the 2**8 factor (folded into the float32 scale): the magnitude bits
+    (byte & 0x7f) placed at bits 7..13 of a half (a byte moved into the high byte by ``prmt``, then
+    shifted right by one), the sign at bit 15 from the word (pairs (byte 0, byte 2) and (byte 1,
+    byte 3) have their signs 8 and 0 bits below 15 / 31). e = 0 gives a subnormal half, exact."""
+    return dict(mag_mask=0x7F7F7F7F, pairs=((0x2404, 8, (0, 2)), (0x3414, 0, (1, 3))),
+                sign_mask=0x80008000, lut_sign=_LUT_AND_OR, factor=256.0)
+
+
+E5M2_PRMT = (0x1404, 0x3424)      # bytes (0, 1) and (2, 3) into the high bytes of two halves
+
+
+def _emu_lop3(a, b, c, lut):
+    """lop3.b32 on Python ints / numpy uint32 arrays (the tests run the decoders through it)."""
+    r = 0
+    for i in range(8):
+        x = (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+        if lut >> i & 1:
+            r = r | x
+    return r & 0xFFFFFFFF
+
+
+def _emu_prmt(a, b, sel):
+    """prmt.b32 (default mode: selector nibbles, bit 3 replicates the selected byte's sign) on
+    Python ints."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        n = (sel >> (4 * i)) & 0xF
+        v = src[n & 7]
+        if n & 8:
+            v = 0xFF if v & 0x80 else 0
+        out |= v << (8 * i)
+    return out
+
+
+def _e4m3_scale_helper():
+    """float8_e4m3 scale byte -> float32, exact (normal: exponent rebiased in the bit pattern;
+    subnormal: m * 2**-9). 0x7f / 0xff (NaN in e4m3fn) decode to +-480; quantizers never write them."""
+    return r"""
+__device__ __forceinline__ float bb_e4m3f(int b) {
+  const unsigned mg = (unsigned)b & 0x7Fu;
+  const float v = mg >= 8u ? __uint_as_float((mg + 960u) << 20) : (float)mg * 0.001953125f;
+  return (b & 0x80) ? -v : v;
+}
+"""
+
+
+def _table_dec(tag: str, act: str, nw: int, dec: str, table):
+    """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders)."""
+    ctype, t2, magic, mant, magic_f = _ACT[act]
+    h2 = "half2" if act == "float16" else "bfloat162"
+    if dec == "e5m2":
+        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
+        for j in range(nw):
+            for t, sel in enumerate(E5M2_PRMT):
+                lines.append(f"  {{ unsigned x = __byte_perm(w[{j}], 0u, 0x{sel:x});")
+                lines.append("    float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));")
+                lines.append(f"    d[{4 * j + 2 * t}] = f.x; d[{4 * j + 2 * t + 1}] = f.y; }}")
+        lines.append("}")
+        return "\n" + "\n".join(lines) + "\n"
+    if dec == "e4m3":
+        k = _e4m3_consts()
+        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], qm = q & 0x{k['mag_mask']:08x}u;")
+            for sel, sh, (b0, b1) in k["pairs"]:
+                sgn = f"q << {sh}" if sh else "q"
+                lines.append(f"    {{ unsigned x; const unsigned t = __byte_perm(qm, 0u, 0x{sel:x}) >> 1;")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(t));")
+                lines.append("      float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));")
+                lines.append(f"      d[{4 * j + b0}] = f.x; d[{4 * j + b1}] = f.y; }}")
+            lines.append("  }")
+        lines.append("}")
+        return "\n" + "\n".join(lines) + "\n"
+    lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
+    if dec == "e2m1":
+        k = _e2m1_consts(act)
+        lines.append(f"  const {t2} k = __float2{h2}_rn({k['mul']!r}f);")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}];")
+            for p, (ss, ms) in enumerate(k["shifts"]):
+                sgn = f"q << {ss}" if ss > 0 else (f"q >> {-ss}" if ss < 0 else "q")
+                mag = f"q << {ms}" if ms > 0 else (f"q >> {-ms}" if ms < 0 else "q")
+                lines.append("    { unsigned mg, x;")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['mag_mask']:08x}, 0, 0x{k['lut_mag']:02x};\" "
+                             f": \"=r\"(mg) : \"r\"({mag}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(mg));")
+                lines.append(f"      {t2} v = __hmul2(*reinterpret_cast<{t2}*>(&x), k);")
+                lines.append(f"      d[{4 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")
+            lines.append("  }")
+    else:                                   # lut4
+        k = _lut4_consts(table, act)
+        for nm in ("tl0", "tl1", "th0", "th1"):
+            a, b = k[nm]
+            lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
+            lines.append("    unsigned m0, m1;")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][0]:x};\" : \"=r\"(m0) : \"r\"(q), \"r\"(q4));")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][1]:x};\" : \"=r\"(m1) : \"r\"(q), \"r\"(q4));")
+            for h, (sv, mv) in enumerate((("s0", "m0"), ("s1", "m1"))):
+                lines.append("    { unsigned x0, x1, y0, y1, lo, hi;")
+                for out, tb in (("x0", "tl0"), ("x1", "tl1"), ("y0", "th0"), ("y1", "th1")):
+                    lines.append(f"      asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"({out}) : \"r\"({tb}a), \"r\"({tb}b), \"r\"({sv}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, %2, %3, 0x{k['lut_sel']:02x};\" : \"=r\"(lo) : \"r\"(x0), \"r\"(x1), \"r\"({mv}));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, %2, %3, 0x{k['lut_sel']:02x};\" : \"=r\"(hi) : \"r\"(y0), \"r\"(y1), \"r\"({mv}));")
+                lines.append(f"      d[{4 * j + 2 * h}] = __byte_perm(lo, hi, 0x{k['ilv'][0]:x});")
+                lines.append(f"      d[{4 * j + 2 * h + 1}] = __byte_perm(lo, hi, 0x{k['ilv'][1]:x}); }}")
+            lines.append("  }")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _prep_adjacent(tag: str, act: str, nw: int) -> str:
+    """``bb_prep_{tag}`` for decoders whose pairs are adjacent codes (k, k+1): the activation words
+    as they are, and their sum."""
+    ctype, t2, magic, mant, magic_f = _ACT[act]
+    cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
+    na = nw * 4
+    lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
+    for i in range(na):
+        lines.append(f"  ap[{i}] = a[{i}];")
+    lines.append("  float s = 0.f;")
+    for g in range(0, na, 4):
+        terms = [f"*reinterpret_cast<const {t2}*>(&a[{g + t}])" for t in range(min(4, na - g))]
+        expr = terms[0]
+        for t in terms[1:]:
+            expr = f"__hadd2({expr}, {t})"
+        lines.append(f"  {{ float2 f = {cvt2}({expr}); s += f.x + f.y; }}")
+    lines += ["  return s;", "}"]
+    return "\n" + "\n".join(lines) + "\n"

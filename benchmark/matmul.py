@@ -7,15 +7,17 @@ Each (format, shape, m) row times our kernel and the baselines with CUDA-graph r
 over enough weight copies to exceed the L2 (see benchmark/timing.py), and reports µs, achieved
 TB/s (bytes: packed weights + scales + zeros + activations + output [+ bias]), TFLOP/s, and the
 speed-up over fp16 cuBLAS (``torch.nn.functional.linear`` on a float16 [N, K] weight). 4-bit
-formats also get ``torch._weight_int4pack_mm`` (bfloat16 activations, group 128) as a baseline.
+formats also get ``torch._weight_int4pack_mm`` (bfloat16 activations, group 128) as a baseline;
+``w8a8`` is compared with ``torch._int_mm`` and ``fp8`` with ``torch._scaled_mm`` (row-wise
+scales) in the ``vs base`` column. ``--plot FILE.svg`` draws time per call, grouped by layer and m
+(no plotting library needed).
 Inputs are random bit patterns / values on the GPU; ``--check`` (default on) compares our output
-with a float64 GPU reference built from bitblas.quantization.dequantize.
+with bitblas.reference.reference_matmul (float64 dequantization, float32 product on the GPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -42,7 +44,14 @@ FORMATS = {
     "w1a16-g128": dict(A_dtype="float16", W_dtype="uint1", group_size=128, with_scaling=True, with_zeros=True,
                        zeros_mode="rescale"),
     "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
+    "fp4-g128": dict(A_dtype="float16", W_dtype="fp4_e2m1", group_size=128, with_scaling=True),
+    "nvfp4": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, out_dtype="bfloat16"),
+    "w8a8": dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),
+    "fp8": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True, with_act_scaling=True,
+                out_dtype="bfloat16"),
 }
+# the torch baseline a format is compared with (ratio column): cuBLAS fp16 unless listed
+BASELINE = {"w8a8": "int_mm", "fp8": "scaled_mm"}
 
 # Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
 SHAPES = {
@@ -93,7 +102,7 @@ def _nbytes(t):
 def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, hint=None):
     import bitblas
     from bitblas.plan import make_plan
-    from bitblas.quantization.quantize import TORCH_DTYPES, dequantize
+    from bitblas.quantization.quantize import TORCH_DTYPES
     kw = FORMATS[fmt]
     cfg = bitblas.MatmulConfig(N=N, K=K, **kw)
     op = bitblas.Matmul(cfg)
@@ -117,7 +126,8 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     build_s = time.perf_counter() - t0
     if fn is None:
         from bitblas.schedule import default_hint
-        kname = type(default_hint(kern[0], op.target)).__name__.replace("Hint", "")
+        dh = default_hint(kern[0], op.target)
+        kname = type(dh).__name__.replace("Hint", "") + ("-mma" if getattr(dh, "mma", False) else "")
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
         kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"
@@ -131,13 +141,11 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
         out.fill_(float("nan")) if out.dtype.is_floating_point else out.fill_(0)
         calls[0]()
         torch.cuda.synchronize()
-        wf = dequantize(cfg, first["W"], first.get("scale"), first.get("zeros"))
-        ref = shared["A"].to(torch.float64) @ wf.T
-        if "bias" in first:
-            ref = ref + first["bias"].to(torch.float64)
+        from bitblas.reference import reference_matmul
+        ref = reference_matmul(cfg, **shared, **first, cast=False, device="cuda").to(torch.float64)
         o = out.to(torch.float64)
         err = float("inf") if torch.isnan(o).any() else float((o - ref).abs().max() / ref.abs().max())
-        del wf, ref
+        del ref
     us = time_graph(calls)
     io = sum(_nbytes(t) for t in shared.values()) + _nbytes(out)
     nbytes = wbytes + io
@@ -172,6 +180,36 @@ def bench_int4pack(N, K, m):
     return dict(kernel="torch-int4pack-bf16", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
+def bench_int_mm(N, K, m):
+    """torch._int_mm (int8 x int8 -> int32, cuBLASLt) on weight copies; m must be > 16."""
+    try:
+        ws = [torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda") for _ in range(copies_for(N * K))]
+        x = torch.randint(-128, 128, (m, K), dtype=torch.int8, device="cuda")
+        us = time_graph([lambda w=w: torch._int_mm(x, w.t()) for w in ws])
+        del ws
+    except Exception as e:  # shapes cuBLASLt refuses (m <= 16), old builds
+        return dict(kernel="torch-int_mm", error=f"{type(e).__name__}: {str(e)[:120]}")
+    nbytes = N * K + m * K + m * N * 4
+    return dict(kernel="torch-int_mm", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
+
+
+def bench_scaled_mm(N, K, m):
+    """torch._scaled_mm (float8_e4m3 x float8_e4m3, row-wise float32 scales, bfloat16 out)."""
+    try:
+        f8 = torch.float8_e4m3fn
+        ws = [torch.randn(N, K, device="cuda").to(f8) for _ in range(copies_for(N * K))]
+        x = torch.randn(m, K, device="cuda").to(f8)
+        sa = torch.rand(m, 1, device="cuda") + 0.5
+        sb = torch.rand(1, N, device="cuda") + 0.5
+        us = time_graph([lambda w=w: torch._scaled_mm(x, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                         for w in ws])
+        del ws
+    except Exception as e:
+        return dict(kernel="torch-scaled_mm", error=f"{type(e).__name__}: {str(e)[:120]}")
+    nbytes = N * K + m * K + m * N * 2
+    return dict(kernel="torch-scaled_mm", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
+
+
 def parse_hints(text):
     """'R,W,U,VB[,WK[,GRID]];...' -> GEMVHint list (fields in GEMVHint's order)."""
     from bitblas.schedule import GEMVHint
@@ -185,6 +223,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="brief", help=f"comma list of shape sets: {', '.join(SHAPES)}")
     ap.add_argument("--m", default="1,16", help="comma list of row counts")
     ap.add_argument("--json", default=None, help="write all rows to this JSON file")
+    ap.add_argument("--plot", default=None, help="write an SVG bar chart (µs per call) to this file")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 correctness check")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
@@ -214,6 +253,11 @@ def main(argv=None):
                 if any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
                     r = bench_int4pack(N, K, m)
                     rows.append(dict(format="int4(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m, **r))
+                for name, fn in (("int_mm", bench_int_mm), ("scaled_mm", bench_scaled_mm)):
+                    if any(BASELINE.get(f) == name for f in fmts):
+                        base[name] = fn(N, K, m)
+                        rows.append(dict(format=f"{name}(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m,
+                                         **base[name]))
             for f in fmts:
                 for h in [None] + hints:
                     try:
@@ -223,14 +267,73 @@ def main(argv=None):
                                  error=f"{type(e).__name__}: {str(e)[:300]}")
                     if "cublas" in base and "us" in r:
                         r["vs_cublas"] = base["cublas"]["us"] / r["us"]
+                    b = base.get(BASELINE.get(f, "cublas"), {})
+                    if "us" in b and "us" in r:
+                        r["vs_base"] = b["us"] / r["us"]
+                        r["base"] = b["kernel"]
                     rows.append(r)
                     _print_row(r)
             torch.cuda.empty_cache()
     print()
     print_table(rows)
+    if args.plot:
+        write_svg(rows, args.plot)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=p.name, torch=torch.__version__, argv=sys.argv, rows=rows), fh, indent=1)
+
+
+def write_svg(rows, path):
+    """A grouped bar chart (µs per call, log scale) of every timed row: one group per (layer, m)."""
+    import math as _m
+    timed = [r for r in rows if "us" in r]
+    groups = []
+    for r in timed:
+        key = (r["layer"], r["m"])
+        if key not in groups:
+            groups.append(key)
+    labels = []
+    for r in timed:
+        lab = r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
+        if lab not in labels:
+            labels.append(lab)
+    colors = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+              "#9c755f", "#bab0ac"]
+    bw, gap, h, top, left = 10, 16, 300, 20, 50
+    gw = bw * len(labels) + gap
+    width = left + gw * len(groups) + 240
+    lo = min(r["us"] for r in timed) / 1.5
+    hi = max(r["us"] for r in timed) * 1.5
+
+    def y(v):
+        return top + h - h * (_m.log10(v) - _m.log10(lo)) / (_m.log10(hi) - _m.log10(lo))
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + top + 90}" font-size="10" '
+           'font-family="sans-serif">']
+    dec = 10 ** _m.floor(_m.log10(lo))
+    while dec <= hi:
+        if dec >= lo:
+            out.append(f'<line x1="{left}" x2="{left + gw * len(groups)}" y1="{y(dec):.1f}" y2="{y(dec):.1f}" '
+                       f'stroke="#ddd"/><text x="{left - 4}" y="{y(dec) + 3:.1f}" text-anchor="end">{dec:g} µs</text>')
+        dec *= 10
+    for gi, (layer, m) in enumerate(groups):
+        x0 = left + gi * gw
+        for r in timed:
+            if (r["layer"], r["m"]) != (layer, m):
+                continue
+            lab = r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
+            li = labels.index(lab)
+            out.append(f'<rect x="{x0 + li * bw}" y="{y(r["us"]):.1f}" width="{bw - 1}" '
+                       f'height="{top + h - y(r["us"]):.1f}" fill="{colors[li % len(colors)]}">'
+                       f'<title>{lab}: {r["us"]:.2f} µs</title></rect>')
+        out.append(f'<text x="{x0 + gw / 2 - gap / 2:.1f}" y="{top + h + 12}" text-anchor="middle">{layer}</text>'
+                   f'<text x="{x0 + gw / 2 - gap / 2:.1f}" y="{top + h + 24}" text-anchor="middle">m={m}</text>')
+    for li, lab in enumerate(labels):
+        yy = top + 12 * li
+        out.append(f'<rect x="{left + gw * len(groups) + 10}" y="{yy}" width="9" height="9" '
+                   f'fill="{colors[li % len(colors)]}"/><text x="{left + gw * len(groups) + 24}" y="{yy + 8}">{lab}</text>')
+    out.append("</svg>")
+    with open(path, "w") as fh:
+        fh.write("\n".join(out))
 
 
 def _print_row(r):
@@ -240,19 +343,20 @@ def _print_row(r):
 
 def print_table(rows):
     hdr = f"| {'format':18s} | {'layer':22s} | {'N':>6s} | {'K':>6s} | {'m':>3s} | {'kernel':28s} | {'µs':>8s} | " \
-          f"{'TB/s':>5s} | {'TFLOP/s':>7s} | {'vs cuBLAS':>9s} | {'rel.err':>8s} |"
+          f"{'TB/s':>5s} | {'TFLOP/s':>7s} | {'vs cuBLAS':>9s} | {'vs base':>7s} | {'rel.err':>8s} |"
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for r in rows:
         if "us" not in r:
             print(f"| {r['format']:18s} | {r['layer']:22s} | {r['N']:6d} | {r['K']:6d} | {r['m']:3d} | "
-                  f"{str(r.get('kernel'))[:28]:28s} | {'error':>8s} | {'':5s} | {'':7s} | {'':9s} | {'':8s} |")
+                  f"{str(r.get('kernel'))[:28]:28s} | {'error':>8s} | {'':5s} | {'':7s} | {'':9s} | {'':7s} | {'':8s} |")
             continue
         vs = f"{r['vs_cublas']:.2f}x" if r.get("vs_cublas") else ""
+        vb = f"{r['vs_base']:.2f}x" if r.get("vs_base") else ""
         err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
         print(f"| {r['format']:18s} | {r['layer']:22s} | {r['N']:6d} | {r['K']:6d} | {r['m']:3d} | "
               f"{str(r['kernel'])[:28]:28s} | {r['us']:8.2f} | {r['tbps']:5.2f} | {r['tflops']:7.2f} | "
-              f"{vs:>9s} | {err:>8s} |")
+              f"{vs:>9s} | {vb:>7s} | {err:>8s} |")
 
 
 if __name__ == "__main__":

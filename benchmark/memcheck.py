@@ -27,10 +27,21 @@ F8 = dict(with_scaling=True, with_act_scaling=True)
 # family -> list of (config, rows, hint factory(plan, target))
 FAMILIES = {
     "gemv": [(C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1, None),
-             (C(M=3, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 3, None),
+             (C(M=3, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 3,
+              lambda p, t: GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2)),
              (C(M=16, N=1000, K=1536, W_dtype="int8", with_scaling=True, A_dtype="bfloat16"), 16, None),
              (C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 1,
               lambda p, t: GEMVHint(rows_per_warp=2, warps=4, unroll=2, k_warps=4))],
+    "gemv_mma": [(C(M=9, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 9, None),
+                 (C(M=3, N=1000, K=1056, W_dtype="int2", group_size=32, with_scaling=True), 3,
+                  lambda p, t: GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True)),
+                 (C(M=16, N=1000, K=1536, A_dtype="bfloat16", W_dtype="int4", group_size=G, with_scaling=True,
+                    out_dtype="bfloat16"), 16, None)],
+    "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
+                   (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
+                      out_dtype="bfloat16"), 3, None),
+                   (C(M=16, N=1000, K=1536, W_dtype="float8_e4m3", with_scaling=True), 16, None),
+                   (C(M=5, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 5, None)],
     "mma": [(C(M=None, N=1000, K=1536), 17, None),
             (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000, None),
             (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), 17, None)],
@@ -45,7 +56,8 @@ FAMILIES = {
     "simple": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 5, lambda p, t: SimpleCUDAHint.default(p)),
                (C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True,
                   with_act_scaling=True, out_dtype="bfloat16"), 17, lambda p, t: SimpleCUDAHint.default(p)),
-               (C(M=3, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 3, None)],
+               (C(M=3, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 3,
+                lambda p, t: SimpleCUDAHint.default(p))],
 }
 
 

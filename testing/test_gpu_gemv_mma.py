@@ -2,7 +2,8 @@
 ``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand.
 
 GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,
-bias, float32 out, bfloat16) at row counts 1..16 that are no multiple of 8, N no multiple of 16,
+bias, float32 out, bfloat16) and the 4-bit table formats (nf4, fp4_e2m1, nvfp4 with its float8
+scales and global scale) at row counts 1..16 that are no multiple of 8, N no multiple of 16,
 and hints that split K unevenly (vectors past K meet zeroed activations). CPU: code generation
 through nvcc for sm_80 / sm_90, and the hint checks.
 
@@ -42,6 +43,9 @@ CONFIGS = {
     "i1-zeros": dict(W_dtype="int1", group_size=G, with_scaling=True, with_zeros=True),
     "u4-noscale": dict(W_dtype="uint4"),
     "i4-chan": dict(W_dtype="int4", with_scaling=True),
+    "nf4": dict(W_dtype="nf4", group_size=G, with_scaling=True),
+    "bf16-fp4": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True, out_dtype="bfloat16"),
+    "nvfp4-bias": dict(W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True),
 }
 HINTS = {
     "r16k1u1s1": GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=1, mma=True),
@@ -104,7 +108,9 @@ TARGETS = {
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", list(TARGETS))
 @pytest.mark.parametrize("name,m,hint", [("u4-zeros", 4, "r32k2u4s2"), ("bf16-i2", 9, "r16k1u1s1"),
-                                         ("i1-zeros", 16, "r48k3u3s2"), ("u4-noscale", 1, "r16k4u2s2")])
+                                         ("i1-zeros", 16, "r48k3u3s2"), ("u4-noscale", 1, "r16k4u2s2"),
+                                         ("nf4", 5, "r32k2u4s2"), ("bf16-fp4", 12, "r16k1u1s1"),
+                                         ("nvfp4-bias", 7, "r32k2u4s2")])
 def test_gemv_mma_codegen(arch, name, m, hint):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
@@ -118,6 +124,8 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 def test_gemv_mma_refused():
     plan8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int8", with_scaling=True), "cuda", 4)
     assert "1/2/4-bit" in mma_gemv_unsupported(plan8, GEMVHint(rows_per_warp=16, mma=True))
+    plan_f8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="float8_e4m3", with_scaling=True), "cuda", 4)
+    assert "float8" in mma_gemv_unsupported(plan_f8, GEMVHint(rows_per_warp=16, mma=True))
     plan4 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int4", with_scaling=True), "cuda", 4)
     assert "rows_per_warp=8" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=8, mma=True))
     with pytest.raises(ValueError, match="1/2/4-bit"):

@@ -92,7 +92,7 @@ class GEMVHint:
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
         1/2/4-bit codes and sm_80+ (``target``: the CUDA Target, None = assume sm_80+)."""
         m = plan.m or 1
-        if m >= 3 and plan.w.kind in ("int", "uint") and plan.w.bits <= 4 and _target_sm(target) >= 80:
+        if m >= 3 and _mma_decodable(plan.w) and _target_sm(target) >= 80:
             if m <= 8:
                 return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             if plan.config.N >= 16896:
@@ -776,15 +776,20 @@ def _body_ksplit(plan, hint, add, e):
 
 def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
-    if plan.w.kind not in ("int", "uint") or plan.w.bits > 4:
-        return "the tensor-core GEMV decodes int/uint 1/2/4-bit codes (other weights use the rows kernel)"
-    if plan.w.global_scale:
-        return "no global scale in the tensor-core GEMV"
+    if not _mma_decodable(plan.w):
+        return ("the tensor-core GEMV decodes int/uint 1/2/4-bit, fp4_e2m1 / nvfp4 and nf4 codes to half pairs "
+                "(float8 and 8-bit weights use the rows kernel)")
     if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
         return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
     if hint.k_warps > 8:
         return f"k_warps={hint.k_warps}: at most 8 warps split K"
     return None
+
+
+def _mma_decodable(w) -> bool:
+    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes)."""
+    dec = _decoder(w)
+    return w.bits <= 4 and (dec == "int" or dec in ("e2m1", "lut4"))
 
 
 def _mma_helpers(tag: str, act: str, NP: int):
@@ -854,7 +859,7 @@ def _body_mma(plan, hint, add, e):
     guard = NIT * 4 * KW != NC
     NBLK = -(-N // (16 * R))
     scaled = c.with_scaling or e["float_zeros"]
-    sdt = plan.scale_dtype if c.with_scaling else None
+    sdt = plan.arg("scale").dtype if c.with_scaling else None
     zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")

@@ -62,7 +62,8 @@ def _check(cfg, m, hint):
     seed = random.randrange(2 ** 31)
     inputs = random_inputs(cfg, m, device="cuda", seed=seed)
     out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
-    fn(*[out if s.role == "output" else inputs[s.name] for s in plan.args])
+    from bitblas.tune.tuner import kernel_args
+    fn(*kernel_args(plan, inputs, out))
     torch.cuda.synchronize()
     err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
     return None if err <= tolerance(cfg) else f"m={m} seed={seed}: rel. err {err:.3e} > {tolerance(cfg):.1e}"

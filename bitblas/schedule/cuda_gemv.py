@@ -833,8 +833,10 @@ def _body_mma(plan, hint, add, e):
     each 32-bit word) are the A fragment registers as they come, and the activations are paired
     the same way (``bb_prep``'s ``prmt``), which is all the B fragment needs. One vector of
     ``V`` codes feeds ``V / 4`` k16 steps of two channels, i.e. ``V / 8`` mma per lane-vector
-    pair; scales and zero points are applied to the decoded pairs (``hfma2(d, s, c)``, float16 /
-    bfloat16 weights as the mma consumes them). ``k_warps`` warps of a block split K and meet in
+    pair (alternating between two accumulator sets, two independent mma chains); scales and zero
+    points are applied to the decoded pairs (``hfma2(d, s, c)``, float16 / bfloat16 weights as the
+    mma consumes them). Any decoder that yields half pairs works the same way: int/uint 1/2/4-bit,
+    fp4_e2m1 / nvfp4 (float8 scale bytes decoded per vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
     shared memory; blocks own ``rows_per_warp`` channels (multiples of 16). Out-of-range rows are
     clamped on load and not stored; vectors past K are clamped on load and meet zeroed
     activations (the mma is executed by every lane, so nothing is predicated inside a warp)."""
@@ -843,7 +845,7 @@ def _body_mma(plan, hint, add, e):
     if why:
         raise ValueError(f"{hint}: {why}")
     m, N, NC, NW, NA = e["m"], e["N"], e["NC"], e["NW"], e["NA"]
-    tag, src = e["tag"], e["src"]
+    tag = e["tag"]
     hs = _mma_helpers(tag, c.A_dtype, NA)
 
     def hsrc(name):

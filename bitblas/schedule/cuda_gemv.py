@@ -383,6 +383,8 @@ def _kernel_script(plan, hint: GEMVHint):
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
     float_zeros = c.with_zeros and not quant_zeros
+    sdt = plan.arg("scale").dtype if c.with_scaling else None     # register dtypes of raw scales / zeros
+    zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
 
     def src(name):
@@ -485,6 +487,38 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
+def _steps(nit: int, unroll: int):
+    """(vectors per lane and step, steps): the largest unroll <= ``unroll`` that divides ``nit``."""
+    u = max(x for x in range(1, max(1, min(unroll, nit)) + 1) if nit % x == 0)
+    return u, nit // u
+
+
+def _step_loop(add, NS, ST, load, process):
+    """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
+    register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST=2``: the next step's
+    loads are issued before the current step is processed (two slots, alternating)."""
+    if ST == 1:
+        add(f"    for st in T.serial({NS}):")
+        load("        ", "st", 0)
+        process("        ", "st", 0)
+        return
+    load("    ", "0", 0)
+    add(f"    for s2 in T.serial({(NS + 1) // 2}):")
+    if NS % 2:
+        add(f"        if s2 * 2 + 1 < {NS}:")
+        load("            ", "s2 * 2 + 1", 1)
+    else:
+        load("        ", "s2 * 2 + 1", 1)
+    process("        ", "s2 * 2", 0)
+    ind = "        "
+    if NS % 2:
+        add(f"        if s2 * 2 + 1 < {NS}:")
+        ind += "    "
+    add(f"{ind}if s2 * 2 + 2 < {NS}:")
+    load(ind + "    ", "s2 * 2 + 2", 0)
+    process(ind, "s2 * 2 + 1", 1)
+
+
 def _row_locals(add, e, R, m, WARPS, warp_var=False):
     """The registers both rows kernels use beside their weight buffers, and zeroed accumulators."""
     NA = e["NA"]
@@ -530,18 +564,15 @@ def _body_rows(plan, hint, add, e):
     """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
     with ``stages=2`` the packed weights and raw scales / zeros of step s+1 are in flight while
     step s is decoded (two register slots). Activations are re-read (L1) for every step."""
-    c = plan.config
     m, N, NC, NW = e["m"], e["N"], e["NC"], e["NW"]
     NIT = -(-NC // 32)
-    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
-    NS = NIT // U                            # steps
+    U, NS = _steps(NIT, hint.unroll)
     R, WARPS = hint.rows_per_warp, hint.warps
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
     if hint.stages >= 3 and NW == 4:
         return _body_rows_ring(plan, hint, add, e)
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.arg("scale").dtype if c.with_scaling else None
-    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    sdt, zdt = e["sdt"], e["zdt"]
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * WARPS}])")
@@ -581,26 +612,7 @@ def _body_rows(plan, hint, add, e):
         add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([r, 0])"))
         _row_dot(add, e, ind1, R, m, cexpr(step))
 
-    if ST == 1:
-        add(f"    for st in T.serial({NS}):")
-        load("        ", "st", 0)
-        process("        ", "st", 0)
-    else:
-        load("    ", "0", 0)
-        add(f"    for s2 in T.serial({(NS + 1) // 2}):")
-        if NS % 2:
-            add(f"        if s2 * 2 + 1 < {NS}:")
-            load("            ", "s2 * 2 + 1", 1)
-        else:
-            load("        ", "s2 * 2 + 1", 1)
-        process("        ", "s2 * 2", 0)
-        ind = "        "
-        if NS % 2:
-            add(f"        if s2 * 2 + 1 < {NS}:")
-            ind += "    "
-        add(f"{ind}if s2 * 2 + 2 < {NS}:")
-        load(ind + "    ", "s2 * 2 + 2", 0)
-        process(ind, "s2 * 2 + 1", 1)
+    _step_loop(add, NS, ST, load, process)
     _row_store(add, e, R, m, N)
 
 
@@ -609,15 +621,12 @@ def _body_rows_ring(plan, hint, add, e):
     shared memory (each lane copies and later reads back its own 16-byte vectors, so only
     ``cp.async.wait_group`` orders them): the bytes in flight do not depend on how many registers
     the compiler is willing to spend."""
-    c = plan.config
     m, N, NC, VB = e["m"], e["N"], e["NC"], e["VB"]
     NIT = -(-NC // 32)
-    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
-    NS = NIT // U
+    U, NS = _steps(NIT, hint.unroll)
     R, WARPS, ST = hint.rows_per_warp, hint.warps, hint.stages
     NBLK = -(-N // (R * WARPS))
-    sdt = plan.arg("scale").dtype if c.with_scaling else None
-    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    sdt, zdt = e["sdt"], e["zdt"]
     src = e["src"]
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
@@ -683,15 +692,13 @@ def _body_ksplit(plan, hint, add, e):
     the whole kernel; blocks walk batches of ``rows_per_warp`` rows (grid-stride), the packed
     weights and raw scales / zeros of batch b+1 in flight while batch b is decoded (two register
     slots), and meet in shared memory once per batch."""
-    c = plan.config
     m, N, NC, NA, NW = e["m"], e["N"], e["NC"], e["NA"], e["NW"]
     WK, R = hint.k_warps, hint.rows_per_warp
     NJ = -(-NC // (32 * WK))                 # vectors per lane
     NB = -(-N // R)                          # row batches
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
-    sdt = plan.arg("scale").dtype if c.with_scaling else None
-    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    sdt, zdt = e["sdt"], e["zdt"]
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{GRID}])")
     add(f"    tx = T.thread_id([{32 * WK}])")
@@ -855,14 +862,12 @@ def _body_mma(plan, hint, add, e):
     R = hint.rows_per_warp // 16              # 16-channel tiles per block
     TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
     NIT = -(-NC // (4 * KW))                  # vectors per lane
-    U = max(u for u in range(1, max(1, min(hint.unroll, NIT)) + 1) if NIT % u == 0)
-    NS = NIT // U
+    U, NS = _steps(NIT, hint.unroll)
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
     guard = NIT * 4 * KW != NC
     NBLK = -(-N // (16 * R))
     scaled = c.with_scaling or e["float_zeros"]
-    sdt = plan.arg("scale").dtype if c.with_scaling else None
-    zdt = ("int8" if c.zeros_mode == "quantized" else plan.scale_dtype) if c.with_zeros else None
+    sdt, zdt = e["sdt"], e["zdt"]
     add("    T.device_entry()")
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * KW}])")
@@ -929,26 +934,7 @@ def _body_mma(plan, hint, add, e):
         add(f"{ind1}        T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
             f"acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma_{tag}')})")
 
-    if ST == 1:
-        add(f"    for st in T.serial({NS}):")
-        load("        ", "st", 0)
-        process("        ", "st", 0)
-    else:
-        load("    ", "0", 0)
-        add(f"    for s2 in T.serial({(NS + 1) // 2}):")
-        if NS % 2:
-            add(f"        if s2 * 2 + 1 < {NS}:")
-            load("            ", "s2 * 2 + 1", 1)
-        else:
-            load("        ", "s2 * 2 + 1", 1)
-        process("        ", "s2 * 2", 0)
-        ind = "        "
-        if NS % 2:
-            add(f"        if s2 * 2 + 1 < {NS}:")
-            ind += "    "
-        add(f"{ind}if s2 * 2 + 2 < {NS}:")
-        load(ind + "    ", "s2 * 2 + 2", 0)
-        process(ind, "s2 * 2 + 1", 1)
+    _step_loop(add, NS, ST, load, process)
 
     # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain) is channel
     # n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2

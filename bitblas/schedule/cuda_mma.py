@@ -431,23 +431,7 @@ def _mma_b16_trans_b(tc, dtype, abbrv):
                     C[thread_id_C, local_id_C] += Cast("float32", A[thread_id_A, local_id_A]) * \
                         Cast("float32", B[thread_id_B, local_id_B])
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (32, 8), dtype, align=64, offset_factor=16, scope="warp")
-        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
-            T.writes(C[0:32, 0:8])
-            for tx in T.thread_binding(0, 32, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8,
-                                            C.data, C.elem_offset + tx * 8, False, dtype="float32"))
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", abbrv, abbrv, "fp32",
-                                            A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + 4,
-                                            C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
-
-    return desc, impl
+    return desc, _mma_impl("m16n8k16", dtype, 8, abbrv, abbrv)
 
 
 def _mma_fp8_bits_trans_b(a_ptx: str, b_ptx: str):
@@ -483,23 +467,35 @@ def _mma_fp8_bits_trans_b(a_ptx: str, b_ptx: str):
                     C[thread_id_C, local_id_C] += Cast("float32", reinterpret(a_dt, A[thread_id_A, local_id_A])) * \
                         Cast("float32", reinterpret(b_dt, B[thread_id_B, local_id_B]))
 
+    return desc, _mma_impl("m16n8k32", "int8", 16, a_ptx, b_ptx)
+
+
+def _mma_impl(shape: str, dtype: str, per_thread: int, a_ptx: str, b_ptx: str):
+    """The implementation side of a two-n8-halves mma intrinsic: per thread ``per_thread``
+    elements of A and of B (``dtype``, warp scope), 8 float32 accumulators, two ``mma.sync``
+    (``shape``, operand types ``a_ptx`` / ``b_ptx``) on B's two halves."""
+    from tvm.script import tirx as T
+    half, factor = per_thread // 2, 2 * per_thread
+
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
-        B = T.match_buffer(b, (32, 16), "int8", align=64, offset_factor=32, scope="warp")
+        A = T.match_buffer(a, (32, per_thread), dtype, align=64, offset_factor=factor, scope="warp")
+        B = T.match_buffer(b, (32, per_thread), dtype, align=64, offset_factor=factor, scope="warp")
         C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
         with T.sblock("root"):
-            T.reads(C[0:32, 0:8], A[0:32, 0:16], B[0:32, 0:16])
+            T.reads(C[0:32, 0:8], A[0:32, 0:per_thread], B[0:32, 0:per_thread])
             T.writes(C[0:32, 0:8])
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
-                T.evaluate(T.ptx_legacy.mma("m16n8k32", "row", "col", a_ptx, b_ptx, "fp32",
-                                            A.data, A.elem_offset + tx * 16, B.data, B.elem_offset + tx * 16,
+                T.evaluate(T.ptx_legacy.mma(shape, "row", "col", a_ptx, b_ptx, "fp32",
+                                            A.data, A.elem_offset + tx * per_thread, B.data,
+                                            B.elem_offset + tx * per_thread,
                                             C.data, C.elem_offset + tx * 8, False, dtype="float32"))
-                T.evaluate(T.ptx_legacy.mma("m16n8k32", "row", "col", a_ptx, b_ptx, "fp32",
-                                            A.data, A.elem_offset + tx * 16, B.data, B.elem_offset + tx * 16 + 8,
+                T.evaluate(T.ptx_legacy.mma(shape, "row", "col", a_ptx, b_ptx, "fp32",
+                                            A.data, A.elem_offset + tx * per_thread, B.data,
+                                            B.elem_offset + tx * per_thread + half,
                                             C.data, C.elem_offset + tx * 8 + 4, False, dtype="float32"))
 
-    return desc, impl
+    return impl
 
 
 # -- copy geometry -------------------------------------------------------------------------------

@@ -11,18 +11,15 @@ through nvcc for sm_80 / sm_90, and the hint checks.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
-from bitblas.quantization.quantize import TORCH_DTYPES
-from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import GEMVHint
 from bitblas.schedule.cuda_gemv import mma_gemv_unsupported
+from kernel_helpers import TARGETS, check_kernel
 
 G = 128
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -58,15 +55,7 @@ ROWS = (1, 3, 8, 9, 16)
 
 def _check(cfg, m, hint):
     plan = make_plan(cfg, "cuda", m)
-    fn = build_plan(plan, cuda_target(), hint)
-    seed = random.randrange(2 ** 31)
-    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
-    out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
-    from bitblas.tune.tuner import kernel_args
-    fn(*kernel_args(plan, inputs, out))
-    torch.cuda.synchronize()
-    err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
-    return None if err <= tolerance(cfg) else f"m={m} seed={seed}: rel. err {err:.3e} > {tolerance(cfg):.1e}"
+    return check_kernel(cfg, plan, build_plan(plan, cuda_target(), hint), m)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -98,12 +87,6 @@ def test_gemv_mma_precision_long_k(m):
 
 
 # -- no GPU needed ------------------------------------------------------------------------------
-TARGETS = {
-    "sm_80": {"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 166912, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-    "sm_90": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-}
 
 
 @pytest.mark.nvcc

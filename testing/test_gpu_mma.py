@@ -21,17 +21,11 @@ from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from kernel_helpers import TARGETS
 from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
 
 C = MatmulConfig
 G = 128
-# Codegen targets with the devices' real shared-memory limits (a bare "sm_90" string assumes 48 KB).
-TARGETS = {
-    "sm_80": {"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 166912, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-    "sm_90": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-}
 
 
 def _plan(cfg, m=None):

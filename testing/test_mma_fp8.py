@@ -9,8 +9,6 @@ targets keep the simple schedule.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -18,17 +16,12 @@ from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, lower_plan, nvcc_compile
 from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
-from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
+from kernel_helpers import TARGETS, check_kernel
 from bitblas.schedule.cuda_mma import mma_fp8_unsupported_reason, mma_reason
 
 C = MatmulConfig
-TARGETS = {
-    arch: {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": smem, "max_threads_per_block": 1024,
-           "thread_warp_size": 32}
-    for arch, smem in (("sm_80", 166912), ("sm_89", 101376), ("sm_90", 232448))
-}
 E4, E5 = "float8_e4m3", "float8_e5m2"
 SCALED = dict(with_scaling=True, with_act_scaling=True)
 PTX = {E4: "e4m3", E5: "e5m2"}
@@ -215,18 +208,7 @@ def fp8_mma_tolerance(cfg) -> float:
 
 
 def _check(cfg, plan, fn, m):
-    """Run ``fn`` on fresh random inputs of ``m`` rows into a NaN-poisoned output; None or an error line."""
-    from bitblas.tune.tuner import kernel_args
-    seed = random.randrange(2 ** 31)
-    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
-    out = torch.full((m, cfg.N), float("nan"), dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
-    fn(*kernel_args(plan, inputs, out))
-    torch.cuda.synchronize()
-    ref = reference_matmul(cfg, **inputs)
-    err, tol = relative_error(out.cpu(), ref), fp8_mma_tolerance(cfg)
-    print(f"{cfg.A_dtype}x{cfg.W_dtype}->{cfg.out_dtype} m={m} N={cfg.N} K={cfg.K}: rel. err {err:.3e} "
-          f"(table {tolerance(cfg):.1e}, fp8-mma bound {tol:.1e})")
-    return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+    return check_kernel(cfg, plan, fn, m, tol=fp8_mma_tolerance(cfg), report=True)
 
 
 @pytest.mark.gpu

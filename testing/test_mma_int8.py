@@ -9,26 +9,17 @@ compute-sanitizer memcheck run was clean, before it became the default).
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
-from bitblas.quantization.quantize import TORCH_DTYPES
-from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
+from kernel_helpers import TARGETS, check_kernel
 from bitblas.schedule.cuda_mma import mma_int8_unsupported_reason
 
 C = MatmulConfig
-TARGETS = {
-    "sm_80": {"kind": "cuda", "arch": "sm_80", "max_shared_memory_per_block": 166912, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-    "sm_90": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448, "max_threads_per_block": 1024,
-              "thread_warp_size": 32},
-}
 SCALED = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)
 
 
@@ -150,25 +141,7 @@ M_LIST = (17, 128, 1000, 1024)
 
 
 def _check(cfg, plan, fn, m):
-    """Run ``fn`` on fresh random inputs of ``m`` rows into a poisoned output; None or an error line."""
-    from bitblas.tune.tuner import kernel_args
-    seed = random.randrange(2 ** 31)
-    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
-    dt = TORCH_DTYPES[cfg.out_dtype]
-    if dt.is_floating_point:
-        out = torch.full((m, cfg.N), float("nan"), dtype=dt, device="cuda")
-    else:
-        out = torch.full((m, cfg.N), -12345, dtype=dt, device="cuda")
-    fn(*kernel_args(plan, inputs, out))
-    torch.cuda.synchronize()
-    ref = reference_matmul(cfg, **inputs)
-    if cfg.out_dtype == "int32":
-        if not torch.equal(out.cpu(), ref.to(torch.int32)):
-            bad = int((out.cpu() != ref.to(torch.int32)).sum())
-            return f"m={m} seed={seed}: {bad} of {out.numel()} int32 outputs differ"
-        return None
-    err = relative_error(out.cpu(), ref)
-    return None if err <= tolerance(cfg) else f"m={m} seed={seed}: rel. err {err:.3e} > {tolerance(cfg):.1e}"
+    return check_kernel(cfg, plan, fn, m)
 
 
 @pytest.mark.gpu

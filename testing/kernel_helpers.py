@@ -1,0 +1,43 @@
+"""Helpers shared by the kernel tests: CUDA codegen targets with the devices' real limits, and the
+GPU check of one built kernel against the float64 reference."""
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import torch
+
+from bitblas.quantization.quantize import TORCH_DTYPES
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+
+# Codegen targets with the devices' shared-memory limits (a bare "sm_90" string assumes 48 KB).
+TARGETS = {
+    arch: {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": smem, "max_threads_per_block": 1024,
+           "thread_warp_size": 32}
+    for arch, smem in (("sm_80", 166912), ("sm_89", 101376), ("sm_90", 232448))
+}
+
+
+def check_kernel(cfg, plan, fn, m: int, tol: Optional[float] = None, report: bool = False) -> Optional[str]:
+    """Run the built kernel ``fn`` of ``plan`` on fresh random inputs of ``m`` rows into a poisoned
+    output (NaN; -12345 for int32) and compare with the reference: int32 outputs exactly, others
+    within ``tol`` (default: the tolerance table). None, or an error line naming the seed."""
+    from bitblas.tune.tuner import kernel_args
+    seed = random.randrange(2 ** 31)
+    inputs = random_inputs(cfg, m, device="cuda", seed=seed)
+    dt = TORCH_DTYPES[cfg.out_dtype]
+    out = torch.full((m, cfg.N), float("nan") if dt.is_floating_point else -12345, dtype=dt, device="cuda")
+    fn(*kernel_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    ref = reference_matmul(cfg, **inputs)
+    if cfg.out_dtype == "int32":
+        if not torch.equal(out.cpu(), ref.to(torch.int32)):
+            bad = int((out.cpu() != ref.to(torch.int32)).sum())
+            return f"m={m} seed={seed}: {bad} of {out.numel()} int32 outputs differ"
+        return None
+    err = relative_error(out.cpu(), ref)
+    tol = tolerance(cfg) if tol is None else tol
+    if report:
+        print(f"{cfg.A_dtype}x{cfg.W_dtype}->{cfg.out_dtype} m={m} N={cfg.N} K={cfg.K}: rel. err {err:.3e} "
+              f"(table {tolerance(cfg):.1e}, bound {tol:.1e})")
+    return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"

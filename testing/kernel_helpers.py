@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from bitblas.hardware import DeviceSpec
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 
@@ -16,6 +17,15 @@ TARGETS = {
            "thread_warp_size": 32}
     for arch, smem in (("sm_80", 166912), ("sm_89", 101376), ("sm_90", 232448))
 }
+
+# Devices described as data (what query_device reads from an H200 / an A100), for the cost model
+# and the tuner's search space on any machine.
+H200_SPEC = DeviceSpec(name="test H200", arch="sm_90", sm_count=132, smem_per_sm=233472, smem_per_block=232448,
+                       regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=50 * 2 ** 20,
+                       dram_bandwidth=4.8e12, clock_hz=1.98e9)
+A100_SPEC = DeviceSpec(name="test A100", arch="sm_80", sm_count=108, smem_per_sm=167936, smem_per_block=166912,
+                       regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=40 * 2 ** 20,
+                       dram_bandwidth=2.0e12, clock_hz=1.41e9)
 
 
 def check_kernel(cfg, plan, fn, m: int, tol: Optional[float] = None, report: bool = False) -> Optional[str]:

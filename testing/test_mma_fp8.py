@@ -18,7 +18,7 @@ from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
-from kernel_helpers import TARGETS, check_kernel
+from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS, check_kernel
 from bitblas.schedule.cuda_mma import mma_fp8_unsupported_reason, mma_reason
 
 C = MatmulConfig
@@ -109,15 +109,9 @@ def test_fp8_ir_keeps_the_plan_signature():
 
 
 def test_fp8_tuner_space():
-    from bitblas.hardware import DeviceSpec
     from bitblas.schedule import cuda_mma
     from bitblas.tune.space import candidates
-    h200 = DeviceSpec(name="test H200", arch="sm_90", sm_count=132, smem_per_sm=233472, smem_per_block=232448,
-                      regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=50 * 2 ** 20,
-                      dram_bandwidth=4.8e12, clock_hz=1.98e9)
-    a100 = DeviceSpec(name="test A100", arch="sm_80", sm_count=108, smem_per_sm=167936, smem_per_block=166912,
-                      regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=40 * 2 ** 20,
-                      dram_bandwidth=2.0e12, clock_hz=1.41e9)
+    h200, a100 = H200_SPEC, A100_SPEC
     cfg = DISPATCH["e4m3xe4m3-dyn-bf16"]
     plan = _plan(cfg)
     cands = candidates(cfg, "cuda", 256, h200)

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import bitblas
+from kernel_helpers import H200_SPEC
 from bitblas import MatmulConfig
 from bitblas.build import cuda_target
 from bitblas.hardware import DeviceSpec
@@ -25,10 +26,7 @@ from bitblas.tune.tuner import _compile_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A device described as data (what query_device reads from an H200), for the model on any machine.
-H200 = DeviceSpec(name="test H200", arch="sm_90", sm_count=132, smem_per_sm=233472, smem_per_block=232448,
-                  regs_per_sm=65536, max_threads_per_sm=2048, max_blocks_per_sm=32, l2_bytes=50 * 2 ** 20,
-                  dram_bandwidth=4.8e12, clock_hz=1.98e9)
+H200 = H200_SPEC
 SMALL = DeviceSpec(name="small", arch="sm_80", sm_count=20, smem_per_sm=102400, smem_per_block=49152,
                    regs_per_sm=65536, max_threads_per_sm=1536, max_blocks_per_sm=16, l2_bytes=4 * 2 ** 20,
                    dram_bandwidth=0.5e12, clock_hz=1.5e9)

@@ -113,6 +113,15 @@ def shard_linear(linear: Linear, dim: str, rank: int, world_size: int) -> dict:
 
 
 class _Parallel(nn.Module):
+    @classmethod
+    def _from_linear(cls, linear: Linear, group, rank, world_size, **kind_kwargs):
+        """This rank's shard of a loaded ``Linear`` (same formats, on the same device)."""
+        dev = linear._buffers[linear._weight_name].device
+        self = cls(linear.in_features, linear.out_features, bias=linear.config.with_bias, group=group, rank=rank,
+                   world_size=world_size, device=dev, **kind_kwargs, **_linear_kwargs(linear))
+        self._load_shard(linear)
+        return self
+
     def _setup(self, group, rank, world_size):
         self.group = group
         self.rank, self.world_size = _rank_world(group, rank, world_size)
@@ -148,11 +157,7 @@ class ColumnParallelLinear(_Parallel):
     @classmethod
     def from_linear(cls, linear: Linear, group=None, rank: Optional[int] = None, world_size: Optional[int] = None,
                     gather_output: bool = True) -> "ColumnParallelLinear":
-        dev = linear._buffers[linear._weight_name].device
-        self = cls(linear.in_features, linear.out_features, bias=linear.config.with_bias, group=group, rank=rank,
-                   world_size=world_size, gather_output=gather_output, device=dev, **_linear_kwargs(linear))
-        self._load_shard(linear)
-        return self
+        return cls._from_linear(linear, group, rank, world_size, gather_output=gather_output)
 
     def _load_shard(self, full: Linear):
         s = shard_linear(full, "out", self.rank, self.world_size)
@@ -197,11 +202,7 @@ class RowParallelLinear(_Parallel):
     @classmethod
     def from_linear(cls, linear: Linear, group=None, rank: Optional[int] = None, world_size: Optional[int] = None,
                     input_is_parallel: bool = False) -> "RowParallelLinear":
-        dev = linear._buffers[linear._weight_name].device
-        self = cls(linear.in_features, linear.out_features, bias=linear.config.with_bias, group=group, rank=rank,
-                   world_size=world_size, input_is_parallel=input_is_parallel, device=dev, **_linear_kwargs(linear))
-        self._load_shard(linear)
-        return self
+        return cls._from_linear(linear, group, rank, world_size, input_is_parallel=input_is_parallel)
 
     def _load_shard(self, full: Linear):
         s = shard_linear(full, "in", self.rank, self.world_size)

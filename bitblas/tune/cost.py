@@ -124,8 +124,8 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     vals = vb * 8 // w.bits
     vectors = math.ceil(K / vals)                      # weight vectors per output channel
     R = hint.rows_per_warp
-    kw = getattr(hint, "k_warps", 0)
-    if getattr(hint, "mma", False):
+    kw = hint.k_warps
+    if hint.mma:
         # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
         # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
         if cuda_gemv.mma_gemv_unsupported(plan, hint) is not None:
@@ -136,7 +136,6 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         regs = 48 + 2 * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
         blocks = math.ceil(N / R)
         sync_clk = 200 if warps > 1 else 0
-        kw = 0
     elif kw:
         # k-split: kw warps share a row batch's K; each lane holds its vectors of all R rows
         warps, nj = kw, math.ceil(vectors / (32 * kw))
@@ -144,7 +143,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         loads = R * nj
         regs = 40 + R * nj * vb // 4 + m * nj * vals // 2 + 3 * R * nj + R * m
         batches = math.ceil(N / R)
-        blocks = min(batches, getattr(hint, "grid", 0) or batches)
+        blocks = min(batches, hint.grid or batches)
         sync_clk = 200 * math.ceil(batches / blocks)       # one barrier + smem reduction per batch
     else:
         warps, U = hint.warps, hint.unroll
@@ -170,7 +169,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     # a busy SM pulls at most ~3x its fair share of DRAM bandwidth
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff
-    if getattr(hint, "mma", False):
+    if hint.mma:
         # decode + scale per weight pair, activation fragments once per 2 * R / 16 vectors;
         # the mma themselves run on the tensor pipe
         ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * (1 if m <= 8 else 2) * 2.0 * 16 / R

@@ -86,13 +86,12 @@ def _gemv(config, bucket, spec) -> List[Candidate]:
     vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
     for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
-    if "k_warps" in GEMVHint.__dataclass_fields__:
-        # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
-        sms = spec.sm_count if spec is not None else 108
-        for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):
-            if R * bucket > 32 * kw:
-                continue
-            out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
+    # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
+    sms = spec.sm_count if spec is not None else 108
+    for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):
+        if R * bucket > 32 * kw:
+            continue
+        out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
     if cuda_gemv._mma_decodable(plan.w) and (spec is None or spec.cc >= 80):
         # the tensor-core kernel: 16-channel mma tiles, k_warps warps splitting K
         for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):

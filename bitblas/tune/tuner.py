@@ -97,7 +97,7 @@ def _shape_key(hint):
     if isinstance(hint, MMAHint):
         return ("mma", hint.BM, hint.BN, hint.BK, hint.WM, hint.WN)
     if isinstance(hint, GEMVHint):
-        return ("gemv", hint.rows_per_warp, hint.warps, getattr(hint, "k_warps", 0))
+        return ("gemv", hint.mma, hint.rows_per_warp, hint.warps, hint.k_warps)
     d = hint_to_dict(hint)
     return (d.pop("class"),) + tuple(sorted(d.items()))[:1]
 

@@ -288,16 +288,10 @@ def write_svg(rows, path):
     """A grouped bar chart (µs per call, log scale) of every timed row: one group per (layer, m)."""
     import math as _m
     timed = [r for r in rows if "us" in r]
-    groups = []
-    for r in timed:
-        key = (r["layer"], r["m"])
-        if key not in groups:
-            groups.append(key)
-    labels = []
-    for r in timed:
-        lab = r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
-        if lab not in labels:
-            labels.append(lab)
+    groups = list(dict.fromkeys((r["layer"], r["m"]) for r in timed))
+    def label(r):            # torch baselines by name, ours by format and kernel
+        return r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
+    labels = list(dict.fromkeys(label(r) for r in timed))
     colors = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
               "#9c755f", "#bab0ac"]
     bw, gap, h, top, left = 10, 16, 300, 20, 50
@@ -321,7 +315,7 @@ def write_svg(rows, path):
         for r in timed:
             if (r["layer"], r["m"]) != (layer, m):
                 continue
-            lab = r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
+            lab = label(r)
             li = labels.index(lab)
             out.append(f'<rect x="{x0 + li * bw}" y="{y(r["us"]):.1f}" width="{bw - 1}" '
                        f'height="{top + h - y(r["us"]):.1f}" fill="{colors[li % len(colors)]}">'

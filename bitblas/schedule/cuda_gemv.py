@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
+from .cuda_mma import _target_info
 from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _lut, _prep_adjacent,
                           _table_dec)
 
@@ -90,9 +91,11 @@ class GEMVHint:
         45.1 vs 44.8); from m=3 the tensor-core kernel wins by 2-4x (m=8: 15.5 vs 42.4, 49.2 vs
         136; m=16: 19.7 vs 77.3, 60.7 vs 265): 32 channels per block and 8 warps splitting K up to
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
-        1/2/4-bit codes and sm_80+ (``target``: the CUDA Target, None = assume sm_80+)."""
+        a decoder that yields half pairs (int/uint 1/2/4-bit, nf4, fp4_e2m1, nvfp4) and sm_80+
+        (``target``: the CUDA Target, None = assume sm_80+)."""
         m = plan.m or 1
-        if m >= 3 and _mma_decodable(plan.w) and _target_sm(target) >= 80:
+        sm = _target_info(target)[0]
+        if m >= 3 and _mma_decodable(plan.w) and (sm is None or sm >= 80):
             if m <= 8:
                 return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             if plan.config.N >= 16896:
@@ -103,15 +106,6 @@ class GEMVHint:
         if m <= 8:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
-
-
-def _target_sm(target) -> int:
-    """The sm version of a CUDA Target (80 when unknown)."""
-    if target is None:
-        return 80
-    arch = str(target.attrs["arch"]) if "arch" in target.attrs else ""
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
-    return int(digits) if digits else 80
 
 
 _SMS = []

@@ -134,7 +134,11 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
         kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"
 
         def mk(c):
-            args = [shared.get(s.name, c.get(s.name)) if s.role != "output" else out for s in plan.args]
+            args = [out if s.role == "output" else op._const(s.name, plan, out.device) if s.role == "table"
+                    else shared.get(s.name, c.get(s.name)) for s in plan.args]
+            # float8 tensors reach the kernel as their bits (int8), as Matmul passes them
+            args = [t.view(torch.int8) if isinstance(t, torch.Tensor) and s.dtype == "int8" and t.dtype != torch.int8
+                    else t for s, t in zip(plan.args, args)]
             return lambda: fn(*args)
         calls = [mk(c) for c in copies]
     err = None

@@ -44,8 +44,17 @@ def check_versions() -> None:
 
 def __getattr__(name):  # lazy: `from bitblas._tvm import tvm` imports TVM on first use only
     if name == "tvm":
-        return importlib.import_module("tvm")
+        tvm = importlib.import_module("tvm")
+        _patch(tvm)
+        return tvm
     raise AttributeError(name)
+
+
+def _patch(tvm) -> None:
+    """0.27.0.post1: the wgmma register fence (``T.cuda.wgmma.noop_barrier``) reads
+    ``TensorLoad.dtype``, which the class lacks; its type carries it."""
+    if not hasattr(tvm.ir.TensorLoad, "dtype"):
+        tvm.ir.TensorLoad.dtype = property(lambda self: self.ty.dtype)
 
 
 @contextlib.contextmanager

@@ -69,6 +69,10 @@ def lower_plan(plan: Plan, hint=None, target=None):
 def _compile(mod, tgt):
     """tvm.compile; modules of hand-written TIRx kernels (the GEMV template) say so by an attribute."""
     attrs = mod.attrs
+    if attrs is not None and "bitblas.arch" in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
+        spec = dict(tgt.export())
+        spec["arch"] = str(attrs["bitblas.arch"])
+        tgt = tvm.target.Target({k: v for k, v in spec.items() if k not in ("tag", "keys")})
     if attrs is not None and "bitblas.tir_pipeline" in attrs:
         return tvm.compile(mod, target=tgt, tir_pipeline=str(attrs["bitblas.tir_pipeline"]))
     return tvm.compile(mod, target=tgt)
@@ -87,8 +91,8 @@ def compile_plan(plan: Plan, target=None, hint=None):
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = _compile(mod, tgt)
     except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
-        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint
-        if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint)):
+        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
+        if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint, WGMMAHint)):
             raise
         logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
         mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
@@ -118,7 +122,11 @@ def find_nvcc() -> Optional[str]:
 
 
 def nvcc_compile(source: str, arch: str = "sm_90", timeout: float = 300.0) -> bytes:
-    """Compile generated CUDA source to a cubin with nvcc; RuntimeError with nvcc's message on failure."""
+    """Compile generated CUDA source to a cubin with nvcc; RuntimeError with nvcc's message on failure.
+    Hopper kernels (wgmma, setmaxnreg: the sm_90a feature set) are compiled for sm_90a when
+    ``arch`` is sm_90."""
+    if arch == "sm_90" and ("wgmma." in source or "setmaxnreg." in source):
+        arch = "sm_90a"
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found: set CUDA_HOME to a CUDA toolkit")

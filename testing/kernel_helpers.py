@@ -51,3 +51,12 @@ def check_kernel(cfg, plan, fn, m: int, tol: Optional[float] = None, report: boo
         print(f"{cfg.A_dtype}x{cfg.W_dtype}->{cfg.out_dtype} m={m} N={cfg.N} K={cfg.K}: rel. err {err:.3e} "
               f"(table {tolerance(cfg):.1e}, bound {tol:.1e})")
     return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+def fp8_mma_tolerance(cfg) -> float:
+    """The table's tolerance, widened by the fp8 tensor cores' accumulator: mma / wgmma
+    f32.e4m3/e5m2 on Ada and Hopper keep 13 mantissa bits (an "FP22" accumulator; the low 10 bits
+    are truncated at every instruction, as measured by SageAttention2), and the templates add all
+    K / 32 instructions of a k loop in that accumulator (no promotion to a CUDA-core fp32 sum): at
+    most 2**-13 of |acc| per instruction."""
+    return max(tolerance(cfg), cfg.K / 32 * 2.0 ** -13)

@@ -22,7 +22,7 @@ from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from kernel_helpers import TARGETS
-from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
+from bitblas.schedule import MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
 
 C = MatmulConfig
 G = 128
@@ -34,17 +34,18 @@ def _plan(cfg, m=None):
 
 # -- dispatch (CPU only) --------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg,expect", [
-    (C(M=None, N=1000, K=512), MMAHint),
+    (C(M=None, N=1000, K=512), WGMMAHint),                         # sm_90: wgmma (test_wgmma)
     (C(M=17, N=256, K=512), MMAHint),
     (C(M=16, N=256, K=512), SimpleCUDAHint),                       # small M: GEMV / simple
     (C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, W_dtype="nvfp4", group_size=16, with_scaling=True), MMAHint),
-    (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), MMAHint),         # int8 path (test_mma_int8)
+    (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), WGMMAHint),       # sm_90: wgmma (test_wgmma)
+    (C(M=17, N=256, K=512, A_dtype="int8", W_dtype="int8"), MMAHint),           # int8 path (test_mma_int8)
     (C(M=None, N=256, K=512, A_dtype="float32", W_dtype="float16", out_dtype="float32"), SimpleCUDAHint),
     (C(M=None, N=256, K=512, layout="nn"), SimpleCUDAHint),
     (C(M=None, N=256, K=36), SimpleCUDAHint),                       # rows of A not 16-byte aligned
     (C(M=None, N=256, K=520, W_dtype="uint1", with_scaling=True), SimpleCUDAHint),   # 65-byte W rows
-], ids=["f16-dyn", "f16-M17", "f16-M16", "bf16-nf4", "nvfp4", "int8", "f32", "nn", "K36", "uint1-K520"])
+], ids=["f16-dyn", "f16-M17", "f16-M16", "bf16-nf4", "nvfp4", "int8", "int8-M17", "f32", "nn", "K36", "uint1-K520"])
 def test_dispatch(cfg, expect):
     assert type(default_hint(_plan(cfg), cuda_target(TARGETS["sm_90"]))) is expect
 
@@ -54,8 +55,9 @@ def test_dispatch_target_limits():
     assert isinstance(default_hint(plan, cuda_target("sm_75")), SimpleCUDAHint)   # no cp.async / m16n8k16
     small = default_hint(plan, cuda_target("sm_90"))                              # 48 KB of shared memory
     assert isinstance(small, MMAHint) and small.smem_bytes(plan) <= 49152
-    big = default_hint(plan, cuda_target(TARGETS["sm_90"]))
+    big = MMAHint.default(plan, cuda_target(TARGETS["sm_90"]))
     assert isinstance(big, MMAHint) and (big.BM, big.BN) == (128, 128)
+    assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_90"])), WGMMAHint)
 
 
 def test_hint_check():
@@ -89,8 +91,9 @@ def test_mma_codegen(name, arch):
     cfg = CODEGEN[name]
     plan = _plan(cfg)
     target = cuda_target(TARGETS[arch])
-    assert isinstance(default_hint(plan, target), MMAHint)
-    src = cuda_source(plan, target)
+    hint = MMAHint.default(plan, target)          # on sm_90 the default for float16 weights is wgmma
+    assert isinstance(hint, MMAHint)
+    src = cuda_source(plan, target, hint)
     dt = "bf16" if cfg.A_dtype == "bfloat16" else "f16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{dt}.{dt}.f32" in src
     assert "ldmatrix.sync.aligned.m8n8.x4" in src
@@ -136,7 +139,7 @@ def _run_check(op, m):
 
 def _assert_mma(op, m):
     plan = make_plan(op.config, "cuda", op._static_m(m))
-    assert isinstance(default_hint(plan, op.target), MMAHint), f"{op.config} m={m} does not use the template"
+    assert isinstance(default_hint(plan, op.target), (MMAHint, WGMMAHint)), f"{op.config} m={m}: no tensor-core template"
 
 
 @pytest.mark.gpu

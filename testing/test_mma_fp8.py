@@ -17,8 +17,8 @@ from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, lower
 from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
-from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS, check_kernel
+from bitblas.schedule import MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
+from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS, check_kernel, fp8_mma_tolerance
 from bitblas.schedule.cuda_mma import mma_fp8_unsupported_reason, mma_reason
 
 C = MatmulConfig
@@ -50,9 +50,11 @@ DISPATCH = {
 def test_fp8_default(name, arch):
     plan = _plan(DISPATCH[name])
     target = cuda_target(TARGETS[arch])
-    hint = default_hint(plan, target)
+    hint = MMAHint.default(plan, target)
     assert isinstance(hint, MMAHint) and hint.BK % 32 == 0
     assert hint.smem_bytes(plan) <= TARGETS[arch]["max_shared_memory_per_block"]
+    wgmma = arch == "sm_90" and (plan.m is None or plan.m >= 128)      # Hopper: wgmma (test_wgmma)
+    assert default_hint(plan, target) == (WGMMAHint.default(plan, target) if wgmma else hint)
     assert mma_reason(plan, int(arch[3:])) is None
 
 
@@ -82,7 +84,8 @@ def test_fp8_unsupported(cfg, why):
     assert why in mma_fp8_unsupported_reason(plan, 90)
     if cfg.A_dtype != "bfloat16":           # bf16 x e4m3 is the fp16/bf16 path's (decoded weights)
         target = cuda_target(TARGETS["sm_90"])
-        assert isinstance(default_hint(plan, target), SimpleCUDAHint)
+        # wgmma loads K tails through TMA (K % 16 suffices): it takes K=528 on sm_90
+        assert isinstance(default_hint(plan, target), WGMMAHint if why == "K=528" else SimpleCUDAHint)
         with pytest.raises(ValueError, match="does not apply"):
             lower_plan(plan, MMAHint(BK=32), target)
 
@@ -141,9 +144,9 @@ def test_fp8_mma_codegen(name, arch):
     cfg = CODEGEN[name]
     plan = _plan(cfg)
     target = cuda_target(TARGETS[arch])
-    hint = default_hint(plan, target)
+    hint = MMAHint.default(plan, target)          # on sm_90 the default from 128 rows is wgmma
     assert isinstance(hint, MMAHint)
-    src = cuda_source(plan, target)
+    src = cuda_source(plan, target, hint)
     assert _mma_name(cfg) in src
     assert "ldmatrix.sync.aligned.m8n8.x4" in src
     assert "w_table" not in src and "a_table" not in src          # no table decode in the kernel
@@ -193,14 +196,6 @@ SHAPES = ((256, 512), (1000, 512), (1000, 1536))
 M_LIST = (17, 128, 1000, 1024)
 
 
-def fp8_mma_tolerance(cfg) -> float:
-    """The table's tolerance, widened by the fp8 tensor cores' accumulator: mma f32.e4m3/e5m2.f32 on
-    Ada and Hopper keeps 13 mantissa bits (an "FP22" accumulator; the low 10 bits are truncated at
-    every mma, as measured by SageAttention2), and this template adds all K / 32 mma of a k loop
-    in that accumulator (no promotion to a CUDA-core fp32 sum): at most 2**-13 of |acc| per mma."""
-    return max(tolerance(cfg), cfg.K / 32 * 2.0 ** -13)
-
-
 def _check(cfg, plan, fn, m):
     return check_kernel(cfg, plan, fn, m, tol=fp8_mma_tolerance(cfg), report=True)
 
@@ -213,7 +208,7 @@ def test_fp8_mma_dynamic(name, n, k):
     cfg = C(M=None, N=n, K=k, **GPU_CONFIGS[name])
     plan = make_plan(cfg, "cuda", None)
     target = cuda_target()
-    hint = default_hint(plan, target)
+    hint = MMAHint.default(plan, target)          # the mma.sync kernel, also on sm_90 (wgmma: test_wgmma)
     assert isinstance(hint, MMAHint), f"{target}: {mma_reason(plan)}"
     fn = build_plan(plan, target, hint)
     errors = [e for e in (_check(cfg, plan, fn, m) for m in M_LIST) if e]
@@ -233,7 +228,7 @@ def test_fp8_mma_static_m(name, m, n, hint):
     cfg = C(M=m, N=n, K=512, **GPU_CONFIGS[name])
     plan = make_plan(cfg, "cuda", m)
     target = cuda_target()
-    hint = hint or default_hint(plan, target)
+    hint = hint or MMAHint.default(plan, target)
     assert isinstance(hint, MMAHint)
     fn = build_plan(plan, target, hint)
     err = _check(cfg, plan, fn, m)
@@ -247,7 +242,9 @@ def test_fp8_matmul_operator_uses_mma():
     import bitblas
     cfg = C(M=None, N=1000, K=1536, **GPU_CONFIGS["e4m3xe4m3-bf16"])
     op = bitblas.Matmul(cfg, target="cuda")
-    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in op.get_source()
+    src = op.get_source()
+    assert ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in src
+            or "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in src)      # sm_90: wgmma
     inputs = random_inputs(cfg, 300, device="cuda", seed=7)
     out = op(**inputs)
     assert relative_error(out.cpu(), reference_matmul(cfg, **inputs)) <= fp8_mma_tolerance(cfg)
@@ -258,4 +255,4 @@ def test_fp8_schedule_needs_fp8_values_ir():
     plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
     target = cuda_target(TARGETS["sm_90"])
     with pytest.raises(ValueError, match="ir_options"):
-        schedule(emit_matmul(plan), plan, default_hint(plan, target), target)
+        schedule(emit_matmul(plan), plan, MMAHint.default(plan, target), target)

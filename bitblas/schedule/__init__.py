@@ -5,12 +5,13 @@ from .cpu import CPUHint, schedule_cpu
 from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
+from .cuda_wgmma import WGMMA_MIN_ROWS, WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
 
-__all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "schedule_cpu", "schedule_cuda_simple",
-           "schedule_cuda_mma", "schedule_cuda_gemv", "gemv_unsupported", "schedule", "default_hint",
+__all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu", "schedule_cuda_simple",
+           "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "wgmma_unsupported", "gemv_unsupported", "schedule", "default_hint",
            "HINTS", "hint_to_dict", "hint_from_dict", "ir_options"]
 
-HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint)}
+HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint)}
 
 
 def hint_to_dict(hint) -> dict:
@@ -29,6 +30,11 @@ def default_hint(plan, target=None):
         return CPUHint.default(plan)
     if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint/table weights
         return GEMVHint.default(plan, target)
+    # Hopper: wgmma for weights that need no decode, from WGMMA_MIN_ROWS rows (and symbolic M)
+    if plan.m is None or plan.m >= WGMMA_MIN_ROWS:
+        hint = WGMMAHint.default(plan, target)
+        if hint is not None:
+            return hint
     # tensor cores with rows > 16 (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
     # activations, see cuda_mma.mma_reason; None: n/a
     return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
@@ -49,4 +55,6 @@ def schedule(func, plan, hint=None, target=None):
         return schedule_cuda_mma(func, plan, hint, target)
     if isinstance(hint, GEMVHint):
         return schedule_cuda_gemv(func, plan, hint)
+    if isinstance(hint, WGMMAHint):
+        return schedule_cuda_wgmma(func, plan, hint, target)
     return schedule_cuda_simple(func, plan, hint)

@@ -1,0 +1,356 @@
+"""The Hopper (sm_90a) tensor-core template: TMA + mbarrier ring + wgmma, warp-specialized.
+
+For plans whose weights need no decoding: float16 x float16 and bfloat16 x bfloat16 (fp32
+accumulate), int8 x int8 (int32), float8 x float8 (e4m3 / e5m2, fp32), each with an epilogue of
+per-channel weight scales, per-token activation scales and bias (the scales of the 8-bit paths
+apply to whole K sums, so only per-channel scales qualify). Hand-written TIRx, generated per
+plan as TVMScript text, compiled with TVM's "tirx" pipeline for ``sm_90a``.
+
+One CTA = one producer warpgroup + ``consumers`` (1 or 2) consumer warpgroups, a BM x BN output
+tile with BM = 64 * consumers:
+
+* producer: one thread issues ``cp.async.bulk.tensor`` (TMA) loads of a BM x BK activation tile
+  and a BN x BK weight tile (128-byte rows, 128-byte swizzle) per K step into a ``stages``-deep
+  ring in shared memory; ``full[s]`` (expect-tx) says a stage landed, ``empty[s]`` (one arrive per
+  consumer warp) that its readers are done. The producer warpgroup gives registers away
+  (``setmaxnreg.dec 40``), the consumers take them (``setmaxnreg.inc 232``);
+* consumers: warpgroup w owns rows 64w..64w+63: per K step it waits on ``full``, issues
+  BK*eb/32 ``wgmma.mma_async m64nBNk16`` (k32 for 8-bit inputs) straight from the swizzled
+  tiles (shared-memory descriptors, +32 bytes per k step), commits, and waits for the previous
+  step's group (``wait_group 1``) before releasing that stage: one group of tensor-core work is
+  always in flight;
+* epilogue: accumulators (BN/2 registers per thread, the m64nN fragment: lane l of warp q owns
+  rows 16q + l/4 (+8), columns 8j + 2(l%4) (+1)) -> scales, bias, cast -> global, column pairs
+  stored as one 32-bit word for 16-bit outputs; rows >= M and columns >= N are predicated off
+  (TMA fills out-of-range tiles with zeros, so any M, N, and K with 16-byte rows work);
+* ``persistent``: a grid of min(tiles, SMs) CTAs walks the tiles (grouped raster: ``group_m``
+  row tiles per band) and the ring runs on across tiles, so the producer fetches the next tile
+  while the consumers store the last; otherwise one CTA per tile in the same order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .._tvm import tvm
+from .cuda_mma import _PTX_FP8, _target_info
+
+__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR", "wgmma_arch"]
+
+WGMMA_ARCH_ATTR = "bitblas.arch"        # module attribute: compile for this arch (sm_90a)
+WGMMA_MIN_ROWS = 128                    # default rule: the template from this many rows (and symbolic M)
+_ROW_BYTES = 128                        # one swizzled tile row (BK * element bytes)
+_SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
+_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+# wgmma N of s8 inputs in TVM 0.27's PTX table (the ISA also has 240 and 256; the table omits them)
+_S8_N = (8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224)
+
+
+@dataclass(frozen=True)
+class WGMMAHint:
+    """BN output columns per CTA (wgmma N), ``stages``-deep TMA ring, ``consumers`` warpgroups of
+    64 rows each (BM = 64 * consumers), ``persistent`` tile loop, ``group_m`` row tiles per raster band."""
+
+    BN: int = 256
+    stages: int = 4
+    consumers: int = 2
+    persistent: bool = True
+    group_m: int = 8
+
+    @property
+    def BM(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    def smem_bytes(self, plan=None) -> int:
+        return self.stages * (self.BM + self.BN) * _ROW_BYTES
+
+    def check(self, plan=None):
+        if self.consumers not in (1, 2):
+            raise ValueError(f"WGMMAHint.consumers={self.consumers!r}: 1 or 2 is accepted")
+        if not isinstance(self.BN, int) or self.BN < 16 or self.BN > 256 or self.BN % 16:
+            raise ValueError(f"WGMMAHint.BN={self.BN!r}: a multiple of 16 in 16..256 is required")
+        if plan is not None and plan.config.A_dtype == "int8" and self.BN not in _S8_N:
+            raise ValueError(f"WGMMAHint.BN={self.BN}: int8 wgmma takes N in {_S8_N}")
+        if not isinstance(self.stages, int) or self.stages < 2:
+            raise ValueError(f"WGMMAHint.stages={self.stages!r}: an int >= 2 is required")
+        if self.smem_bytes() > _SMEM_LIMIT:
+            raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory exceed {_SMEM_LIMIT}")
+        if not isinstance(self.group_m, int) or self.group_m < 1:
+            raise ValueError(f"WGMMAHint.group_m={self.group_m!r}: an int >= 1 is required")
+        return self
+
+    @classmethod
+    def default(cls, plan, target=None) -> Optional["WGMMAHint"]:
+        """The default tile, or None where the template does not apply (see :func:`wgmma_unsupported`).
+
+        128 x 256 tiles (2 consumer warpgroups), 4 stages, persistent; int8: 128 x 128, 6 stages
+        (TVM's s8 wgmma stops at N=224; 128 measured as fast as 224 on the H200); N <= 128: BN=128.
+        With few rows, the first of 128 x 256, 128 x 128, 64 x 128 tiles whose count reaches 90% of
+        the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
+        None below 128 KB."""
+        sm, smem = _target_info(target)
+        if wgmma_unsupported(plan, sm) is not None:
+            return None
+        from .cuda_gemv import _num_sms
+        c = plan.config
+        big = [cls(BN=128, stages=6)] if c.A_dtype == "int8" or c.N <= 128 else [cls(), cls(BN=128, stages=6)]
+        # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=128 and 256
+        # run best on 64 x 128 tiles, m=512 on 128 x 128, m >= 1024 on 128 x 256)
+        tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1)]
+        # a target without the opt-in shared memory (a bare "sm_90" assumes 48 KB) gets no wgmma:
+        # rings that small starve the tensor cores; the mma.sync template fits them better
+        fits = [h for h in tiles if smem is None or h.smem_bytes() <= smem]
+        if not fits:
+            return None
+        if plan.m is None:
+            return fits[0]
+        want = 0.9 * _num_sms()
+        for h in fits:
+            if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
+                return h
+        return fits[-1]
+
+
+def wgmma_arch(sm: Optional[int]) -> Optional[str]:
+    return "sm_90a" if sm == 90 else None
+
+
+def _eb(plan) -> int:
+    return 1 if plan.config.A_dtype == "int8" or plan.a.torch_dtype in _PTX_FP8 else 2
+
+
+def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
+    """Why the wgmma template cannot take this plan on compute capability ``sm`` (None: it can)."""
+    c, a, w = plan.config, plan.a, plan.w
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if sm != 90:
+        return f"wgmma needs sm_90 (the target's arch is {'unknown' if sm is None else f'sm_{sm}'})"
+    if c.layout != "nt":
+        return "layout='nn'"
+    if c.A_dtype in ("float16", "bfloat16"):
+        if c.W_dtype != c.A_dtype:
+            return f"W_dtype={c.W_dtype} with A_dtype={c.A_dtype}: the weights would need decoding"
+    elif c.A_dtype == "int8":
+        if c.W_dtype != "int8":
+            return f"W_dtype={c.W_dtype} with int8 activations: only int8 weights go to wgmma as they are"
+    elif a.torch_dtype in _PTX_FP8:
+        if w.torch_dtype not in _PTX_FP8:
+            return f"W_dtype={c.W_dtype} with float8 activations: float8 weights are needed"
+    else:
+        return f"A_dtype={c.A_dtype}: the wgmma template takes float16, bfloat16, int8 and float8 activations"
+    if c.with_zeros:
+        return "with_zeros=True: zero points need a decode"
+    if c.with_scaling and not (plan.scale_in_epilogue and plan.groups == 1):
+        return "group scales: only per-channel scales (group_size=-1 or K) apply in the epilogue"
+    if w.global_scale or (w.kind == "table" and w.torch_dtype not in _PTX_FP8):
+        return f"W_dtype={c.W_dtype}: table / global-scale formats need a decode"
+    if (c.K * _eb(plan)) % 16:
+        return f"K={c.K}: TMA needs 16-byte rows (K a multiple of {16 // _eb(plan)})"
+    return None
+
+
+def _wgmma_instr(plan, BN: int):
+    """(instruction, trailing immediates, accumulator dtype, K per instruction)."""
+    c = plan.config
+    if c.A_dtype in ("float16", "bfloat16"):
+        p = "f16" if c.A_dtype == "float16" else "bf16"
+        return f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{p}.{p}", ", T.bool(True), 1, 1, 0, 0", "float32", 16
+    if c.A_dtype == "int8":
+        return f"wgmma.mma_async.sync.aligned.m64n{BN}k32.s32.s8.s8", ", T.bool(True)", "uint32", 32
+    pa, pb = _PTX_FP8[plan.a.torch_dtype], _PTX_FP8[plan.w.torch_dtype]
+    return f"wgmma.mma_async.sync.aligned.m64n{BN}k32.f32.{pa}.{pb}", ", T.bool(True), 1, 1", "float32", 32
+
+
+_ST2 = r"""
+__device__ __forceinline__ void bb_st2(void* p, float a, float b) {
+  *reinterpret_cast<unsigned*>(p) = bb_pack2(a, b);
+}
+"""
+
+
+def _st2_source(out_dtype: str) -> str:
+    if out_dtype == "float16":
+        pack = ("__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
+                "  __half2 h = __floats2half2_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
+    else:
+        pack = ("__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
+                "  __nv_bfloat162 h = __floats2bfloat162_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
+    return pack + _ST2
+
+
+def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
+    c = plan.config
+    eb = _eb(plan)
+    BM, BN, ST = hint.BM, hint.BN, hint.stages
+    BK = _ROW_BYTES // eb
+    instr, tail, acc_t, kstep = _wgmma_instr(plan, BN)
+    NACC = BN // 2
+    A_EL, B_EL = BM * BK, BN * BK
+    STAGE_BYTES = (A_EL + B_EL) * eb
+    N, K = c.N, c.K
+    KT = -(-K // BK)
+    tdt = plan.arg("A").dtype                    # int8 for both 8-bit paths (bits), else the float dtype
+    m = "m" if plan.m is None else str(plan.m)
+    out = c.out_dtype
+    pair_store = out in ("float16", "bfloat16") and N % 2 == 0
+    tiles_n = -(-N // BN)
+
+    L = []
+    add = L.append
+    params = ", ".join(f"{s.name}_ptr: T.handle" for s in plan.args)
+    add("@T.prim_func")
+    add(f"def main({params}):")
+    if plan.m is None:
+        add("    m = T.int32()")
+    shapes = {"A": (m, K), "W": (N, K), "output": (m, N), "a_scale": (m,)}
+    for s in plan.args:
+        shp = shapes.get(s.name, tuple(s.shape))
+        shp_txt = "(" + ", ".join(str(x) for x in shp) + ("," if len(shp) == 1 else "") + ")"
+        align = ", align=16" if s.name in ("A", "W") else ""
+        add(f"    {s.name} = T.match_buffer({s.name}_ptr, {shp_txt}, {s.dtype!r}{align})")
+    for name, rows, box in (("A", m, BM), ("W", N, BN)):
+        add(f"    {name}_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+        # dims (inner, outer), outer stride (bytes), box (inner, outer), element strides, interleave 0,
+        # swizzle 3 (128B), L2 promotion 2 (128B), OOB fill 0 (zeros)
+        add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', {name}_map, {tdt!r}, 2, {name}.data, "
+            f"{K}, {rows}, {K * eb}, {BK}, {box}, 1, 1, 0, 3, 2, 0)")
+    add("    T.device_entry()")
+    tiles_m = f"(({m} + {BM - 1}) // {BM})"
+    ntiles = f"({tiles_m} * {tiles_n})"
+    grid = f"T.min({ntiles}, {num_sms})" if hint.persistent else ntiles
+    add(f"    bx = T.cta_id([{grid}])")
+    add(f"    tx = T.thread_id([{hint.threads}])")
+    add(f"    Sm = T.alloc_buffer(({ST}, {A_EL + B_EL}), {tdt!r}, scope='shared.dyn', align=1024)")
+    add(f"    full = T.alloc_shared(({ST},), 'uint64')")
+    add(f"    empty = T.alloc_shared(({ST},), 'uint64')")
+    add(f"    acc = T.alloc_local(({NACC},), {acc_t!r})")
+    add("    descA: T.uint64")
+    add("    descB: T.uint64")
+    add("    if tx == 0:")
+    add(f"        for s in T.unroll({ST}):")
+    add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+    add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({4 * hint.consumers}))")
+    add("    T.ptx.fence.proxy.async_.shared__cta()")
+    add("    T.cuda.cta_sync()")
+    G = hint.group_m
+    if hint.persistent:
+        n_my = f"(({ntiles} - bx + {grid} - 1) // {grid})"
+        tile = f"(bx + it * {grid})"
+    else:
+        n_my = "1"
+        tile = "bx"
+
+    def tile_coords(ind):
+        # grouped raster: bands of G row tiles, columns outer within a band, rows inner
+        return [f"{ind}t = {tile}",
+                f"{ind}first_m = t // {G * tiles_n} * {G}",
+                f"{ind}gsz = T.min({tiles_m} - first_m, {G})",
+                f"{ind}mt = first_m + t % {G * tiles_n} % gsz",
+                f"{ind}nt = t % {G * tiles_n} // gsz"]
+
+    # producer
+    add("    if tx < 128:")
+    add("        T.ptx['setmaxnreg.dec.sync.aligned.u32'](40)")
+    add("        if tx == 0:")
+    add(f"            for it in T.serial({n_my}):")
+    L.extend(tile_coords("                "))
+    add(f"                for kt in T.serial({KT}):")
+    add(f"                    g = it * {KT} + kt")
+    add(f"                    if g >= {ST}:")
+    add(f"                        T.cuda.mbarrier_wait(empty.ptr_to([g % {ST}]), (g // {ST} + 1) % 2)")
+    add(f"                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([g % {ST}]), T.uint32({STAGE_BYTES}))")
+    add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, 0]), T.address_of(A_map), kt * {BK}, mt * {BM}, "
+        f"full.ptr_to([g % {ST}]))")
+    add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, {A_EL}]), T.address_of(W_map), kt * {BK}, nt * {BN}, "
+        f"full.ptr_to([g % {ST}]))")
+    # consumers
+    add("    else:")
+    add("        T.ptx['setmaxnreg.inc.sync.aligned.u32'](232)")
+    add("        wg = (tx - 128) // 128")
+    add("        t4 = tx % 128")
+    add(f"        for it in T.serial({n_my}):")
+    L.extend(tile_coords("            "))
+    add(f"            for i in T.unroll({NACC}):")
+    add(f"                acc[i] = T.{acc_t}(0)")
+    add(f"            for kt in T.serial({KT}):")
+    add(f"                g = it * {KT} + kt")
+    add(f"                T.cuda.mbarrier_wait(full.ptr_to([g % {ST}]), (g // {ST}) % 2)")
+    add(f"                for i in T.unroll({NACC}):")
+    add("                    T.cuda.wgmma.noop_barrier(acc[i])")
+    add("                T.ptx.wgmma.fence.sync.aligned()")
+    add(f"                for kk in T.unroll({BK // kstep}):")
+    add(f"                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA), "
+        f"Sm.ptr_to([g % {ST}, wg * {64 * BK} + kk * {kstep}]), 1, 64, 3)")
+    add(f"                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
+        f"Sm.ptr_to([g % {ST}, {A_EL} + kk * {kstep}]), 1, 64, 3)")
+    accs = ", ".join(f"acc[{i}]" for i in range(NACC))
+    add(f"                    T.ptx[{instr!r}]({accs}, descA, descB{tail})")
+    add("                T.ptx.wgmma.commit_group.sync.aligned()")
+    add("                T.ptx.wgmma.wait_group.sync.aligned(1)")
+    add(f"                for i in T.unroll({NACC}):")
+    add("                    T.cuda.wgmma.noop_barrier(acc[i])")
+    add("                if kt > 0 and t4 % 32 == 0:")
+    add(f"                    T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(g + {ST - 1}) % {ST}]), T.uint32(1))")
+    add("            T.ptx.wgmma.wait_group.sync.aligned(0)")
+    add(f"            for i in T.unroll({NACC}):")
+    add("                T.cuda.wgmma.noop_barrier(acc[i])")
+    add("            if t4 % 32 == 0:")
+    add(f"                T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(it * {KT} + {KT - 1}) % {ST}]), T.uint32(1))")
+    # epilogue
+    add(f"            for j in T.unroll({BN // 8}):")
+    add("                for h in T.unroll(2):")
+    add(f"                    r = mt * {BM} + wg * 64 + t4 // 32 * 16 + t4 % 32 // 4 + h * 8")
+    add(f"                    cc = nt * {BN} + j * 8 + t4 % 4 * 2")
+    add(f"                    if r < {m}:")
+
+    def value(e):
+        v = f"acc[j * 4 + h * 2 + {e}]"
+        vt = "float32"
+        if acc_t == "uint32":
+            v, vt = f"T.reinterpret('int32', {v})", "int32"
+        col = f"cc + {e}"
+        if plan.scale_in_epilogue or c.with_act_scaling:
+            if vt != "float32":
+                v, vt = f"T.Cast('float32', {v})", "float32"
+            if plan.scale_in_epilogue:
+                v = f"{v} * T.Cast('float32', scale[{col}, 0])"
+            if c.with_act_scaling:
+                v = f"{v} * a_scale[r]"
+        if c.with_bias:
+            v = f"{v} + T.Cast({vt!r}, bias[{col}])"
+        return v, vt
+
+    if pair_store:
+        v0, vt = value(0)
+        v1, _ = value(1)
+        if vt != "float32":
+            v0, v1 = f"T.Cast('float32', {v0})", f"T.Cast('float32', {v1})"
+        add(f"                        if cc < {N}:")
+        add(f"                            T.cuda.func_call('bb_st2', output.ptr_to([r, cc]), {v0}, {v1}, "
+            f"source_code={_st2_source(out)!r})")
+    else:
+        for e in range(2):
+            v, _ = value(e)
+            add(f"                        if cc + {e} < {N}:")
+            add(f"                            output[r, cc + {e}] = T.Cast({out!r}, {v})")
+    return "\n".join(L) + "\n"
+
+
+def schedule_cuda_wgmma(func, plan, hint: Optional[WGMMAHint] = None, target=None):
+    """IRModule of the wgmma kernel for ``plan`` (``func``, the plan's TensorIR, is not used: the
+    kernel is written directly). Carries the tirx-pipeline and sm_90a attributes for the build."""
+    from .cuda_gemv import TIRX_PIPELINE_ATTR, _num_sms
+    why = wgmma_unsupported(plan, 90)
+    if why:
+        raise ValueError(f"wgmma template does not take this plan: {why}")
+    hint = (hint or WGMMAHint.default(plan, target) or WGMMAHint()).check(plan)
+    from tvm.script import tirx as T
+    text = _kernel_script(plan, hint, _num_sms())
+    prim = tvm.script.from_source(text, extra_vars={"T": T})
+    mod = tvm.IRModule({"main": prim})
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")

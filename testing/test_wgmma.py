@@ -1,0 +1,187 @@
+"""The Hopper wgmma template (bitblas/schedule/cuda_wgmma.py): float16 / bfloat16 / int8 / float8
+activations with weights of the same kind (no decode), TMA + mbarrier ring + wgmma, epilogue
+scales and bias. The default on sm_90 targets from WGMMA_MIN_ROWS rows (and symbolic M).
+
+    python -m pytest testing/test_wgmma.py -m "not gpu"     # CI: routing, reasons, nvcc sm_90a codegen
+    python -m pytest testing/test_wgmma.py -m gpu           # H100/H200: kernels vs reference
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
+from bitblas.plan import make_plan
+from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, wgmma_unsupported
+from bitblas.schedule.cuda_wgmma import WGMMA_MIN_ROWS
+from kernel_helpers import TARGETS, check_kernel, fp8_mma_tolerance
+
+C = MatmulConfig
+E4, E5 = "float8_e4m3", "float8_e5m2"
+SCALED = dict(with_scaling=True, group_size=-1, with_act_scaling=True)
+
+FAMILIES = {
+    "f16": dict(A_dtype="float16", W_dtype="float16"),
+    "f16-bias-f32out": dict(A_dtype="float16", W_dtype="float16", with_bias=True, out_dtype="float32"),
+    "bf16-bias": dict(A_dtype="bfloat16", W_dtype="bfloat16", with_bias=True, out_dtype="bfloat16"),
+    "i8-i32": dict(A_dtype="int8", W_dtype="int8", out_dtype="int32", accum_dtype="int32"),
+    "i8-scaled-f16": dict(A_dtype="int8", W_dtype="int8", out_dtype="float16", **SCALED),
+    "i8-scaled-bias-bf16": dict(A_dtype="int8", W_dtype="int8", out_dtype="bfloat16", with_bias=True, **SCALED),
+    "e4m3-scaled-f16": dict(A_dtype=E4, W_dtype=E4, out_dtype="float16", **SCALED),
+    "e5m2xe4m3-bias-bf16": dict(A_dtype=E5, W_dtype=E4, out_dtype="bfloat16", with_bias=True, **SCALED),
+    "e4m3-noscale-f32": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+}
+
+
+def _plan(cfg, m=None):
+    return make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else m)
+
+
+def _tol(cfg):
+    """fp8: the tensor cores' reduced-precision accumulator (see fp8_mma_tolerance); else the table."""
+    return fp8_mma_tolerance(cfg) if cfg.A_dtype in (E4, E5) else None
+
+
+def _h200():
+    return cuda_target(TARGETS["sm_90"])
+
+
+# -- routing and reasons (CPU) ---------------------------------------------------------------------
+@pytest.mark.parametrize("fam", list(FAMILIES))
+@pytest.mark.parametrize("M", [None, WGMMA_MIN_ROWS, 1000])
+def test_default_on_sm90(fam, M):
+    plan = _plan(C(M=M, N=1000, K=512, **FAMILIES[fam]))
+    hint = default_hint(plan, _h200())
+    assert isinstance(hint, WGMMAHint), hint
+    hint.check(plan)
+    assert hint.smem_bytes() <= TARGETS["sm_90"]["max_shared_memory_per_block"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89"])
+def test_not_below_sm90(arch):
+    plan = _plan(C(M=None, N=1000, K=512, **FAMILIES["f16"]))
+    hint = default_hint(plan, cuda_target(TARGETS[arch]))
+    assert isinstance(hint, MMAHint)
+    assert "sm_90" in wgmma_unsupported(plan, int(arch[3:]))
+    assert WGMMAHint.default(plan, None) is None          # unknown arch: not assumed
+
+
+@pytest.mark.parametrize("M,expect", [(128, (64, 128)), (256, (64, 128)), (512, (128, 128)), (1024, (128, 256)),
+                                      (None, (128, 256))])
+def test_tiles_fill_the_sms(M, expect, monkeypatch):
+    import bitblas.schedule.cuda_gemv as g
+    monkeypatch.setattr(g, "_SMS", [132])
+    h = WGMMAHint.default(_plan(C(M=M, N=4096, K=4096, **FAMILIES["f16"])), _h200())
+    assert (h.BM, h.BN) == expect
+
+
+def test_small_m_keeps_other_templates():
+    t = _h200()
+    assert isinstance(default_hint(_plan(C(M=WGMMA_MIN_ROWS - 1, N=1024, K=512, **FAMILIES["f16"])), t), MMAHint)
+    assert isinstance(default_hint(_plan(C(M=8, N=1024, K=512, A_dtype="float16", W_dtype="uint4")), t), GEMVHint)
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(A_dtype="float16", W_dtype="uint4"), "W_dtype=uint4"),
+    (dict(A_dtype="int8", W_dtype="int4", with_scaling=True, group_size=-1), "W_dtype=int4"),
+    (dict(A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=128), "group scales"),
+    (dict(A_dtype="bfloat16", W_dtype=E4), "W_dtype=float8_e4m3"),
+    (dict(A_dtype="float16", W_dtype="float16", layout="nn"), "layout"),
+    (dict(A_dtype="float32", W_dtype="float16"), "A_dtype=float32"),
+])
+def test_unsupported_reasons(kw, why):
+    plan = _plan(C(M=None, N=256, K=512, **kw))
+    reason = wgmma_unsupported(plan, 90)
+    assert reason is not None and why in reason, reason
+    assert WGMMAHint.default(plan, _h200()) is None
+
+
+def test_k_alignment_reason():
+    assert "K=1004" in wgmma_unsupported(_plan(C(M=None, N=256, K=1004, **FAMILIES["f16"])), 90)
+    assert wgmma_unsupported(_plan(C(M=None, N=256, K=1000, **FAMILIES["f16"])), 90) is None   # 2000-byte rows
+    assert "K=1000" in wgmma_unsupported(_plan(C(M=None, N=256, K=1000, **FAMILIES["i8-i32"])), 90)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (WGMMAHint(consumers=3), "consumers"), (WGMMAHint(BN=264), "BN"), (WGMMAHint(BN=24), "BN"),
+    (WGMMAHint(stages=1), "stages"), (WGMMAHint(BN=256, stages=6), "shared memory"), (WGMMAHint(group_m=0), "group_m"),
+])
+def test_hint_check(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bad.check()
+
+
+def test_int8_bn_limit():
+    plan = _plan(C(M=None, N=1000, K=512, **FAMILIES["i8-i32"]))
+    with pytest.raises(ValueError, match="int8 wgmma"):
+        WGMMAHint(BN=256).check(plan)
+
+
+CODEGEN = [("f16", None, WGMMAHint()), ("f16", 1000, WGMMAHint(persistent=False)),
+           ("bf16-bias", None, WGMMAHint(BN=128, stages=6, consumers=1)),
+           ("i8-i32", None, None), ("i8-scaled-bias-bf16", 777, None),
+           ("e4m3-scaled-f16", None, None), ("e5m2xe4m3-bias-bf16", 1000, WGMMAHint(BN=192, stages=4)),
+           ("e4m3-noscale-f32", None, None)]
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("fam,M,hint", CODEGEN, ids=[f"{f}-{m}-{i}" for i, (f, m, _) in enumerate(CODEGEN)])
+def test_codegen_nvcc_sm90a(fam, M, hint):
+    plan = _plan(C(M=M, N=1000, K=1024, **FAMILIES[fam]), m=None)
+    src = cuda_source(plan, _h200(), hint)
+    h = hint or WGMMAHint.default(plan, _h200())
+    assert f"m64n{h.BN}k" in src and "cp.async.bulk.tensor" in src and "setmaxnreg" in src
+    assert "wait_group_sync_aligned_1" in src           # one group left in flight in the loop
+    assert ("bb_st2" in src) == (plan.config.out_dtype in ("float16", "bfloat16"))
+    assert len(nvcc_compile(src, arch="sm_90a")) > 0
+
+
+# -- on the GPU (sm_90) ------------------------------------------------------------------------------
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+
+SHAPES = [(1024, 4096), (1000, 1000)]      # (N, K): tile multiples; neither N nor K a tile multiple
+
+
+@pytest.mark.parametrize("NK", SHAPES, ids=["N1024K4096", "N1000K1000"])
+@pytest.mark.parametrize("fam", list(FAMILIES))
+@pytest.mark.parametrize("M", [1, 16, 17, 128, 1000, 1024])
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_static(fam, M, NK):
+    N, K = NK
+    kw = FAMILIES[fam]
+    if kw["A_dtype"] in ("int8", E4, E5) and K % 16:
+        K = 1008
+    cfg = C(M=M, N=N, K=K, **kw)
+    plan = _plan(cfg)
+    assert wgmma_unsupported(plan, 90) is None
+    hint = WGMMAHint.default(plan, cuda_target())
+    fn = build_plan(plan, cuda_target(), hint)
+    err = check_kernel(cfg, plan, fn, M, tol=_tol(cfg))
+    assert err is None, err
+
+
+HINTS = [WGMMAHint(), WGMMAHint(persistent=False), WGMMAHint(BN=128, stages=6), WGMMAHint(BN=128, stages=3, consumers=1),
+         WGMMAHint(BN=192, stages=4, group_m=3), WGMMAHint(BN=64, stages=2, persistent=False)]
+
+
+@pytest.mark.parametrize("hint", HINTS, ids=[f"h{i}" for i in range(len(HINTS))])
+@pytest.mark.parametrize("fam", ["f16", "i8-scaled-f16", "e4m3-scaled-f16"])
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_dynamic_hints(fam, hint):
+    kw = FAMILIES[fam]
+    if kw["A_dtype"] == "int8" and hint.BN not in (64, 128, 192):
+        pytest.skip("int8 wgmma N <= 224")
+    cfg = C(M=None, N=1000, K=1008, **kw)
+    plan = _plan(cfg)
+    fn = build_plan(plan, cuda_target(), hint)
+    for m in (1, 33, 129, 1000, 2049):
+        err = check_kernel(cfg, plan, fn, m, tol=_tol(cfg))
+        assert err is None, f"{hint}: {err}"
+

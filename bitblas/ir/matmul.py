@@ -19,7 +19,7 @@ from tvm import te, tirx
 from ..formats import FORMATS, Format
 from ..plan import M_VAR, Plan
 
-__all__ = ["emit_matmul", "decode_code"]
+__all__ = ["emit_matmul", "decode_code", "decoded_weight", "scale_value", "placeholders"]
 
 
 def decode_code(buf, row, k, fmt: Format):
@@ -39,28 +39,41 @@ def decode_code(buf, row, k, fmt: Format):
     return q if fmt.kind == "int" else q & 0xFF
 
 
-def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
-    c = plan.config
-    if fp8_values and not all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w)):
-        raise ValueError(f"fp8_values=True needs float8 activations and weights, not {c.A_dtype} x {c.W_dtype}")
-    if fp8_values and c.with_scaling and not plan.scale_in_epilogue:
-        raise NotImplementedError("fp8_values=True with group scales (the scales apply in the epilogue only)")
-    m = te.var(M_VAR, "int32") if plan.m is None else plan.m
-    ph = {}
-    for spec in plan.args:
-        if spec.role != "output":
-            shape = tuple(m if s == M_VAR else s for s in spec.shape)
-            ph[spec.name] = te.placeholder(shape, spec.dtype, name=spec.name)
-    a, w, dec, acc = plan.a, plan.w, plan.decode_dtype, plan.accum
-    gsize = c.K if plan.groups == 1 else c.group_size
-    float_decode = not dec.startswith("int")  # float16, bfloat16, float32 (not "bfloat16".startswith("float"))
+def _group_len(plan: Plan) -> int:
+    """K elements per scale group (the whole row for per-channel scales)."""
+    return plan.config.K if plan.groups == 1 else plan.config.group_size
+
+
+def scale_value(plan: Plan, ph: dict, dtype: str):
+    """``scale_at(n, k)``: the weight scale of element (n, k) in ``dtype`` (table-coded scales,
+    nvfp4's float8_e4m3, looked up in ``s_table`` first). ``ph``: the plan's placeholders by name."""
+    gsize = _group_len(plan)
+    sfmt = FORMATS.get(plan.scale_dtype)
 
     def scale_at(n, k):
         s = ph["scale"][n, k // gsize]
-        sfmt = FORMATS.get(plan.scale_dtype)
         if sfmt is not None and sfmt.kind == "table":
-            return ph["s_table"][s.astype("int32") & 0xFF].astype(dec if float_decode else "float32")
-        return s.astype(dec if float_decode else "float32")
+            return ph["s_table"][s.astype("int32") & 0xFF].astype(dtype)
+        return s.astype(dtype)
+
+    return scale_at
+
+
+def decoded_weight(plan: Plan, ph: dict, dec: str):
+    """``weight(n, k)``: the decoded weight element the matmul multiplies with, in ``dec``.
+
+    Codes are decoded (``decode_code``, table lookup), cast to ``dec``, and, for float decodes with
+    group or channel scales applied before the reduction, scaled and shifted there:
+    ``v * s``, ``(v - z) * s`` ("original", "quantized") or ``v * s - z`` ("rescale"), each
+    operation rounded in ``dec``. Per-channel scales of integer-activation plans
+    (``plan.scale_in_epilogue``), integer decodes and the nvfp4 global scale are left to the
+    caller. ``ph``: the plan's placeholders by name. This is the one definition of a decoded
+    weight: ``emit_matmul``'s ``B_decode`` and the dequantize kernel both use it.
+    """
+    c, w = plan.config, plan.w
+    gsize = _group_len(plan)
+    float_decode = not dec.startswith("int")  # float16, bfloat16, float32 (not "bfloat16".startswith("float"))
+    scale_at = scale_value(plan, ph, dec if float_decode else "float32")
 
     def zero_at(n, k):
         z = ph["zeros"]
@@ -70,8 +83,6 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
         return z[n, g].astype(dec)
 
     def weight(n, k):
-        if fp8_values:
-            return ph["W"][n, k]              # the bits (int8); C reinterprets them
         if w.kind == "float":
             v = ph["W"][k, n] if c.layout == "nn" else ph["W"][n, k]
             return v.astype(dec)
@@ -86,6 +97,37 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
         if c.zeros_mode == "rescale":
             return v * s - zero_at(n, k)
         return (v - zero_at(n, k)) * s
+
+    return weight
+
+
+def placeholders(plan: Plan, m, names=None) -> dict:
+    """te placeholders of the plan's non-output arguments (``names``: only those), by name; ``m``
+    replaces ``M_VAR`` in shapes."""
+    ph = {}
+    for spec in plan.args:
+        if spec.role != "output" and (names is None or spec.name in names):
+            shape = tuple(m if s == M_VAR else s for s in spec.shape)
+            ph[spec.name] = te.placeholder(shape, spec.dtype, name=spec.name)
+    return ph
+
+
+def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
+    c = plan.config
+    if fp8_values and not all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w)):
+        raise ValueError(f"fp8_values=True needs float8 activations and weights, not {c.A_dtype} x {c.W_dtype}")
+    if fp8_values and c.with_scaling and not plan.scale_in_epilogue:
+        raise NotImplementedError("fp8_values=True with group scales (the scales apply in the epilogue only)")
+    m = te.var(M_VAR, "int32") if plan.m is None else plan.m
+    ph = placeholders(plan, m)
+    a, w, dec, acc = plan.a, plan.w, plan.decode_dtype, plan.accum
+    float_decode = not dec.startswith("int")
+    scale_at = scale_value(plan, ph, dec if float_decode else "float32")
+    if fp8_values:
+        def weight(n, k):
+            return ph["W"][n, k]              # the bits (int8); C reinterprets them
+    else:
+        weight = decoded_weight(plan, ph, dec)
 
     def act(i, k):
         if a.kind == "float":

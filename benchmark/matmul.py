@@ -127,8 +127,12 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     build_s = time.perf_counter() - t0
     if fn is None:
         from bitblas.schedule import default_hint
-        dh = default_hint(kern[0], op.target)
-        kname = type(dh).__name__.replace("Hint", "") + ("-mma" if getattr(dh, "mma", False) else "")
+        from bitblas.ops.dequant_gemm import DequantGemm
+        if isinstance(kern[1], DequantGemm):
+            kname = "Dequant+WGMMA"
+        else:
+            dh = default_hint(kern[0], op.target)
+            kname = type(dh).__name__.replace("Hint", "") + ("-mma" if getattr(dh, "mma", False) else "")
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
         kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"

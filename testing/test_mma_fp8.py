@@ -53,7 +53,7 @@ def test_fp8_default(name, arch):
     hint = MMAHint.default(plan, target)
     assert isinstance(hint, MMAHint) and hint.BK % 32 == 0
     assert hint.smem_bytes(plan) <= TARGETS[arch]["max_shared_memory_per_block"]
-    wgmma = arch == "sm_90" and (plan.m is None or plan.m >= 128)      # Hopper: wgmma (test_wgmma)
+    wgmma = arch == "sm_90"      # Hopper: wgmma (test_wgmma)
     assert default_hint(plan, target) == (WGMMAHint.default(plan, target) if wgmma else hint)
     assert mma_reason(plan, int(arch[3:])) is None
 
@@ -85,7 +85,8 @@ def test_fp8_unsupported(cfg, why):
     if cfg.A_dtype != "bfloat16":           # bf16 x e4m3 is the fp16/bf16 path's (decoded weights)
         target = cuda_target(TARGETS["sm_90"])
         # wgmma loads K tails through TMA (K % 16 suffices): it takes K=528 on sm_90
-        assert isinstance(default_hint(plan, target), WGMMAHint if why == "K=528" else SimpleCUDAHint)
+        # (and any row count)
+        assert isinstance(default_hint(plan, target), WGMMAHint if why in ("K=528", "M=16") else SimpleCUDAHint)
         with pytest.raises(ValueError, match="does not apply"):
             lower_plan(plan, MMAHint(BK=32), target)
 
@@ -144,7 +145,7 @@ def test_fp8_mma_codegen(name, arch):
     cfg = CODEGEN[name]
     plan = _plan(cfg)
     target = cuda_target(TARGETS[arch])
-    hint = MMAHint.default(plan, target)          # on sm_90 the default from 128 rows is wgmma
+    hint = MMAHint.default(plan, target)          # on sm_90 the default is wgmma
     assert isinstance(hint, MMAHint)
     src = cuda_source(plan, target, hint)
     assert _mma_name(cfg) in src

@@ -1,6 +1,6 @@
 """The Hopper wgmma template (bitblas/schedule/cuda_wgmma.py): float16 / bfloat16 / int8 / float8
 activations with weights of the same kind (no decode), TMA + mbarrier ring + wgmma, epilogue
-scales and bias. The default on sm_90 targets from WGMMA_MIN_ROWS rows (and symbolic M).
+scales and bias. The default on sm_90 targets for such plans at every row count.
 
     python -m pytest testing/test_wgmma.py -m "not gpu"     # CI: routing, reasons, nvcc sm_90a codegen
     python -m pytest testing/test_wgmma.py -m gpu           # H100/H200: kernels vs reference
@@ -14,7 +14,6 @@ from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, wgmma_unsupported
-from bitblas.schedule.cuda_wgmma import WGMMA_MIN_ROWS
 from kernel_helpers import TARGETS, check_kernel, fp8_mma_tolerance
 
 C = MatmulConfig
@@ -49,7 +48,7 @@ def _h200():
 
 # -- routing and reasons (CPU) ---------------------------------------------------------------------
 @pytest.mark.parametrize("fam", list(FAMILIES))
-@pytest.mark.parametrize("M", [None, WGMMA_MIN_ROWS, 1000])
+@pytest.mark.parametrize("M", [None, 1, 17, 128, 1000])
 def test_default_on_sm90(fam, M):
     plan = _plan(C(M=M, N=1000, K=512, **FAMILIES[fam]))
     hint = default_hint(plan, _h200())
@@ -67,7 +66,7 @@ def test_not_below_sm90(arch):
     assert WGMMAHint.default(plan, None) is None          # unknown arch: not assumed
 
 
-@pytest.mark.parametrize("M,expect", [(128, (64, 128)), (256, (64, 128)), (512, (128, 128)), (1024, (128, 256)),
+@pytest.mark.parametrize("M,expect", [(1, (64, 64)), (128, (64, 64)), (256, (64, 128)), (512, (128, 128)), (1024, (128, 256)),
                                       (None, (128, 256))])
 def test_tiles_fill_the_sms(M, expect, monkeypatch):
     import bitblas.schedule.cuda_gemv as g
@@ -78,7 +77,8 @@ def test_tiles_fill_the_sms(M, expect, monkeypatch):
 
 def test_small_m_keeps_other_templates():
     t = _h200()
-    assert isinstance(default_hint(_plan(C(M=WGMMA_MIN_ROWS - 1, N=1024, K=512, **FAMILIES["f16"])), t), MMAHint)
+    plan = _plan(C(M=17, N=1024, K=512, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True))
+    assert isinstance(default_hint(plan, t), MMAHint)                    # decoded weights: mma.sync
     assert isinstance(default_hint(_plan(C(M=8, N=1024, K=512, A_dtype="float16", W_dtype="uint4")), t), GEMVHint)
 
 
@@ -185,3 +185,18 @@ def test_gpu_dynamic_hints(fam, hint):
         err = check_kernel(cfg, plan, fn, m, tol=_tol(cfg))
         assert err is None, f"{hint}: {err}"
 
+
+
+def test_dynamic_m_picks_tiles_per_row_count(monkeypatch):
+    """A symbolic-M operator on sm_90 serves each row count with the tile class that fills the SMs
+    (one symbolic kernel per class), not with the 128 x 256 tiles of large M."""
+    import bitblas
+    import bitblas.schedule.cuda_gemv as g
+    monkeypatch.setattr(g, "_SMS", [132])
+    op = bitblas.Matmul(C(N=4096, K=4096, **FAMILIES["f16"]), target=TARGETS["sm_90"])
+    got = {r: op._choose("cuda", r) for r in (1, 100, 256, 600, 4096)}
+    assert all(m is None for m, _ in got.values())
+    assert [(h.BM, h.BN) for _, h in got.values()] == [(64, 64), (64, 64), (64, 128), (128, 128), (128, 256)]
+    quant = bitblas.Matmul(C(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
+                           target=TARGETS["sm_90"])
+    assert quant._choose("cuda", 300)[1][0] == "dequant-gemm"      # decoded weights: test_dequant_gemm

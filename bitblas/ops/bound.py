@@ -59,7 +59,7 @@ class BoundMatmul:
                 continue
             t = _check_tensor(spec.name, t, spec, 1, device)
             if kind == "cuda" and spec.name == "W" and t.data_ptr() % 16:
-                t = t.clone()               # the GEMV kernel reads W in 16-byte vectors
+                t = t.clone()               # GEMV: 16-byte vector loads; wgmma: 16-byte aligned TMA bases
             part.append(t)
         self.op, self.device, self.kind = op, device, kind
         self._given = tensors
@@ -138,7 +138,7 @@ class BoundMatmul:
         if self._a_bits:
             A = A.view(torch.int8)
         if align and A.data_ptr() % 16:
-            A = A.clone()                   # the GEMV kernel reads A in 16-byte vectors
+            A = A.clone()                   # GEMV: 16-byte vector loads; wgmma: 16-byte aligned TMA bases
         if self._act:
             fn(A, *self._pre, a_scale, *self._post, out)
         else:

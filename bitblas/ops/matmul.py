@@ -19,6 +19,7 @@ from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..dispatch import default_rows
 from ..schedule.cuda_gemv import GEMV_MAX_ROWS, GEMVHint, gemv_unsupported
+from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
 __all__ = ["Matmul", "MatmulConfig"]
 
@@ -60,6 +61,7 @@ class Matmul:
         self._fast: Dict[torch.device, Dict[int, tuple]] = {}
         self._out_base: Dict[torch.device, torch.Tensor] = {}
         self._buckets = None                      # BucketTable of the tuned buckets
+        self._dequant_gemm_why: Optional[str] = None      # why decode-then-GEMM does not apply ("" : it does)
         self._gemv_rows: Dict[int, bool] = {}     # rows -> the GEMV template serves them (16-byte loads)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
         if enable_tuning:
@@ -103,7 +105,39 @@ class Matmul:
                     return rows, hint
             elif m is None or m == rows:
                 return m, hint
+        if kind == "cuda" and default_m is None:
+            hint = self._wgmma_for_rows(rows)
+            if hint is not None:
+                return None, hint
+            if rows >= DEQUANT_GEMM_MIN_ROWS:
+                choice = self._dequant_gemm_for_rows(rows)
+                if choice is not None:
+                    return None, choice
         return default_m, None
+
+    def _dequant_gemm_for_rows(self, rows: int):
+        """Quantized weights with many rows on Hopper: decode once, then the dense wgmma GEMM
+        (see :mod:`bitblas.ops.dequant_gemm`); None where that path does not apply."""
+        why = self._dequant_gemm_why
+        if why is None:
+            from .dequant_gemm import dequant_gemm_reason
+            why = self._dequant_gemm_why = dequant_gemm_reason(self._base_plan("cuda"), self._resolve_cuda_target()) or ""
+        if why:
+            return None
+        from ..schedule import WGMMAHint
+        from .dequant_gemm import dense_config
+        return _DequantGemmChoice(WGMMAHint.default(make_plan(dense_config(self.config), "cuda", rows),
+                                                    self._resolve_cuda_target()))
+
+    def _wgmma_for_rows(self, rows: int):
+        """The Hopper template's tiles for ``rows`` on the symbolic-M kernel (None where the default
+        kernel is not wgmma): one kernel per tile class (at most four), so few rows get small tiles
+        that fill the SMs instead of the 128 x 256 tiles of large M."""
+        from ..schedule import WGMMAHint, default_hint
+        target = self._resolve_cuda_target()
+        if not isinstance(default_hint(self._base_plan("cuda"), target), WGMMAHint):
+            return None
+        return WGMMAHint.default(make_plan(self.config, "cuda", rows), target)
 
     def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
         return make_plan(self.config, kind, self._kernel_m(kind, rows))
@@ -115,6 +149,13 @@ class Matmul:
         m, hint = self._choose(kind, rows)
         key = (kind, m) if hint is None else (kind, m, hint)
         entry = self._kernels.get(key)
+        if entry is None and isinstance(hint, _DequantGemmChoice):
+            from .dequant_gemm import DequantGemm
+            plan = make_plan(self.config, kind, m)
+            t0 = time.perf_counter()
+            fn = DequantGemm(plan, self._resolve_cuda_target(), hint=hint.gemm)
+            logger.info("cuda kernel (m=%s, %s) ready in %.2f s", m or M_VAR, fn, time.perf_counter() - t0)
+            entry = self._kernels[key] = (plan, fn)
         if entry is None:
             from ..cache.kernels import get_kernel
             target = self._resolve_cuda_target() if kind == "cuda" else None
@@ -149,7 +190,7 @@ class Matmul:
         size, dtype and device per call."""
         kind = device.type
         plan, fn = self._kernel(kind, rows)
-        align = kind == "cuda" and bool(self._gemv_rows.get(plan.m))
+        align = kind == "cuda"      # GEMV: 16-byte vector loads; wgmma: TMA needs 16-byte aligned bases
         N = self.config.N
         base = self._out_base.get(device)
         if base is None:
@@ -288,8 +329,9 @@ class Matmul:
             call.append(t)
         if rows == 0:
             return out
-        if kind == "cuda" and self._gemv_rows.get(plan.m):
-            # the GEMV kernel reads A and W in 16-byte vectors: realign odd views (rare) by a copy
+        if kind == "cuda":
+            # GEMV kernels read A and W in 16-byte vectors, TMA (wgmma) needs 16-byte aligned bases:
+            # realign odd views (rare) by a copy
             call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
         fn(*call)
         return out
@@ -414,3 +456,14 @@ def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> 
     if t.dtype != torch.int8 and spec.dtype == "int8":
         t = t.view(torch.int8)
     return t.reshape(shape)
+
+
+class _DequantGemmChoice(tuple):
+    """The kernel choice "decode, then the dense wgmma GEMM with tiles ``gemm``" (hashable key part)."""
+
+    def __new__(cls, gemm):
+        return super().__new__(cls, ("dequant-gemm", gemm))
+
+    @property
+    def gemm(self):
+        return self[1]

@@ -38,7 +38,6 @@ from .cuda_mma import _PTX_FP8, _target_info
 __all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR", "wgmma_arch"]
 
 WGMMA_ARCH_ATTR = "bitblas.arch"        # module attribute: compile for this arch (sm_90a)
-WGMMA_MIN_ROWS = 128                    # default rule: the template from this many rows (and symbolic M)
 _ROW_BYTES = 128                        # one swizzled tile row (BK * element bytes)
 _SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -89,7 +88,7 @@ class WGMMAHint:
 
         128 x 256 tiles (2 consumer warpgroups), 4 stages, persistent; int8: 128 x 128, 6 stages
         (TVM's s8 wgmma stops at N=224; 128 measured as fast as 224 on the H200); N <= 128: BN=128.
-        With few rows, the first of 128 x 256, 128 x 128, 64 x 128 tiles whose count reaches 90% of
+        With few rows, the first of 128 x 256, 128 x 128, 64 x 128, 64 x 64 tiles whose count reaches 90% of
         the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
         None below 128 KB."""
         sm, smem = _target_info(target)
@@ -98,9 +97,9 @@ class WGMMAHint:
         from .cuda_gemv import _num_sms
         c = plan.config
         big = [cls(BN=128, stages=6)] if c.A_dtype == "int8" or c.N <= 128 else [cls(), cls(BN=128, stages=6)]
-        # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=128 and 256
-        # run best on 64 x 128 tiles, m=512 on 128 x 128, m >= 1024 on 128 x 256)
-        tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1)]
+        # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
+        # best on 64 x 64 tiles, 256 on 64 x 128, 512 on 128 x 128, >= 1024 on 128 x 256)
+        tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1), cls(BN=64, stages=8, consumers=1)]
         # a target without the opt-in shared memory (a bare "sm_90" assumes 48 KB) gets no wgmma:
         # rings that small starve the tensor cores; the mma.sync template fits them better
         fits = [h for h in tiles if smem is None or h.smem_bytes() <= smem]

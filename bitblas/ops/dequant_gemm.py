@@ -1,0 +1,103 @@
+"""Large-M path for quantized weights on Hopper: decode the weight once, then the dense wgmma GEMM.
+
+With many rows a matmul is compute-bound, and the fused kernels that decode weights between the
+shared-memory load and ``mma.sync`` (cuda_mma) reach ~0.35x cuBLAS at M=4096 on the H200, where
+the dense wgmma template reaches ~0.9x. So for rows >= ``DEQUANT_GEMM_MIN_ROWS`` on sm_90 a call
+runs two kernels: the dequantize kernel (schedule/cuda_dequant.py) writes ``W_decoded[N, K]`` in
+the activation dtype into a temporary buffer (torch's caching allocator: N*K*2 bytes for the
+duration of the call, like AWQ's large-batch path), and the wgmma kernel of the plan with
+unquantized weights multiplies it (bias and the output cast in its epilogue). The decode reads
+the packed weight once per call and writes 2 bytes per weight: 12-16 µs at N=K=4096.
+Measured on the H200 (W4A16 uint4 g128, N=K=4096, same run): rows 64 / 256 / 1024 / 4096 take
+26.6 / 33.2 / 67.2 / 246 µs this way against 160 / 161 / 165 / 638 µs fused (cuBLAS fp16: 11.5 /
+17.7 / 52.9 / 213), so the path starts right above the GEMV's rows (1..16).
+
+Values: the decoded weights are the fused kernel's (one shared expression), rounded once to the
+activation dtype; the GEMM accumulates in float32. nvfp4's global scale is folded into the
+decoded weights (see cuda_dequant for the rounding).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional
+
+import torch
+
+from ..config import MatmulConfig
+from ..plan import Plan, make_plan
+from ..quantization.quantize import TORCH_DTYPES
+
+__all__ = ["DEQUANT_GEMM_MIN_ROWS", "dequant_gemm_reason", "dense_config", "DequantGemm"]
+
+DEQUANT_GEMM_MIN_ROWS = 17
+
+_DEQ: Dict[tuple, object] = {}
+_LOCK = threading.Lock()
+
+
+def dense_config(config: MatmulConfig) -> MatmulConfig:
+    """The config of the GEMM half: the same shape, activations, bias and output, float weights."""
+    return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype=config.A_dtype, W_dtype=config.A_dtype,
+                        out_dtype=config.out_dtype, layout=config.layout, with_bias=config.with_bias)
+
+
+def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
+    """Why the decode-then-GEMM path does not take ``plan`` on ``target`` (None: it does)."""
+    from ..schedule import WGMMAHint, default_hint
+    from ..schedule.cuda_dequant import dequant_unsupported
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if plan.w.kind == "float":
+        return f"W_dtype={c.W_dtype}: nothing to decode"
+    why = dequant_unsupported(plan)
+    if why:
+        return why
+    dense = make_plan(dense_config(c), "cuda", plan.m)
+    if not isinstance(default_hint(dense, target), WGMMAHint):
+        return "the dense GEMM of this target is not the wgmma template (sm_90 with its shared memory)"
+    return None
+
+
+def _dequant_fn(plan: Plan, target):
+    from ..build import cuda_target
+    from ..schedule.cuda_dequant import build_dequant
+    tgt = cuda_target(target)
+    key = (plan.config.to_dict().__repr__(), str(tgt))
+    with _LOCK:
+        fn = _DEQ.get(key)
+    if fn is None:
+        fn = build_dequant(make_plan(plan.config, "cuda", None), tgt)
+        with _LOCK:
+            fn = _DEQ.setdefault(key, fn)
+    return fn
+
+
+class DequantGemm:
+    """A kernel-like callable for ``plan`` (arguments in ``plan.args`` order): dequantize into a
+    temporary buffer, then the dense wgmma GEMM with ``hint`` (None: its default for the rows)."""
+
+    def __init__(self, plan: Plan, target, rows: Optional[int] = None, hint=None):
+        from ..cache.kernels import get_kernel
+        from ..schedule import WGMMAHint
+        from ..schedule.cuda_dequant import WEIGHT_ARGS
+        c = plan.config
+        self.plan = plan
+        self.dense_plan = make_plan(dense_config(c), "cuda", plan.m)
+        if hint is None and rows is not None:
+            hint = WGMMAHint.default(make_plan(dense_config(c), "cuda", rows), target)
+        self.gemm, self.hint = get_kernel(self.dense_plan, hint, target=target)
+        self.dequant = _dequant_fn(plan, target)
+        names = [s.name for s in plan.args]
+        self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in WEIGHT_ARGS]
+        self._gemm_idx = [None if s.name == "W" else names.index(s.name) for s in self.dense_plan.args]
+        self._shape = (c.N, c.K)
+        self._dtype = TORCH_DTYPES[c.A_dtype]
+
+    def __call__(self, *args):
+        ws = torch.empty(self._shape, dtype=self._dtype, device=args[0].device)
+        self.dequant(*[args[i] for i in self._deq_idx], ws)
+        self.gemm(*[ws if i is None else args[i] for i in self._gemm_idx])
+
+    def __repr__(self):
+        return f"DequantGemm({self.plan.config.W_dtype} -> {self.plan.config.A_dtype}, {self.hint})"

@@ -19,7 +19,7 @@ from bitblas.build import build_plan, cuda_target
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, default_hint
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
 
 G = 128
 S8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)
@@ -42,9 +42,24 @@ FAMILIES = {
                       out_dtype="bfloat16"), 3, None),
                    (C(M=16, N=1000, K=1536, W_dtype="float8_e4m3", with_scaling=True), 16, None),
                    (C(M=5, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 5, None)],
-    "mma": [(C(M=None, N=1000, K=1536), 17, None),
-            (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000, None),
-            (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), 17, None)],
+    # mma.sync, forced: on sm_90 the defaults are wgmma (dense) and decode-then-wgmma (Matmul, rows > 16)
+    "mma": [(C(M=None, N=1000, K=1536), 17, MMAHint.default),
+            (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000,
+             MMAHint.default),
+            (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), 17,
+             MMAHint.default)],
+    # Hopper (sm_90): TMA + wgmma; rows that are no tile multiples, N and K that are none either
+    "wgmma": [(C(M=None, N=1000, K=1000), 17, lambda p, t: WGMMAHint(BN=64, stages=8, consumers=1)),
+              (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="bfloat16", with_bias=True,
+                 out_dtype="bfloat16"), 1000, None),
+              (C(M=None, N=1000, K=1008, W_dtype="int8", **S8), 333, lambda p, t: WGMMAHint(BN=128, stages=6)),
+              (C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", out_dtype="bfloat16",
+                 with_bias=True, **F8), 1000, lambda p, t: WGMMAHint(persistent=False))],
+    # Hopper, through Matmul: dequantize into a temporary buffer, then the dense wgmma GEMM
+    "dequant_gemm": [(C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True),
+                      300, "op"),
+                     (C(M=None, N=1000, K=1024, A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True,
+                        out_dtype="bfloat16", with_bias=True), 1000, "op")],
     "mma_int8": [(C(M=None, N=1000, K=1536, W_dtype="int8", **S8), 17, MMAHint.default),
                  (C(M=None, N=1000, K=1536, W_dtype="int4", **S8), 1000, MMAHint.default)],
     # bf16 outputs: the fp8 tensor cores accumulate in 13 mantissa bits (see testing/test_mma_fp8.py)
@@ -61,7 +76,24 @@ FAMILIES = {
 }
 
 
+def run_matmul_case(cfg, m) -> str:
+    """The case through bitblas.Matmul (the path a user's call takes for ``m`` rows)."""
+    import bitblas
+    op = bitblas.Matmul(cfg)
+    inputs = random_inputs(cfg, m, device="cuda")
+    dt = TORCH_DTYPES[cfg.out_dtype]
+    out = torch.full((m, cfg.N), float("nan") if dt.is_floating_point else -12345, dtype=dt, device="cuda")
+    op(**inputs, output=out)
+    torch.cuda.synchronize()
+    err = relative_error(out.float().cpu(), reference_matmul(cfg, **inputs))
+    ok = err <= tolerance(cfg)
+    kernel = op._kernel("cuda", m)[1]
+    return f"{type(kernel).__name__:15s} m={m:<5d} {cfg.A_dtype}x{cfg.W_dtype} err={err:.2e} {'ok' if ok else 'WRONG'}"
+
+
 def run_case(cfg, m, make_hint) -> str:
+    if make_hint == "op":
+        return run_matmul_case(cfg, m)
     plan = make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else None)
     target = cuda_target()
     hint = make_hint(plan, target) if make_hint else default_hint(plan, target)

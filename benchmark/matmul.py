@@ -225,6 +225,27 @@ def parse_hints(text):
     return [GEMVHint(*(int(x) for x in part.split(","))) for part in filter(None, text.split(";"))]
 
 
+def parse_hint_specs(text):
+    """'WGMMAHint(BN=64,stages=8,consumers=1);MMAHint(BM=128,BN=128,WM=64,WN=64,BK=64,stages=3)' ->
+    hint objects (class from bitblas.schedule.HINTS, int / true / false field values)."""
+    import re
+    from bitblas.schedule import HINTS
+    out = []
+    for part in filter(None, (x.strip() for x in text.split(";"))):
+        mt = re.fullmatch(r"(\w+)\((.*)\)", part)
+        if not mt or mt.group(1) not in HINTS:
+            raise SystemExit(f"--hints: {part!r} is not Class(field=value,...) with Class in {sorted(HINTS)}")
+        kw = {}
+        for item in filter(None, mt.group(2).split(",")):
+            k, _, v = item.partition("=")
+            v = v.strip()
+            kw[k.strip()] = {"true": True, "false": False}.get(v.lower(), None)
+            if kw[k.strip()] is None:
+                kw[k.strip()] = int(v)
+        out.append(HINTS[mt.group(1)](**kw))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default="w4a16-g128,w4a16-g128-zeros",
@@ -236,6 +257,7 @@ def main(argv=None):
     ap.add_argument("--no-check", action="store_true", help="skip the float64 correctness check")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
+    ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmark/matmul.py needs a CUDA GPU")
@@ -249,7 +271,7 @@ def main(argv=None):
             sys.exit(f"unknown shape set {s!r}; choose from {', '.join(SHAPES)}")
         shapes += [(s, *x) for x in SHAPES[s]]
     ms = [int(x) for x in args.m.split(",") if x]
-    hints = parse_hints(args.gemv_hints)
+    hints = parse_hints(args.gemv_hints) + parse_hint_specs(args.hints)
     p = torch.cuda.get_device_properties(0)
     print(f"# {p.name}, torch {torch.__version__}, formats={fmts}, m={ms}")
     rows = []

@@ -333,6 +333,13 @@ class Matmul:
             # GEMV kernels read A and W in 16-byte vectors, TMA (wgmma) needs 16-byte aligned bases:
             # realign odd views (rare) by a copy
             call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
+            if call[-1].data_ptr() % 16:
+                # an output view off a 16-byte boundary (wgmma stores column pairs as 32-bit words):
+                # compute into a fresh buffer and copy
+                tmp = torch.empty_like(call[-1])
+                fn(*call[:-1], tmp)
+                call[-1].copy_(tmp)
+                return out
         fn(*call)
         return out
 

@@ -5,8 +5,9 @@ For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 1. every valid candidate of the templates that apply (:mod:`bitblas.tune.space`) is scored by the
    cost model (:mod:`bitblas.tune.cost`) on the device's :class:`~bitblas.hardware.DeviceSpec`;
 2. the ``topk`` best are kept, at most two per tile shape (so knobs such as stages and vector
-   widths do not crowd out other tiles) and at least a quarter from each template when both
-   apply (GEMV vs tensor cores); the default kernel of the bucket is always added;
+   widths do not crowd out other tiles) and at least a quarter from each template when several
+   apply (GEMV, mma.sync, wgmma); the default kernel of the bucket (the one an untuned operator
+   runs for its rows) is always added;
 3. they compile in spawned worker processes (:mod:`bitblas.tune.workers`), each to a shared library;
 4. each is run once on random inputs of ``bucket`` rows and compared with the torch reference
    (tolerance table of :mod:`bitblas.reference`); wrong ones are dropped with a warning;
@@ -39,7 +40,7 @@ from ..config import MatmulConfig
 from ..dispatch import BucketTable, default_rows
 from ..formats import FORMATS
 from ..plan import M_VAR, make_plan
-from ..schedule import GEMVHint, MMAHint, default_hint, hint_from_dict, hint_to_dict
+from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
 from .cost import estimate
 from .measure import time_kernel
 from .space import Candidate, candidates
@@ -96,6 +97,8 @@ def tuning_key(config: MatmulConfig, kind: str, bucket: int, ddesc: dict) -> dic
 def _shape_key(hint):
     if isinstance(hint, MMAHint):
         return ("mma", hint.BM, hint.BN, hint.BK, hint.WM, hint.WN)
+    if isinstance(hint, WGMMAHint):
+        return ("wgmma", hint.BM, hint.BN)
     if isinstance(hint, GEMVHint):
         return ("gemv", hint.mma, hint.rows_per_warp, hint.warps, hint.k_warps)
     d = hint_to_dict(hint)
@@ -254,6 +257,10 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
     d_rows = default_rows(config, kind, bucket)
     d_plan = make_plan(config, kind, d_rows)
     d_hint = default_hint(d_plan, tgt)
+    if isinstance(d_hint, WGMMAHint) and d_rows is None:
+        # what an untuned operator runs for these rows (Matmul._wgmma_for_rows): the symbolic
+        # kernel with the tile class of the row count, not the 128 x 256 tile of a symbolic plan
+        d_hint = WGMMAHint.default(make_plan(config, kind, bucket), tgt) or d_hint
     default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, bucket, spec, cores) if (spec or not cuda) else 0.0)
     if all((c.plan_m, c.hint) != (default.plan_m, default.hint) for c in chosen):
         chosen.append(default)

@@ -1,5 +1,5 @@
 """The tuner on Hopper (CPU only): WGMMAHint candidates, their cost model against the H200 tile
-table of docs/benchmarks.md, top-k, the bucket's default.
+table of docs/benchmarks.md, top-k, the bucket's default, and the buckets left to decode-then-GEMM.
 
     python -m pytest testing/test_tune_wgmma.py
 """
@@ -12,9 +12,11 @@ import pytest
 import bitblas
 from bitblas import MatmulConfig
 from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
+from bitblas.dispatch import DEFAULT_BUCKETS
 from bitblas.hardware import DeviceSpec
+from bitblas.ops.matmul import _DequantGemmChoice
 from bitblas.plan import make_plan
-from bitblas.schedule import MMAHint, WGMMAHint
+from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint
 from bitblas.schedule.cuda_wgmma import _S8_N
 from bitblas.tune import candidates, estimate, select_topk, tuner
 from bitblas.tune.space import Candidate
@@ -191,6 +193,77 @@ def test_tune_bucket_default_is_the_rows_tile_class(monkeypatch):
         untuned = op._choose("cuda", bucket)
         assert untuned[0] is None and isinstance(untuned[1], WGMMAHint)
         assert any(c.hint == untuned[1] and c.plan_m is None for c in seen["cands"]), (bucket, untuned)
+
+
+# -- buckets served by decode-then-GEMM ----------------------------------------------------------------
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("fmt", ["w4a16", "nf4", "f16"])
+def test_composite_buckets_match_untuned_dispatch(target, fmt):
+    """The tuner skips exactly the buckets an untuned operator runs as decode + wgmma GEMM."""
+    kw = {"w4a16": W4A16, "nf4": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
+          "f16": DENSE["f16"]}[fmt]
+    cfg = MatmulConfig(M=None, N=1024, K=1024, **kw)
+    op = bitblas.Matmul(cfg, target=TARGETS[target])
+    for b in DEFAULT_BUCKETS:
+        skip = tuner.composite_serves(cfg, "cuda", b, op.target)
+        composite = op._choose("cuda", b)[1]
+        assert (skip is not None) == isinstance(composite, _DequantGemmChoice), (b, skip, composite)
+        assert (skip is not None) == (target == "sm_90" and fmt != "f16" and b >= 17), b
+    # a static M is served by its static fused kernel: tuned as before
+    static = cfg.replace(M=256)
+    assert tuner.composite_serves(static, "cuda", 256, op.target) is None
+    assert tuner.composite_serves(cfg, "cpu", 256) is None
+
+
+def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypatch):
+    """On sm_90 a W4A16 operator with buckets (1, 16, 48, 256): 1 and 16 are tuned; 48 and 256 are
+    reported skipped, get no tuned entry, and keep decode + wgmma GEMM for their rows."""
+    import torch
+    import bitblas.hardware
+    cfg = MatmulConfig(M=[1, 16, 48, 256], N=1024, K=1024, **W4A16)
+    h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
+    tuned_buckets = []
+
+    def fake_tune_bucket(config, kind, bucket, *a, **k):
+        tuned_buckets.append(bucket)
+        return tuner.TuneResult(bucket, bucket, h, 0.01, 0.02, 0.0, False)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bitblas.hardware, "query_device", lambda *a: H200)
+    monkeypatch.setattr(tuner, "tune_bucket", fake_tune_bucket)
+    monkeypatch.setattr(tuner, "_store", lambda *a, **k: None)
+    monkeypatch.setattr(tuner, "_gemv_rows", lambda *a, **k: None)
+    op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])
+    loaded = []
+    monkeypatch.setattr(op, "_kernel", lambda kind, rows: loaded.append(rows))
+    res = op.hardware_aware_finetune(kind="cuda", progress=False)
+    assert sorted(res) == [1, 16, 48, 256] and tuned_buckets == [1, 16] and sorted(loaded) == [1, 16]
+    for b in (48, 256):
+        assert res[b].skipped and "decode" in res[b].skipped and res[b].hint is None
+        assert res[b].latency_ms is None and res[b].speedup is None
+    assert res[1].skipped is None and res[16].skipped is None
+    assert set(op._tuned["cuda"]) == {1, 16}
+    assert op._choose("cuda", 16) == (16, h) and op._choose("cuda", 5) == (5, h)
+    for rows in (17, 48, 100, 256, 5000):
+        m, choice = op._choose("cuda", rows)
+        assert m is None and isinstance(choice, _DequantGemmChoice), rows
+    # on an A100 nothing is skipped (no wgmma)
+    tuned_buckets.clear()
+    monkeypatch.setattr(bitblas.hardware, "query_device", lambda *a: A100_SPEC)
+    op80 = bitblas.Matmul(cfg, target=TARGETS["sm_80"])
+    monkeypatch.setattr(op80, "_kernel", lambda kind, rows: None)
+    res80 = op80.hardware_aware_finetune(kind="cuda", progress=False, force=True)
+    assert tuned_buckets == [1, 16, 48, 256] and not any(r.skipped for r in res80.values())
+
+
+def test_cli_table_marks_skipped_buckets(capsys):
+    from bitblas.tune.cli import _print_table
+    row = dict(N=1024, K=1024, format="uint4:g128:zeros", bucket=256, hint="Deq+WGMMA", default_ms=None,
+               tuned_ms=None, speedup=None, cached=False, skipped="decode + wgmma", sites=["layer.0"])
+    _print_table([row, dict(row, bucket=1, hint="GEMVHint", default_ms=0.02, tuned_ms=0.01, speedup=2.0,
+                            skipped=None)])
+    out = capsys.readouterr().out.splitlines()
+    assert "skipped" in out[2] and "Deq+WGMMA" in out[2] and "tuned" in out[3]
 
 
 @pytest.mark.nvcc

@@ -14,6 +14,10 @@ For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 5. the rest are timed (:func:`~bitblas.tune.measure.time_kernel`: warm-up, batches of launches,
    median; weight copies cycled to exceed the L2) and the fastest is kept.
 
+Buckets whose rows an untuned operator runs as decode + wgmma GEMM (quantized weights on sm_90,
+see :func:`composite_serves`) are not tuned: a tuned entry would take their rows off that faster
+path. Their results carry ``skipped`` (the reason) and no hint.
+
 The winner (its hint, latency, the default's latency and the whole candidate table) is written
 to the database under a key of (config, bucket, device, flags, versions), and its kernel under
 its kernel key; a later call, in this or another process, loads both without compiling. A lock
@@ -47,7 +51,8 @@ from .space import Candidate, candidates
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args"]
+__all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args",
+           "composite_serves"]
 
 
 @dataclass
@@ -55,13 +60,14 @@ class TuneResult:
     bucket: int
     plan_m: Optional[int]
     hint: object
-    latency_ms: float
+    latency_ms: Optional[float]          # None only for a skipped bucket
     default_latency_ms: Optional[float]
     seconds: float
     from_cache: bool
     candidates: List[dict] = field(default_factory=list)
     entry: object = field(default=None, repr=False)        # (module, fn) of the winner, when built here
     path: Optional[str] = field(default=None, repr=False)  # its exported library (worker-built), until stored
+    skipped: Optional[str] = None      # why the bucket was not tuned (then no hint, no latencies)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -330,6 +336,24 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
 
 
 # -- an operator ---------------------------------------------------------------------------------
+def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) -> Optional[str]:
+    """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
+
+    An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
+    kernel symbolic in M for them) as decode + dense wgmma GEMM, which is 2.5-6x faster than the
+    fused kernels this tuner can pick from (H200, W4A16 4096^2: 27-67 µs vs 150-165 µs from 64 to
+    1024 rows). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
+    fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
+    from ..build import cuda_target
+    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
+    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS or default_rows(config, kind, bucket) is not None:
+        return None
+    if dequant_gemm_reason(make_plan(config, kind, None), cuda_target(target)) is not None:
+        return None
+    return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
+            "fused kernels the tuner searches; left untuned")
+
+
 def _load_cached(config, kind, rec, target) -> TuneResult:
     """The result of a tuning record, its kernel loaded into the kernel cache (rebuilt if its file is gone)."""
     hint = hint_from_dict(rec["hint"])
@@ -373,7 +397,9 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
 
     Returns {bucket: TuneResult}; each result's kernel is in the kernel cache (memory and, where
     the host can export libraries, disk), so ``get_kernel(plan(result.plan_m), result.hint)``
-    returns it without compiling. ``force``: tune even when the database has a result.
+    returns it without compiling. ``force``: tune even when the database has a result. A bucket
+    that the decode-then-GEMM path serves (see :func:`composite_serves`) is not tuned: its result
+    has ``skipped`` set (the reason) and no hint.
     """
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
@@ -393,6 +419,11 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     bar = None
     try:
         for b in buckets:
+            why = composite_serves(config, kind, b, target)
+            if why is not None:
+                logger.info("bucket %d: %s", b, why)
+                results[b] = TuneResult(b, None, None, None, None, 0.0, False, skipped=why)
+                continue
             key = tuning_key(config, kind, b, ddesc)
             with (db.lock("tuning", key) if db is not None else contextlib.nullcontext()):
                 rec = None if (force or db is None) else db.get("tuning", key)

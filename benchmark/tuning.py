@@ -65,7 +65,7 @@ _LOAD = """
         inp = random_inputs(cfg, m, device="cuda")
         err = relative_error(op(**inp), reference_matmul(cfg, **inp))
         out.append({{"M": cfg.M, "N": cfg.N, "seconds": dt, "ok": err <= tolerance(cfg),
-                     "cached": all(r.from_cache for r in op.tuning_results["cuda"].values())}})
+                     "cached": all(r.from_cache for r in op.tuning_results["cuda"].values() if r.skipped is None)}})
     print(json.dumps({{"import_s": t_import, "compiles": len(calls), "ops": out}}))
 """
 
@@ -126,7 +126,8 @@ def main():
         t0 = time.perf_counter()
         rr = op.hardware_aware_finetune(topk=args.dynamic_topk)
         dyn = {"tune_s": time.perf_counter() - t0, "topk": args.dynamic_topk,
-               "buckets": {b: {"hint": str(r.hint), "tuned_ms": r.latency_ms, "default_ms": r.default_latency_ms}
+               "buckets": {b: {"hint": str(r.hint), "tuned_ms": r.latency_ms, "default_ms": r.default_latency_ms,
+                               "skipped": r.skipped}
                            for b, r in rr.items()}}
         errs = {}
         for m in [1, 2, 3, 5, 8, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 200, 256, 300, 512,

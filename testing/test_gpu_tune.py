@@ -48,7 +48,10 @@ def tuned(db_path):
 def test_tuned_dynamic_operator_every_m(tuned):
     cfg, op, res = tuned
     assert set(res) == {1, 16, 48, 256}
-    for r in res.values():
+    for b, r in res.items():
+        if r.skipped:                       # sm_90: rows >= 17 run as decode + wgmma GEMM, left untuned
+            assert torch.cuda.get_device_capability() == (9, 0) and b >= 17 and "decode" in r.skipped
+            continue
         assert r.latency_ms > 0 and r.default_latency_ms > 0
         assert r.latency_ms <= r.default_latency_ms * 1.10     # the default is among the measured
     for m in [1, 2, 3, 7, 15, 16, 17, 33, 48, 49, 100, 256, 257, 1000]:
@@ -82,7 +85,7 @@ _LOAD = """
     inp = random_inputs(cfg, 20, device="cuda")
     err = relative_error(op(**inp), reference_matmul(cfg, **inp))
     print(json.dumps({{"seconds": dt, "compiles": len(calls), "ok": err <= tolerance(cfg),
-                      "cached": all(r.from_cache for r in op.tuning_results["cuda"].values())}}))
+                      "cached": all(r.from_cache for r in op.tuning_results["cuda"].values() if r.skipped is None)}}))
 """
 
 

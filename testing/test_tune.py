@@ -19,7 +19,7 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_target
 from bitblas.hardware import DeviceSpec
 from bitblas.plan import make_plan
-from bitblas.schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, cuda_mma
+from bitblas.schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cuda_mma
 from bitblas.tune import candidates, estimate, select_topk
 from bitblas.tune.space import Candidate
 from bitblas.tune.tuner import _compile_all
@@ -77,10 +77,12 @@ def test_candidate_families_by_bucket():
     assert all(c.plan_m == 4 for c in gemv)              # GEMV kernels are static in M
     if "k_warps" in GEMVHint.__dataclass_fields__:
         assert any(c.hint.k_warps for c in gemv) and any(c.hint.grid == 4 * 132 for c in gemv if c.hint.k_warps)
-    # int8 activations: the int8 tensor-core path (k32 mma: BK a multiple of 32), no GEMV
+    # int8 activations: the int8 tensor-core paths (k32 mma: BK a multiple of 32; wgmma on sm_90), no GEMV
     i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8")
-    i8_cands = candidates(i8, "cuda", 64, H200)
-    assert {type(c.hint) for c in i8_cands} == {MMAHint} and len(i8_cands) > 50
+    all_i8 = candidates(i8, "cuda", 64, H200)
+    assert {type(c.hint) for c in all_i8} == {MMAHint, WGMMAHint}     # wgmma: see test_tune_wgmma.py
+    i8_cands = [c for c in all_i8 if isinstance(c.hint, MMAHint)]
+    assert len(i8_cands) > 50
     i8_plan = make_plan(i8, "cuda", None)
     assert all(c.hint.BK % 32 == 0 and cuda_mma._copy_plan(i8_plan, c.hint) is not None for c in i8_cands)
     # no tensor-core path (float32 activations): the simple schedule's thread counts

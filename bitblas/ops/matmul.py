@@ -97,9 +97,10 @@ class Matmul:
         kernel of rows' bucket where it can (see bitblas.dispatch), else the default kernel."""
         default_m = self._kernel_m(kind, rows)
         tuned = self._tuned.get(kind)
-        if tuned:
-            bucket = self._buckets.bucket_of(rows)
-            m, hint = tuned[bucket]
+        bucket = self._buckets.bucket_of(rows) if tuned else None
+        choice = tuned.get(bucket) if tuned else None       # None: not tuned (or the bucket was skipped)
+        if choice is not None:
+            m, hint = choice
             if isinstance(hint, GEMVHint):
                 if rows <= bucket and default_m == rows:      # GEMV: one static kernel per row count
                     return rows, hint
@@ -422,10 +423,12 @@ class Matmul:
         results = tune(self.config, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
                        topk=topk, parallel=parallel_build, force=force, progress=progress)
         self._buckets = BucketTable(buckets)
-        self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items()}
+        # a skipped bucket (served by decode-then-GEMM, see bitblas.tune.tuner.composite_serves)
+        # has no entry: its rows keep the untuned choice
+        self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items() if r.skipped is None}
         self._reset_dispatch(kind)
         self.tuning_results[kind] = results
-        for b in buckets:                 # load each bucket's kernel now (memory cache: no compile)
+        for b in self._tuned[kind]:       # load each tuned bucket's kernel now (memory cache: no compile)
             self._kernel(kind, b)
         return results
 

@@ -138,10 +138,14 @@ def run_tune(args) -> int:
             continue
         for b, r in res.items():
             rows.append({"N": cfg.N, "K": cfg.K, "format": fname, "A_dtype": cfg.A_dtype, "bucket": b,
-                         "hint": type(r.hint).__name__, "default_ms": r.default_latency_ms, "tuned_ms": r.latency_ms,
-                         "speedup": r.speedup, "cached": r.from_cache, "tune_s": r.seconds,
+                         "hint": "Deq+WGMMA" if r.skipped else type(r.hint).__name__,
+                         "default_ms": r.default_latency_ms, "tuned_ms": r.latency_ms,
+                         "speedup": r.speedup, "cached": r.from_cache, "tune_s": r.seconds, "skipped": r.skipped,
                          "sites": names, "wall_s": time.perf_counter() - t0})
     _print_table(rows)
+    if any(r.get("skipped") for r in rows):
+        print("skipped buckets: their rows run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster "
+              "than the fused kernels the tuner searches; they stay untuned")
     for sk in skipped:
         print(f"skipped N={sk['N']} K={sk['K']} {sk['format']}: {sk['reason']}")
     print(f"{len(todo) - failed}/{len(todo)} operators tuned in {time.perf_counter() - t_all:.1f} s")
@@ -167,7 +171,7 @@ def _print_table(rows: List[dict]) -> None:
         sites = ", ".join(r["sites"][:3]) + (f" (+{len(r['sites']) - 3})" if len(r["sites"]) > 3 else "")
         print(f"{r['N']:>6} {r['K']:>6} {r['format']:<18} {r['bucket']:>8} {r['hint'].replace('Hint', ''):<10} "
               f"{_fmt(r['default_ms'], '.4f'):>10} {_fmt(r['tuned_ms'], '.4f'):>9} {_fmt(r['speedup'], '.2f'):>7} "
-              f"{'cache' if r['cached'] else 'tuned':<7} {sites}")
+              f"{'skipped' if r.get('skipped') else 'cache' if r['cached'] else 'tuned':<7} {sites}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:  # pragma: no cover - python -m bitblas tune

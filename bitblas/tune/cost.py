@@ -15,6 +15,10 @@ The model here does the same for the bitblas templates, from the :class:`~bitbla
 * traffic: L2 -> SM bytes = every block's A and W tiles; DRAM bytes = unique A, W, scales and
   output, W re-read per row of blocks when it does not stay in L2; both slowed when the
   ``stages``-deep ring keeps too few bytes in flight per SM to cover DRAM latency (Little's law);
+* Hopper wgmma (:class:`WGMMAHint`, one CTA per SM: its ring fills most of shared memory):
+  ``waves = ceil(tiles / SMs)`` of per-tile time ``max(tensor-core time, A and W tile bytes over
+  the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`_wgmma_cost` for the
+  constants, fitted to the H200 tile table of docs/benchmarks.md;
 * GEMV: weight bytes over DRAM bandwidth, scaled by bytes in flight per SM (warps x lanes x
   vector x unroll x rows) against latency, SM imbalance for few blocks, and ALU cycles for decode
   and the m-row dot products.
@@ -25,8 +29,8 @@ from __future__ import annotations
 
 import math
 
-from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint
-from ..schedule import cuda_gemv, cuda_mma
+from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
+from ..schedule import cuda_gemv, cuda_mma, cuda_wgmma
 
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
@@ -34,6 +38,15 @@ DRAM_LATENCY_S = 1.0e-6      # loaded DRAM latency the in-flight bytes must cove
 _LAUNCH_S = 2.0e-6
 _SYNC_CLK = 60               # cycles per k step for barriers and address arithmetic
 _PROLOGUE_CLK = 1500         # pipeline fill + epilogue store latency per block (not overlapped)
+
+# wgmma (H200 measurements, docs/benchmarks.md "Large M"; the DeviceSpec's tc_flops_per_sm_clk
+# is the mma.sync rate, so the wgmma rate is a constant here, scaled by SM count and clock):
+# dense fp16/bf16 ~650 TFLOP/s (cuBLAS 646 at 4096^3) over 132 SMs at the 1.98 GHz the driver
+# reports; 8-bit inputs (k32 instructions) twice that (~1300; measured 1110 for int8 and fp8).
+_WG_FLOPS_PER_SM_CLK = 650e12 / (132 * 1.98e9)
+_WG_ONE_CONSUMER = 0.75      # one consumer warpgroup: tensor-core rate vs two (64 x 128 vs 128 x 128 tiles)
+_WG_TILE_S = 3.0e-6          # per tile: accumulator epilogue (scales, bias, stores) + ring drain / refill
+_WG_FILL_S = 1.0e-6          # of which a persistent CTA hides this much on each tile after its first
 
 
 def _elem_bytes(fmt) -> float:
@@ -113,6 +126,59 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     t_l2 = l2_bytes / spec.l2_bandwidth / mem_eff
     parts = sorted((t_sm, t_dram, t_l2))
     return parts[2] + 0.1 * (parts[0] + parts[1]) + _LAUNCH_S
+
+
+def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
+    """Seconds of the wgmma kernel: one CTA per SM (the persistent grid has one per SM; the ring
+    and the setmaxnreg split, 232 registers per consumer thread, are sized for a whole SM),
+    ``ceil(tiles / SMs)`` tiles on the busiest SM, each ``max(tensor, memory) + epilogue``:
+
+    * tensor: ``2 * BM * BN * K`` (padded rows included) at the SM's dense rate, x0.75 with one
+      consumer warpgroup (H200, N=K=4096: 64 x 128 tiles ran 21.7 µs at m=256 in one wave, 85.7 µs
+      at m=1024 in four; the 2-warpgroup tiles fit the full rate);
+    * memory: the A and W tiles (``(BM + BN) * K`` elements) at 64 B per clock per SM (the model's
+      L2 -> SM width), slowed when the ``stages - 2`` ring slots the producer can fill ahead (the
+      consumers hold two: the one they read and the one the last wgmma group still reads) keep
+      too few bytes in flight to cover DRAM latency (Little's law); with 2 stages the producer
+      only refills the slot the consumers just released while they wait for it: one slot in
+      flight, as with 3, but loads and math take turns (tensor + memory);
+    * epilogue: 3 µs per tile (fitted: with full waves, m >= 1024, the estimates land within 5%
+      of the H200 tile table; a part-filled GPU runs each busy SM faster than the full-GPU rate,
+      so 128-512 rows on big tiles are over-estimated by up to ~30%), 1 µs less per later tile
+      of a persistent CTA, whose ring runs on into the next tile (int8 4096^3, 8 tiles per SM:
+      125 vs 134 µs measured).
+
+    A lower bound of unique DRAM bytes (A, W once per ``group_m`` band of row tiles when W does
+    not stay in L2, output) over bandwidth. Reproduces the measured best tile classes (fp16,
+    N=K=4096): 64 x 64 up to 128 rows, 128 x 128 at 512, 128 x 256 from 1024; at 256 rows it puts
+    128 x 64 (not measured) ahead of the measured best 64 x 128, which comes next.
+    """
+    c = plan.config
+    if cuda_wgmma.wgmma_unsupported(plan, spec.cc) or hint.smem_bytes(plan) > spec.smem_per_block:
+        return math.inf
+    N, K = c.N, c.K
+    BM, BN = hint.BM, hint.BN
+    eb = float(cuda_wgmma._eb(plan))
+    out_b = 4.0 if c.out_dtype in ("float32", "int32") else 2.0
+    tiles_m, tiles_n = math.ceil(m / BM), math.ceil(N / BN)
+    tiles = tiles_m * tiles_n
+    per_sm = math.ceil(tiles / spec.sm_count)            # tiles on the busiest SM
+    rate = _WG_FLOPS_PER_SM_CLK * spec.clock_hz * (2.0 if eb == 1.0 else 1.0)
+    rate *= 1.0 if hint.consumers == 2 else _WG_ONE_CONSUMER
+    Kp = math.ceil(K * eb / cuda_wgmma._ROW_BYTES) * cuda_wgmma._ROW_BYTES / eb
+    t_tc = 2.0 * BM * BN * Kp / rate
+    sm_bw = spec.l2_bandwidth / spec.sm_count
+    stage_bytes = (BM + BN) * cuda_wgmma._ROW_BYTES
+    ahead = max(1, hint.stages - 2) * stage_bytes
+    t_mem = (BM + BN) * Kp * eb / sm_bw / min(1.0, ahead / (sm_bw * DRAM_LATENCY_S))
+    t_tile = t_tc + t_mem if hint.stages < 3 else max(t_tc, t_mem)
+    t = per_sm * (t_tile + _WG_TILE_S)
+    if hint.persistent:
+        t -= (per_sm - 1) * _WG_FILL_S
+    a_bytes, w_bytes = m * K * eb, N * K * eb
+    w_reads = 1 if w_bytes + a_bytes <= 0.6 * spec.l2_bytes else math.ceil(tiles_m / hint.group_m)
+    t_dram = (a_bytes + w_bytes * w_reads + m * N * out_b) / spec.dram_bandwidth
+    return max(t, t_dram) + _LAUNCH_S
 
 
 def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
@@ -206,6 +272,8 @@ def estimate(plan, hint, m: int, spec=None, cores: int = 1) -> float:
         raise ValueError("estimate: a DeviceSpec is needed for CUDA hints")
     if isinstance(hint, MMAHint):
         return _mma_cost(plan, hint, m, spec)
+    if isinstance(hint, WGMMAHint):
+        return _wgmma_cost(plan, hint, m, spec)
     if isinstance(hint, GEMVHint):
         return _gemv_cost(plan, hint, m, spec)
     if isinstance(hint, SimpleCUDAHint):

@@ -8,7 +8,12 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
   config (one kernel serves every m of the bucket) and static for an int M > 16;
 * GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies): output channels
   per warp, warps per block, loads in flight (unroll), weight vector width; plan rows = ``b``;
-* the simple schedule (threads per block) where neither applies.
+* Hopper wgmma (:class:`WGMMAHint`, sm_90 plans whose weights need no decode, see
+  :func:`wgmma_unsupported`): BN in {64, 128, 192, 256} (int8: those in the s8 wgmma table),
+  1 or 2 consumer warpgroups (BM = 64 or 128), every ring depth from 2 to 8 stages that fits the
+  device's shared memory per block, persistent or one CTA per tile, grouped raster of 8 row
+  tiles; plan rows as for the mma.sync kernels;
+* the simple schedule (threads per block) where none applies.
 
 On the CPU: :class:`CPUHint` (N tile, K vector width). Hints are filtered by the template's own
 checks (tile geometry, vector alignment) and by the device's shared memory per block.
@@ -21,7 +26,8 @@ from typing import List, Optional
 
 from ..config import MatmulConfig
 from ..plan import make_plan
-from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, gemv_unsupported, hint_to_dict
+from ..schedule import (CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported, hint_to_dict,
+                        wgmma_unsupported)
 from ..schedule import cuda_gemv, cuda_mma
 
 __all__ = ["Candidate", "candidates", "mma_rows"]
@@ -76,6 +82,27 @@ def _mma(config, spec) -> List[Candidate]:
     return out
 
 
+def _wgmma(config, spec) -> List[Candidate]:
+    if spec is None:
+        return []                         # the arch decides: not assumed
+    rows = mma_rows(config)
+    plan = make_plan(config, "cuda", rows)
+    if wgmma_unsupported(plan, spec.cc) is not None:
+        return []
+    out = []
+    for BN, consumers, stages, persistent in itertools.product((64, 128, 192, 256), (1, 2), range(2, 9),
+                                                               (True, False)):
+        hint = WGMMAHint(BN=BN, stages=stages, consumers=consumers, persistent=persistent, group_m=8)
+        if hint.smem_bytes(plan) > spec.smem_per_block:
+            continue
+        try:
+            hint.check(plan)              # int8: BN in the s8 wgmma table; the ring within sm_90's limit
+        except ValueError:
+            continue
+        out.append(Candidate(rows, hint))
+    return out
+
+
 def _gemv(config, bucket, spec) -> List[Candidate]:
     if bucket > cuda_gemv.GEMV_MAX_ROWS:
         return []
@@ -107,7 +134,7 @@ def candidates(config: MatmulConfig, kind: str, bucket: int, spec=None) -> List[
         return [Candidate(rows, CPUHint(n_tile=n, k_vec=k)) for n in (4, 8, 16, 32, 64, 128) for k in ks]
     if kind != "cuda":
         raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
-    out = _gemv(config, bucket, spec) + _mma(config, spec)
+    out = _gemv(config, bucket, spec) + _mma(config, spec) + _wgmma(config, spec)
     if not out:
         rows = config.M if isinstance(config.M, int) else None
         out = [Candidate(rows, SimpleCUDAHint(threads=t)) for t in (64, 128, 256, 512)]

@@ -5,13 +5,18 @@ For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 1. every valid candidate of the templates that apply (:mod:`bitblas.tune.space`) is scored by the
    cost model (:mod:`bitblas.tune.cost`) on the device's :class:`~bitblas.hardware.DeviceSpec`;
 2. the ``topk`` best are kept, at most two per tile shape (so knobs such as stages and vector
-   widths do not crowd out other tiles) and at least a quarter from each template when both
-   apply (GEMV vs tensor cores); the default kernel of the bucket is always added;
+   widths do not crowd out other tiles) and at least a quarter from each template when several
+   apply (GEMV, mma.sync, wgmma); the default kernel of the bucket (the one an untuned operator
+   runs for its rows) is always added;
 3. they compile in spawned worker processes (:mod:`bitblas.tune.workers`), each to a shared library;
 4. each is run once on random inputs of ``bucket`` rows and compared with the torch reference
    (tolerance table of :mod:`bitblas.reference`); wrong ones are dropped with a warning;
 5. the rest are timed (:func:`~bitblas.tune.measure.time_kernel`: warm-up, batches of launches,
    median; weight copies cycled to exceed the L2) and the fastest is kept.
+
+Buckets whose rows an untuned operator runs as decode + wgmma GEMM (quantized weights on sm_90,
+see :func:`composite_serves`) are not tuned: a tuned entry would take their rows off that faster
+path. Their results carry ``skipped`` (the reason) and no hint.
 
 The winner (its hint, latency, the default's latency and the whole candidate table) is written
 to the database under a key of (config, bucket, device, flags, versions), and its kernel under
@@ -39,14 +44,15 @@ from ..config import MatmulConfig
 from ..dispatch import BucketTable, default_rows
 from ..formats import FORMATS
 from ..plan import M_VAR, make_plan
-from ..schedule import GEMVHint, MMAHint, default_hint, hint_from_dict, hint_to_dict
+from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
 from .cost import estimate
 from .measure import time_kernel
 from .space import Candidate, candidates
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args"]
+__all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args",
+           "composite_serves"]
 
 
 @dataclass
@@ -54,13 +60,14 @@ class TuneResult:
     bucket: int
     plan_m: Optional[int]
     hint: object
-    latency_ms: float
+    latency_ms: Optional[float]          # None only for a skipped bucket
     default_latency_ms: Optional[float]
     seconds: float
     from_cache: bool
     candidates: List[dict] = field(default_factory=list)
     entry: object = field(default=None, repr=False)        # (module, fn) of the winner, when built here
     path: Optional[str] = field(default=None, repr=False)  # its exported library (worker-built), until stored
+    skipped: Optional[str] = None      # why the bucket was not tuned (then no hint, no latencies)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -96,6 +103,8 @@ def tuning_key(config: MatmulConfig, kind: str, bucket: int, ddesc: dict) -> dic
 def _shape_key(hint):
     if isinstance(hint, MMAHint):
         return ("mma", hint.BM, hint.BN, hint.BK, hint.WM, hint.WN)
+    if isinstance(hint, WGMMAHint):
+        return ("wgmma", hint.BM, hint.BN)
     if isinstance(hint, GEMVHint):
         return ("gemv", hint.mma, hint.rows_per_warp, hint.warps, hint.k_warps)
     d = hint_to_dict(hint)
@@ -254,6 +263,10 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
     d_rows = default_rows(config, kind, bucket)
     d_plan = make_plan(config, kind, d_rows)
     d_hint = default_hint(d_plan, tgt)
+    if isinstance(d_hint, WGMMAHint) and d_rows is None:
+        # what an untuned operator runs for these rows (Matmul._wgmma_for_rows): the symbolic
+        # kernel with the tile class of the row count, not the 128 x 256 tile of a symbolic plan
+        d_hint = WGMMAHint.default(make_plan(config, kind, bucket), tgt) or d_hint
     default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, bucket, spec, cores) if (spec or not cuda) else 0.0)
     if all((c.plan_m, c.hint) != (default.plan_m, default.hint) for c in chosen):
         chosen.append(default)
@@ -323,6 +336,24 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
 
 
 # -- an operator ---------------------------------------------------------------------------------
+def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) -> Optional[str]:
+    """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
+
+    An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
+    kernel symbolic in M for them) as decode + dense wgmma GEMM, which is 2.5-6x faster than the
+    fused kernels this tuner can pick from (H200, W4A16 4096^2: 27-67 µs vs 150-165 µs from 64 to
+    1024 rows). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
+    fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
+    from ..build import cuda_target
+    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
+    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS or default_rows(config, kind, bucket) is not None:
+        return None
+    if dequant_gemm_reason(make_plan(config, kind, None), cuda_target(target)) is not None:
+        return None
+    return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
+            "fused kernels the tuner searches; left untuned")
+
+
 def _load_cached(config, kind, rec, target) -> TuneResult:
     """The result of a tuning record, its kernel loaded into the kernel cache (rebuilt if its file is gone)."""
     hint = hint_from_dict(rec["hint"])
@@ -366,7 +397,9 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
 
     Returns {bucket: TuneResult}; each result's kernel is in the kernel cache (memory and, where
     the host can export libraries, disk), so ``get_kernel(plan(result.plan_m), result.hint)``
-    returns it without compiling. ``force``: tune even when the database has a result.
+    returns it without compiling. ``force``: tune even when the database has a result. A bucket
+    that the decode-then-GEMM path serves (see :func:`composite_serves`) is not tuned: its result
+    has ``skipped`` set (the reason) and no hint.
     """
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
@@ -386,6 +419,11 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     bar = None
     try:
         for b in buckets:
+            why = composite_serves(config, kind, b, target)
+            if why is not None:
+                logger.info("bucket %d: %s", b, why)
+                results[b] = TuneResult(b, None, None, None, None, 0.0, False, skipped=why)
+                continue
             key = tuning_key(config, kind, b, ddesc)
             with (db.lock("tuning", key) if db is not None else contextlib.nullcontext()):
                 rec = None if (force or db is None) else db.get("tuning", key)

@@ -98,3 +98,17 @@ def test_gpu_matmul(fmt, NK):
         torch.cuda.synchronize()
         err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
         assert err <= tolerance(cfg), f"{fmt} rows={rows}: rel. err {err:.3e} > {tolerance(cfg):.1e}"
+
+
+def test_static_m_takes_the_path_too():
+    """A config with an int M (one static kernel) above the GEMV's rows also decodes then runs wgmma,
+    and the tuner leaves that bucket alone as it does for dynamic M."""
+    from bitblas.tune.tuner import composite_serves
+    cfg = C(M=4096, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])
+    op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])
+    m, choice = op._choose("cuda", 4096)
+    assert m == 4096 and choice[0] == "dequant-gemm"
+    assert composite_serves(cfg, "cuda", 4096, TARGETS["sm_90"]) is not None
+    small = C(M=8, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])
+    assert bitblas.Matmul(small, target=TARGETS["sm_90"])._choose("cuda", 8) == (8, None)      # GEMV
+    assert composite_serves(small, "cuda", 8, TARGETS["sm_90"]) is None

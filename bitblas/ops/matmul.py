@@ -114,6 +114,10 @@ class Matmul:
                 choice = self._dequant_gemm_for_rows(rows)
                 if choice is not None:
                     return None, choice
+        elif kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS:     # a static M (the config's int)
+            choice = self._dequant_gemm_for_rows(rows)
+            if choice is not None:
+                return default_m, choice
         return default_m, None
 
     def _dequant_gemm_for_rows(self, rows: int):

@@ -346,9 +346,10 @@ def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) 
     fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
     from ..build import cuda_target
     from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
-    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS or default_rows(config, kind, bucket) is not None:
+    m = default_rows(config, kind, bucket)
+    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS or (m is not None and m < DEQUANT_GEMM_MIN_ROWS):
         return None
-    if dequant_gemm_reason(make_plan(config, kind, None), cuda_target(target)) is not None:
+    if dequant_gemm_reason(make_plan(config, kind, m), cuda_target(target)) is not None:
         return None
     return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
             "fused kernels the tuner searches; left untuned")

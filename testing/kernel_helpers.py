@@ -60,3 +60,17 @@ def fp8_mma_tolerance(cfg) -> float:
     K / 32 instructions of a k loop in that accumulator (no promotion to a CUDA-core fp32 sum): at
     most 2**-13 of |acc| per instruction."""
     return max(tolerance(cfg), cfg.K / 32 * 2.0 ** -13)
+
+
+def ranked_candidates(cfg, bucket: int, spec):
+    """The tuner's candidates for ``bucket`` of ``cfg`` on ``spec`` with a finite cost estimate, cheapest first."""
+    import math
+    from bitblas.plan import make_plan
+    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import Candidate, candidates
+    out = []
+    for c in candidates(cfg, "cuda", bucket, spec):
+        cost = estimate(make_plan(cfg, "cuda", c.plan_m), c.hint, bucket, spec)
+        if math.isfinite(cost):
+            out.append(Candidate(c.plan_m, c.hint, cost))
+    return sorted(out, key=lambda c: c.cost)

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 import bitblas
-from kernel_helpers import H200_SPEC
+from kernel_helpers import ranked_candidates, H200_SPEC
 from bitblas import MatmulConfig
 from bitblas.build import cuda_target
 from bitblas.hardware import DeviceSpec
@@ -41,12 +41,7 @@ def db_path(tmp_path):
 
 
 def _ranked(cfg, bucket, spec):
-    out = []
-    for c in candidates(cfg, "cuda", bucket, spec):
-        cost = estimate(make_plan(cfg, "cuda", c.plan_m), c.hint, bucket, spec)
-        if math.isfinite(cost):
-            out.append(Candidate(c.plan_m, c.hint, cost))
-    return sorted(out, key=lambda c: c.cost)
+    return ranked_candidates(cfg, bucket, spec)
 
 
 # -- candidates ----------------------------------------------------------------------------------------

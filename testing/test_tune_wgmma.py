@@ -19,8 +19,7 @@ from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint
 from bitblas.schedule.cuda_wgmma import _S8_N
 from bitblas.tune import candidates, estimate, select_topk, tuner
-from bitblas.tune.space import Candidate
-from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS
+from kernel_helpers import ranked_candidates, A100_SPEC, H200_SPEC, TARGETS
 
 H200 = H200_SPEC
 L40S = DeviceSpec(name="test sm_89", arch="sm_89", sm_count=142, smem_per_sm=102400, smem_per_block=101376,
@@ -44,12 +43,7 @@ def db_path(tmp_path):
 
 
 def _ranked(cfg, bucket, spec=H200):
-    out = []
-    for c in candidates(cfg, "cuda", bucket, spec):
-        cost = estimate(make_plan(cfg, "cuda", c.plan_m), c.hint, bucket, spec)
-        if math.isfinite(cost):
-            out.append(Candidate(c.plan_m, c.hint, cost))
-    return sorted(out, key=lambda c: c.cost)
+    return ranked_candidates(cfg, bucket, spec)
 
 
 def _wgmma(cands):

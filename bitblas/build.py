@@ -67,14 +67,17 @@ def lower_plan(plan: Plan, hint=None, target=None):
 
 
 def _compile(mod, tgt):
-    """tvm.compile; modules of hand-written TIRx kernels (the GEMV template) say so by an attribute."""
+    """tvm.compile; modules of hand-written TIRx kernels (GEMV, wgmma) say so by attributes: the
+    tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
+    from .schedule.cuda_gemv import TIRX_PIPELINE_ATTR
+    from .schedule.cuda_wgmma import WGMMA_ARCH_ATTR
     attrs = mod.attrs
-    if attrs is not None and "bitblas.arch" in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
+    if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
-        spec["arch"] = str(attrs["bitblas.arch"])
+        spec["arch"] = str(attrs[WGMMA_ARCH_ATTR])
         tgt = tvm.target.Target({k: v for k, v in spec.items() if k not in ("tag", "keys")})
-    if attrs is not None and "bitblas.tir_pipeline" in attrs:
-        return tvm.compile(mod, target=tgt, tir_pipeline=str(attrs["bitblas.tir_pipeline"]))
+    if attrs is not None and TIRX_PIPELINE_ATTR in attrs:
+        return tvm.compile(mod, target=tgt, tir_pipeline=str(attrs[TIRX_PIPELINE_ATTR]))
     return tvm.compile(mod, target=tgt)
 
 

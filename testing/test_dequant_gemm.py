@@ -72,7 +72,7 @@ def test_argument_wiring():
     cfg = C(N=1024, K=1024, **FORMATS["nvfp4-bf16"], with_bias=True)
     plan = make_plan(cfg, "cuda", None)
     # no GPU needed to wire: kernels build source-only modules here
-    d = DequantGemm(plan, bitblas.build.cuda_target(TARGETS["sm_90"]), rows=4096)
+    d = DequantGemm(plan, bitblas.build.cuda_target(TARGETS["sm_90"]))
     names = [s.name for s in plan.args]
     assert [names[i] for i in d._deq_idx] == ["W", "scale", "global_scale", "w_table", "s_table"]
     assert [None if i is None else names[i] for i in d._gemm_idx] == ["A", None, "bias", "output"]

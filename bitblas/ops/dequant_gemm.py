@@ -75,17 +75,14 @@ def _dequant_fn(plan: Plan, target):
 
 class DequantGemm:
     """A kernel-like callable for ``plan`` (arguments in ``plan.args`` order): dequantize into a
-    temporary buffer, then the dense wgmma GEMM with ``hint`` (None: its default for the rows)."""
+    temporary buffer, then the dense wgmma GEMM with ``hint`` (None: the dense plan's default)."""
 
-    def __init__(self, plan: Plan, target, rows: Optional[int] = None, hint=None):
+    def __init__(self, plan: Plan, target, hint=None):
         from ..cache.kernels import get_kernel
-        from ..schedule import WGMMAHint
         from ..schedule.cuda_dequant import WEIGHT_ARGS
         c = plan.config
         self.plan = plan
         self.dense_plan = make_plan(dense_config(c), "cuda", plan.m)
-        if hint is None and rows is not None:
-            hint = WGMMAHint.default(make_plan(dense_config(c), "cuda", rows), target)
         self.gemm, self.hint = get_kernel(self.dense_plan, hint, target=target)
         self.dequant = _dequant_fn(plan, target)
         names = [s.name for s in plan.args]

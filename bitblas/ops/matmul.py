@@ -18,7 +18,7 @@ from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..dispatch import default_rows
-from ..schedule.cuda_gemv import GEMV_MAX_ROWS, GEMVHint, gemv_unsupported
+from ..schedule.cuda_gemv import GEMV_MAX_ROWS, GEMVHint
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
 __all__ = ["Matmul", "MatmulConfig"]
@@ -62,7 +62,6 @@ class Matmul:
         self._out_base: Dict[torch.device, torch.Tensor] = {}
         self._buckets = None                      # BucketTable of the tuned buckets
         self._dequant_gemm_why: Optional[str] = None      # why decode-then-GEMM does not apply ("" : it does)
-        self._gemv_rows: Dict[int, bool] = {}     # rows -> the GEMV template serves them (16-byte loads)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
         if enable_tuning:
             self.hardware_aware_finetune()
@@ -88,9 +87,7 @@ class Matmul:
         with 1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
         if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MAX_ROWS:
             return self._static_m(rows)
-        m = default_rows(self.config, kind, rows)
-        self._gemv_rows[rows] = m == rows and gemv_unsupported(make_plan(self.config, kind, rows)) is None
-        return m
+        return default_rows(self.config, kind, rows)
 
     def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
         """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned

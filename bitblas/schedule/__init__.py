@@ -8,8 +8,8 @@ from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
 
 __all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu", "schedule_cuda_simple",
-           "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "wgmma_unsupported", "gemv_unsupported", "schedule", "default_hint",
-           "HINTS", "hint_to_dict", "hint_from_dict", "ir_options"]
+           "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "gemv_unsupported", "wgmma_unsupported",
+           "schedule", "default_hint", "HINTS", "hint_to_dict", "hint_from_dict", "ir_options"]
 
 HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint)}
 

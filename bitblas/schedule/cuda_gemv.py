@@ -452,6 +452,16 @@ def _kernel_script(plan, hint: GEMVHint):
         return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
                 f"source_code={src(f'bb_ldw{NW}')})")
 
+    def load_lines(ind, nr, cidx, at):
+        """Weight vector ``cidx`` of row ``nr`` into slot ``at`` (index text) of ``wq``, its raw
+        scale / zero element into ``sr`` / ``zr`` at the same index."""
+        out = [ldw_line(ind, nr, cidx, f"wq.ptr_to([{at}, 0])")]
+        if sdt:
+            out.append(f"{ind}sr[{at}] = scale[{nr}, {gidx(cidx)}]")
+        if zdt:
+            out.append(f"{ind}zr[{at}] = {zsrc(nr, cidx)}")
+        return out
+
     def dec_line(ind, wsrc, off, dst):
         return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {off}, {dst}, source_code={src(f'bb_dec_{tag}')})"
 
@@ -587,11 +597,8 @@ def _body_rows(plan, hint, add, e):
     def load(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
         add(f"{ind}    for r in T.unroll({R}):")
-        add(e["ldw_line"](ind + "        ", nr, cload(step), f"wq.ptr_to([{slot}, u, r, 0])"))
-        if sdt:
-            add(f"{ind}        sr[{slot}, u, r] = scale[{nr}, {e['gidx'](cload(step))}]")
-        if zdt:
-            add(f"{ind}        zr[{slot}, u, r] = {e['zsrc'](nr, cload(step))}")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r"):
+            add(ln)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -721,11 +728,8 @@ def _body_ksplit(plan, hint, add, e):
         row = nr.replace("BATCH", batch)
         add(f"{ind}for r in T.unroll({R}):")
         add(f"{ind}    for j in T.unroll({NJ}):")
-        add(e["ldw_line"](ind + "        ", row, cload, f"wq.ptr_to([{slot}, r, j, 0])"))
-        if sdt:
-            add(f"{ind}        sr[{slot}, r, j] = scale[{row}, {e['gidx'](cload)}]")
-        if zdt:
-            add(f"{ind}        zr[{slot}, r, j] = {e['zsrc'](row, cload)}")
+        for ln in e["load_lines"](ind + "        ", row, cload, f"{slot}, r, j"):
+            add(ln)
 
     def process(ind, batch, slot):
         n0 = f"(bx + ({batch}) * {GRID}) * {R}"
@@ -898,11 +902,8 @@ def _body_mma(plan, hint, add, e):
     def load(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
         add(f"{ind}    for r, h in T.grid({R}, 2):")
-        add(e["ldw_line"](ind + "        ", nr, cload(step), f"wq.ptr_to([{slot}, u, r, h, 0])"))
-        if sdt:
-            add(f"{ind}        sr[{slot}, u, r, h] = scale[{nr}, {e['gidx'](cload(step))}]")
-        if zdt:
-            add(f"{ind}        zr[{slot}, u, r, h] = {e['zsrc'](nr, cload(step))}")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
+            add(ln)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")

@@ -35,7 +35,7 @@ from typing import Optional
 from .._tvm import tvm
 from .cuda_mma import _PTX_FP8, _target_info
 
-__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR", "wgmma_arch"]
+__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR"]
 
 WGMMA_ARCH_ATTR = "bitblas.arch"        # module attribute: compile for this arch (sm_90a)
 _ROW_BYTES = 128                        # one swizzled tile row (BK * element bytes)
@@ -96,7 +96,7 @@ class WGMMAHint:
             return None
         from .cuda_gemv import _num_sms
         c = plan.config
-        big = [cls(BN=128, stages=6)] if c.A_dtype == "int8" or c.N <= 128 else [cls(), cls(BN=128, stages=6)]
+        big = [] if c.A_dtype == "int8" or c.N <= 128 else [cls()]
         # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
         # best on 64 x 64 tiles, 256 on 64 x 128, 512 on 128 x 128, >= 1024 on 128 x 256)
         tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1), cls(BN=64, stages=8, consumers=1)]
@@ -112,10 +112,6 @@ class WGMMAHint:
             if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
                 return h
         return fits[-1]
-
-
-def wgmma_arch(sm: Optional[int]) -> Optional[str]:
-    return "sm_90a" if sm == 90 else None
 
 
 def _eb(plan) -> int:

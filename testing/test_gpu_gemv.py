@@ -143,7 +143,8 @@ def test_gemv_nvfp4_default_global_scale(act, m):
 
 HINTS = [GEMVHint(1, 4, 1, 0), GEMVHint(4, 2, 4, 8), GEMVHint(2, 8, 2, 4), GEMVHint(8, 1, 8, 16),
          GEMVHint(4, k_warps=4, grid=5), GEMVHint(3, vec_bytes=8, k_warps=2), GEMVHint(2, k_warps=16, grid=64),
-         GEMVHint(4, 1, 1, stages=4), GEMVHint(3, 2, 2, stages=3), GEMVHint(2, 4, 2, stages=1)]
+         GEMVHint(4, 1, 1, stages=4), GEMVHint(3, 2, 2, stages=3), GEMVHint(2, 4, 2, stages=1),
+         GEMVHint(8, 1, 4, stages=2, min_blocks=8), GEMVHint(3, 2, 4, stages=2, min_blocks=8)]
 
 
 @pytest.mark.parametrize("hint", HINTS, ids=[str(tuple(h.__dict__.values())) for h in HINTS])
@@ -279,6 +280,25 @@ def test_gemv_codegen(arch):
         src = cuda_source(plan, arch)
         assert "lop3.b32" in src or "__byte_perm" in src
         assert nvcc_compile(src, arch)
+
+
+@pytest.mark.nvcc
+def test_gemv_launch_bounds():
+    """min_blocks reaches __launch_bounds__ (ptxas may then spend more registers on loads in
+    flight); the m=1 defaults of int/uint, fp4 and 8-bit weights use it, nf4 does not."""
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    for kw, bounds in ((dict(W_dtype="uint4", group_size=128, with_scaling=True), "__launch_bounds__(64, 8)"),
+                       (dict(W_dtype="int2", group_size=128, with_scaling=True), "__launch_bounds__(32, 8)"),
+                       (dict(W_dtype="int8", with_scaling=True), "__launch_bounds__(64, 8)"),
+                       (dict(W_dtype="nf4", group_size=128, with_scaling=True), "__launch_bounds__(32)")):
+        plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", **kw), "cuda", 1)
+        src = cuda_source(plan, "sm_90")
+        assert bounds in src, (kw, src[src.find("__launch_bounds__"):][:40])
+        assert nvcc_compile(src, "sm_90")
+    plan = make_plan(MatmulConfig(N=256, K=512, W_dtype="uint4", group_size=128, with_scaling=True), "cuda", 5)
+    assert "__launch_bounds__(32, 4)" in cuda_source(plan, "sm_90", GEMVHint(4, 1, 2, stages=1, min_blocks=4))
 
 
 CODEGEN_CASES = [(1, 1000, 1536, None), (3, 256, 512, GEMVHint(2, k_warps=4)), (16, 1000, 1536, None),

@@ -82,6 +82,7 @@ class GEMVHint:
     grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
     stages: int = 2            # register slots of in-flight weights (rows kernel): 2 = prefetch the next step
     mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see _body_mma)
+    min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
@@ -101,6 +102,16 @@ class GEMVHint:
             if plan.config.N >= 16896:
                 return cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
             return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
+        if m <= 2 and _decoder(plan.w) != "lut4":
+            # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
+            # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
+            # 8 channels per warp (14.9 -> 10.3 us), 8-bit and nvfp4 2 channels in 2-warp blocks
+            # (w8a16: 28.0 -> 18.7 us); the nf4 table decoder is faster without (18.4 vs 19.5)
+            if plan.w.bits <= 2:
+                return cls(rows_per_warp=8, warps=1, unroll=4, stages=2, min_blocks=8)
+            if plan.w.bits == 8 or _vec_bytes(plan) < 16:
+                return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
+            return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
         if m <= 4:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=2)
         if m <= 8:
@@ -491,6 +502,12 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
+def _device_entry(add, hint):
+    add("    T.device_entry()")
+    if hint.min_blocks:
+        add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
+
+
 def _steps(nit: int, unroll: int):
     """(vectors per lane and step, steps): the largest unroll <= ``unroll`` that divides ``nit``."""
     u = max(x for x in range(1, max(1, min(unroll, nit)) + 1) if nit % x == 0)
@@ -577,7 +594,7 @@ def _body_rows(plan, hint, add, e):
         return _body_rows_ring(plan, hint, add, e)
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
-    add("    T.device_entry()")
+    _device_entry(add, hint)
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * WARPS}])")
     add(f"    wq = T.alloc_local(({ST}, {U}, {R}, {NW}), 'uint32')")
@@ -629,7 +646,7 @@ def _body_rows_ring(plan, hint, add, e):
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
     src = e["src"]
-    add("    T.device_entry()")
+    _device_entry(add, hint)
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * WARPS}])")
     add(f"    ring = T.alloc_buffer(({WARPS}, {ST}, {U}, {R}, 32, 4), 'uint32', scope='shared', align=16)")
@@ -700,7 +717,7 @@ def _body_ksplit(plan, hint, add, e):
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
     sdt, zdt = e["sdt"], e["zdt"]
-    add("    T.device_entry()")
+    _device_entry(add, hint)
     add(f"    bx = T.cta_id([{GRID}])")
     add(f"    tx = T.thread_id([{32 * WK}])")
     add(f"    wq = T.alloc_local((2, {R}, {NJ}, {NW}), 'uint32')")
@@ -866,7 +883,7 @@ def _body_mma(plan, hint, add, e):
     NBLK = -(-N // (16 * R))
     scaled = c.with_scaling or e["float_zeros"]
     sdt, zdt = e["sdt"], e["zdt"]
-    add("    T.device_entry()")
+    _device_entry(add, hint)
     add(f"    bx = T.cta_id([{NBLK}])")
     add(f"    tx = T.thread_id([{32 * KW}])")
     add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")

@@ -113,6 +113,9 @@ def _gemv(config, bucket, spec) -> List[Candidate]:
     vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
     for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
+    # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
+    for R, warps in itertools.product((2, 4, 8), (1, 2)):
+        out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
     # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
     sms = spec.sm_count if spec is not None else 108
     for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):

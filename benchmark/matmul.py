@@ -49,9 +49,16 @@ FORMATS = {
     "w8a8": dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),
     "fp8": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True, with_act_scaling=True,
                 out_dtype="bfloat16"),
+    "w8a8-g128": dict(A_dtype="int8", W_dtype="int8", group_size=128, with_scaling=True, with_act_scaling=True),
+    "w4a8-g128": dict(A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True),
+    "w4a8-chan": dict(A_dtype="int8", W_dtype="int4", with_scaling=True, with_act_scaling=True),
+    "w2a8-g128": dict(A_dtype="int8", W_dtype="int2", group_size=128, with_scaling=True, with_act_scaling=True),
+    "fp8-g128": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
+                     with_act_scaling=True, out_dtype="bfloat16"),
 }
 # the torch baseline a format is compared with (ratio column): cuBLAS fp16 unless listed
-BASELINE = {"w8a8": "int_mm", "fp8": "scaled_mm"}
+BASELINE = {"w8a8": "int_mm", "fp8": "scaled_mm", "w8a8-g128": "int_mm", "w4a8-g128": "int_mm",
+            "w4a8-chan": "int_mm", "w2a8-g128": "int_mm", "fp8-g128": "scaled_mm"}
 
 # Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
 SHAPES = {

@@ -245,7 +245,7 @@ def test_dequant_params_and_refusals():
         "A_dtype": MatmulConfig(N=64, K=128, A_dtype="float32", W_dtype="uint4"),
         "W_dtype": MatmulConfig(N=64, K=128, W_dtype="float16"),
         "K": MatmulConfig(N=64, K=132, W_dtype="int8"),
-        "A_dtype=int8": MatmulConfig(N=64, K=128, A_dtype="int8", W_dtype="int4"),
+        "W_dtype='uint8'": MatmulConfig(N=64, K=128, A_dtype="int8", W_dtype="uint8"),
         "N": MatmulConfig(N=2 ** 17, K=2 ** 14, W_dtype="uint4"),
     }
     for field, c in refused.items():
@@ -268,6 +268,24 @@ def test_dequant_cpu_plan(w_dtype, combo):
     inputs = _inputs(cfg, seed)
     err = _mismatch(cfg, inputs, _run(build_dequant(plan), cfg, plan, inputs, "cpu"))
     assert err is None, f"seed={seed}: {err}"
+
+
+@pytest.mark.parametrize("w_dtype", ["int8", "int4", "uint4", "int2", "uint2", "int1", "uint1"])
+def test_dequant_int8_codes_cpu(w_dtype):
+    """int8 activations: W_decoded is the integer weight value as int8 (scales stay with the GEMM),
+    every code, against the reference decode."""
+    import dataclasses
+    cfg = MatmulConfig(N=64, K=256, A_dtype="int8", W_dtype=w_dtype, group_size=128, with_scaling=True,
+                       with_act_scaling=True)
+    plan = make_plan(cfg, "cuda")
+    f = emit_dequant(plan)
+    assert [p.name for p in f.params] == ["W", "W_decoded"] and str(f.params[-1].ty.dtype) == "int8"
+    fn = build_dequant(plan, "cpu")
+    inputs = _inputs(cfg, random.randrange(2 ** 31))
+    out = torch.full((cfg.N, cfg.K), 99, dtype=torch.int8)
+    fn(*dequant_args(plan, inputs, out))
+    ref = dequantize(dataclasses.replace(cfg, with_scaling=False, group_size=-1), inputs["W"])
+    assert torch.equal(out.to(torch.float64), ref.to(torch.float64))
 
 
 def test_dequant_args_checks():

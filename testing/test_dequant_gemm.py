@@ -31,6 +31,11 @@ FORMATS = {
     "nvfp4-bf16": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, out_dtype="bfloat16"),
     "uint4-bf16": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
                        out_dtype="bfloat16"),
+    # int8 activations: int8 codes, then the int8 wgmma (group scales by float32 promotion)
+    "w4a8-g128": dict(A_dtype="int8", W_dtype="int4", group_size=G, with_scaling=True, with_act_scaling=True),
+    "w2a8-chan-bias": dict(A_dtype="int8", W_dtype="uint2", with_scaling=True, with_act_scaling=True,
+                           with_bias=True, out_dtype="bfloat16"),
+    "w4a8-g256-u4": dict(A_dtype="int8", W_dtype="uint4", group_size=256, with_scaling=True),
 }
 
 
@@ -62,9 +67,32 @@ def test_reasons():
     t = bitblas.build.cuda_target(TARGETS["sm_90"])
     dense = make_plan(C(M=None, N=256, K=512), "cuda", None)
     assert "nothing to decode" in dequant_gemm_reason(dense, t)
-    w4a8 = make_plan(C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), "cuda", None)
-    assert dequant_gemm_reason(w4a8, t) is not None
+    w8a8 = make_plan(C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8", with_scaling=True), "cuda", None)
+    assert "nothing to decode" in dequant_gemm_reason(w8a8, t)
+    w4a8_g64 = make_plan(C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True, group_size=64),
+                         "cuda", None)
+    assert "wgmma" in dequant_gemm_reason(w4a8_g64, t)          # int8 group scales: multiples of 128
+    u8a8 = make_plan(C(M=None, N=256, K=512, A_dtype="int8", W_dtype="uint8", with_scaling=True), "cuda", None)
+    assert "W_dtype='uint8'" in dequant_gemm_reason(u8a8, t)
     assert dequant_gemm_reason(make_plan(C(M=None, N=256, K=512, **FORMATS["nf4-g128"]), "cpu", None), t)
+
+
+def test_dense_config_int8():
+    c = C(M=None, N=1000, K=512, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True,
+          with_act_scaling=True, with_bias=True, out_dtype="bfloat16")
+    d = dense_config(c)
+    assert (d.A_dtype, d.W_dtype, d.group_size, d.with_scaling, d.with_act_scaling, d.with_bias, d.out_dtype) == \
+        ("int8", "int8", 128, True, True, True, "bfloat16")
+
+
+def test_argument_wiring_int8():
+    from bitblas.ops.dequant_gemm import DequantGemm
+    plan = make_plan(C(N=1024, K=1024, **FORMATS["w4a8-g128"]), "cuda", None)
+    d = DequantGemm(plan, bitblas.build.cuda_target(TARGETS["sm_90"]))
+    names = [s.name for s in plan.args]
+    assert [names[i] for i in d._deq_idx] == ["W"]
+    assert [None if i is None else names[i] for i in d._gemm_idx] == ["A", None, "scale", "a_scale", "output"]
+    assert d._dtype == torch.int8 and d.hint.promote_tiles(d.dense_plan) == 1
 
 
 def test_argument_wiring():

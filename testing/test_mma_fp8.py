@@ -84,9 +84,9 @@ def test_fp8_unsupported(cfg, why):
     assert why in mma_fp8_unsupported_reason(plan, 90)
     if cfg.A_dtype != "bfloat16":           # bf16 x e4m3 is the fp16/bf16 path's (decoded weights)
         target = cuda_target(TARGETS["sm_90"])
-        # wgmma loads K tails through TMA (K % 16 suffices): it takes K=528 on sm_90
-        # (and any row count)
-        assert isinstance(default_hint(plan, target), WGMMAHint if why in ("K=528", "M=16") else SimpleCUDAHint)
+        # wgmma loads K tails through TMA (K % 16 suffices): it takes K=528 on sm_90 (and any
+        # row count), and group scales of 128 (float32 promotion of each group's partial sums)
+        assert isinstance(default_hint(plan, target), WGMMAHint)
         with pytest.raises(ValueError, match="does not apply"):
             lower_plan(plan, MMAHint(BK=32), target)
 

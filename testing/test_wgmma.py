@@ -30,6 +30,13 @@ FAMILIES = {
     "e4m3-scaled-f16": dict(A_dtype=E4, W_dtype=E4, out_dtype="float16", **SCALED),
     "e5m2xe4m3-bias-bf16": dict(A_dtype=E5, W_dtype=E4, out_dtype="bfloat16", with_bias=True, **SCALED),
     "e4m3-noscale-f32": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+    # group scales: int32 / fp8 partial sums promoted to float32 once per group (128 or 256 K)
+    "i8-g128-f16": dict(A_dtype="int8", W_dtype="int8", out_dtype="float16", with_scaling=True, group_size=128,
+                        with_act_scaling=True),
+    "i8-g256-bias-bf16": dict(A_dtype="int8", W_dtype="int8", out_dtype="bfloat16", with_scaling=True,
+                              group_size=256, with_bias=True),
+    "e4m3-g128-bf16": dict(A_dtype=E4, W_dtype=E4, out_dtype="bfloat16", with_scaling=True, group_size=128,
+                           with_act_scaling=True),
 }
 
 
@@ -85,7 +92,7 @@ def test_small_m_keeps_other_templates():
 @pytest.mark.parametrize("kw,why", [
     (dict(A_dtype="float16", W_dtype="uint4"), "W_dtype=uint4"),
     (dict(A_dtype="int8", W_dtype="int4", with_scaling=True, group_size=-1), "W_dtype=int4"),
-    (dict(A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=128), "group scales"),
+    (dict(A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=64), "group_size=64"),
     (dict(A_dtype="bfloat16", W_dtype=E4), "W_dtype=float8_e4m3"),
     (dict(A_dtype="float16", W_dtype="float16", layout="nn"), "layout"),
     (dict(A_dtype="float32", W_dtype="float16"), "A_dtype=float32"),
@@ -122,7 +129,9 @@ CODEGEN = [("f16", None, WGMMAHint()), ("f16", 1000, WGMMAHint(persistent=False)
            ("bf16-bias", None, WGMMAHint(BN=128, stages=6, consumers=1)),
            ("i8-i32", None, None), ("i8-scaled-bias-bf16", 777, None),
            ("e4m3-scaled-f16", None, None), ("e5m2xe4m3-bias-bf16", 1000, WGMMAHint(BN=192, stages=4)),
-           ("e4m3-noscale-f32", None, None)]
+           ("e4m3-noscale-f32", None, None), ("i8-g128-f16", None, None), ("i8-g256-bias-bf16", 1000, None),
+           ("e4m3-g128-bf16", None, WGMMAHint(BN=128, stages=5, promote=1)),
+           ("e4m3-scaled-f16", None, WGMMAHint(BN=128, stages=6, promote=2))]
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
@@ -132,7 +141,9 @@ def test_codegen_nvcc_sm90a(fam, M, hint):
     src = cuda_source(plan, _h200(), hint)
     h = hint or WGMMAHint.default(plan, _h200())
     assert f"m64n{h.BN}k" in src and "cp.async.bulk.tensor" in src and "setmaxnreg" in src
-    assert "wait_group_sync_aligned_1" in src           # one group left in flight in the loop
+    P = h.promote_tiles(plan)
+    assert ("wait_group_sync_aligned_1" in src) == (P != 1)   # one group left in flight between promotions
+    assert ("tot_ptr[" in src) == bool(P)                      # float32 promotion of the partial sums
     assert ("bb_st2" in src) == (plan.config.out_dtype in ("float16", "bfloat16"))
     assert len(nvcc_compile(src, arch="sm_90a")) > 0
 
@@ -157,6 +168,8 @@ def test_gpu_static(fam, M, NK):
     kw = FAMILIES[fam]
     if kw["A_dtype"] in ("int8", E4, E5) and K % 16:
         K = 1008
+    if kw.get("group_size", -1) > 0 and K % kw["group_size"]:
+        K = 1024                                   # group scales: K a multiple of the group
     cfg = C(M=M, N=N, K=K, **kw)
     plan = _plan(cfg)
     assert wgmma_unsupported(plan, 90) is None
@@ -185,6 +198,29 @@ def test_gpu_dynamic_hints(fam, hint):
         err = check_kernel(cfg, plan, fn, m, tol=_tol(cfg))
         assert err is None, f"{hint}: {err}"
 
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_fp8_promotion_reduces_error():
+    """fp8 partial sums promoted to float32 every K tile (128) instead of summing all of K in the
+    tensor cores' 13-bit accumulator: same inputs, float32 output, the error must drop several-fold."""
+    import random
+    from bitblas.reference import random_inputs, reference_matmul, relative_error
+    from bitblas.tune.tuner import kernel_args
+    cfg = C(M=None, N=1000, K=4096, **FAMILIES["e4m3-noscale-f32"])
+    plan = _plan(cfg)
+    seed = random.randrange(2 ** 31)
+    inputs = random_inputs(cfg, 300, device="cuda", seed=seed)
+    ref = reference_matmul(cfg, **inputs)
+    errs = {}
+    for P in (0, 1):
+        fn = build_plan(plan, cuda_target(), WGMMAHint(BN=128, stages=6, promote=P))
+        out = torch.full((300, cfg.N), float("nan"), dtype=torch.float32, device="cuda")
+        fn(*kernel_args(plan, inputs, out))
+        torch.cuda.synchronize()
+        errs[P] = relative_error(out.cpu(), ref)
+    assert errs[1] * 4 < errs[0], f"seed={seed}: {errs}"
+    assert errs[1] <= 4 * 2.0 ** -13, f"seed={seed}: {errs}"       # 4 instructions per promoted tile
 
 
 def test_dynamic_m_picks_tiles_per_row_count(monkeypatch):

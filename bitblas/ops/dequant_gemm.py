@@ -12,6 +12,11 @@ Measured on the H200 (W4A16 uint4 g128, N=K=4096, same run): rows 64 / 256 / 102
 26.6 / 33.2 / 67.2 / 246 µs this way against 160 / 161 / 165 / 638 µs fused (cuBLAS fp16: 11.5 /
 17.7 / 52.9 / 213), so the path starts right above the GEMV's rows (1..16).
 
+int8 activations (W4A8 / W2A8 / W1A8: int4, uint4, int2, uint2, int1, uint1 weights, per-channel or
+group scales): the decode writes the integer weight values as int8 (N*K bytes, exact), and the
+GEMM is the int8 x int8 wgmma kernel with the plan's scales: per-channel ones in its epilogue,
+group ones by promoting the int32 partial sums of each group to float32 (see cuda_wgmma).
+
 Values: the decoded weights are the fused kernel's (one shared expression), rounded once to the
 activation dtype; the GEMM accumulates in float32. nvfp4's global scale is folded into the
 decoded weights (see cuda_dequant for the rounding).
@@ -36,7 +41,14 @@ _LOCK = threading.Lock()
 
 
 def dense_config(config: MatmulConfig) -> MatmulConfig:
-    """The config of the GEMM half: the same shape, activations, bias and output, float weights."""
+    """The config of the GEMM half: the same shape, activations, bias and output, float weights;
+    for int8 activations int8 weights (the decoded integer values) with the original per-channel
+    or group scales and activation scales."""
+    if config.A_dtype == "int8":
+        return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype="int8", W_dtype="int8",
+                            out_dtype=config.out_dtype, accum_dtype=config.accum_dtype, layout=config.layout,
+                            with_bias=config.with_bias, with_scaling=config.with_scaling,
+                            group_size=config.group_size, with_act_scaling=config.with_act_scaling)
     return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype=config.A_dtype, W_dtype=config.A_dtype,
                         out_dtype=config.out_dtype, layout=config.layout, with_bias=config.with_bias)
 
@@ -48,7 +60,7 @@ def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
     c = plan.config
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
-    if plan.w.kind == "float":
+    if plan.w.kind == "float" or (c.A_dtype == "int8" and c.W_dtype == "int8"):
         return f"W_dtype={c.W_dtype}: nothing to decode"
     why = dequant_unsupported(plan)
     if why:
@@ -79,17 +91,18 @@ class DequantGemm:
 
     def __init__(self, plan: Plan, target, hint=None):
         from ..cache.kernels import get_kernel
-        from ..schedule.cuda_dequant import WEIGHT_ARGS
+        from ..schedule.cuda_dequant import weight_arg_names
         c = plan.config
         self.plan = plan
         self.dense_plan = make_plan(dense_config(c), "cuda", plan.m)
         self.gemm, self.hint = get_kernel(self.dense_plan, hint, target=target)
         self.dequant = _dequant_fn(plan, target)
         names = [s.name for s in plan.args]
-        self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in WEIGHT_ARGS]
+        deq_names = weight_arg_names(plan)
+        self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in deq_names]
         self._gemm_idx = [None if s.name == "W" else names.index(s.name) for s in self.dense_plan.args]
         self._shape = (c.N, c.K)
-        self._dtype = TORCH_DTYPES[c.A_dtype]
+        self._dtype = torch.int8 if c.A_dtype == "int8" else TORCH_DTYPES[c.A_dtype]
 
     def __call__(self, *args):
         ws = torch.empty(self._shape, dtype=self._dtype, device=args[0].device)

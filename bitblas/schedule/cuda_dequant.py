@@ -57,11 +57,20 @@ from .._tvm import tvm
 from ..ir.matmul import decoded_weight, placeholders
 from ..plan import Plan
 
-__all__ = ["WEIGHT_ARGS", "dequant_unsupported", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
+__all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
            "compile_dequant", "build_dequant", "dequant_args", "dequant_source"]
 
 # The weight-side arguments of a plan, the dequantize kernel's inputs (in plan.args order).
 WEIGHT_ARGS = ("W", "scale", "zeros", "global_scale", "w_table", "s_table")
+
+
+def weight_arg_names(plan: Plan) -> tuple:
+    """Names of the dequantize kernel's inputs, in ``plan.args`` order: the weight-side arguments
+    (``WEIGHT_ARGS``) the plan has; only ``W`` for int8 activations (codes, scales stay with the GEMM)."""
+    names = ("W",) if plan.config.A_dtype == "int8" else WEIGHT_ARGS
+    return tuple(s.name for s in plan.args if s.name in names)
+
+
 VEC = 8               # K outputs per thread: 8 x 2 bytes = one 16-byte store
 BLOCK_NAME = "W_decoded"
 
@@ -69,8 +78,14 @@ BLOCK_NAME = "W_decoded"
 def dequant_unsupported(plan: Plan) -> Optional[str]:
     """None if the dequantize kernel takes ``plan``, else why not (naming the config field and value)."""
     c = plan.config
-    if c.A_dtype not in ("float16", "bfloat16"):
-        return f"A_dtype={c.A_dtype!r}: the dequantize kernel decodes for float16 or bfloat16 activations"
+    if c.A_dtype == "int8":
+        from .cuda_mma import INT8_MMA_WEIGHTS
+        if c.W_dtype not in INT8_MMA_WEIGHTS:
+            return (f"W_dtype={c.W_dtype!r} with int8 activations: the dequantize kernel writes int8 codes, "
+                    f"for weights whose values fit int8 ({', '.join(INT8_MMA_WEIGHTS)})")
+    elif c.A_dtype not in ("float16", "bfloat16"):
+        return (f"A_dtype={c.A_dtype!r}: the dequantize kernel decodes for float16, bfloat16 (or int8, "
+                f"integer weights) activations")
     if c.layout != "nt":
         return f"layout={c.layout!r}: the dequantize kernel takes layout 'nt' (W is [N, K])"
     if plan.w.kind == "float":
@@ -95,9 +110,17 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     ``zeros``, ``global_scale``, ``w_table``, ``s_table`` the plan has), then ``W_decoded`` [N, K].
     Scales and zeros apply in ``plan.decode_dtype`` exactly as in ``emit_matmul``; the nvfp4 global
     scale is folded in (float32 multiply, then the cast; see the module docstring for the rounding).
+    int8 activations: ``W_decoded`` holds the integer weight values as int8 (exact; the scale
+    stays with the GEMM, which applies per-channel or group scales to its integer sums), and the
+    parameters are ``W`` and ``W_decoded`` only.
     """
     _check(plan)
     c = plan.config
+    if c.A_dtype == "int8":
+        ph = placeholders(plan, None, ("W",))
+        weight = decoded_weight(plan, ph, "int32")      # integer decodes carry no scale
+        out = te.compute((c.N, c.K), lambda n, k: weight(n, k).astype("int8"), name=BLOCK_NAME)
+        return te.create_prim_func([ph["W"], out])
     ph = placeholders(plan, None, WEIGHT_ARGS)
     weight = decoded_weight(plan, ph, plan.decode_dtype)
 
@@ -201,8 +224,9 @@ def dequant_args(plan: Plan, inputs: dict, out) -> list:
     import torch
     from ..formats import FORMATS
     args = []
+    names = weight_arg_names(plan)
     for spec in plan.args:
-        if spec.name not in WEIGHT_ARGS:
+        if spec.name not in names:
             continue
         if spec.role == "table":
             fmt = plan.w if spec.name == "w_table" else FORMATS[plan.scale_dtype]
@@ -213,7 +237,7 @@ def dequant_args(plan: Plan, inputs: dict, out) -> list:
             t = inputs.get(spec.name)
             if t is None:
                 raise ValueError(f"{spec.name}: missing; the dequantize kernel of this plan takes "
-                                 f"{', '.join(s.name for s in plan.args if s.name in WEIGHT_ARGS)}")
+                                 f"{', '.join(names)}")
             args.append((t.view(torch.int8) if spec.dtype == "int8" and t.dtype != torch.int8 else t)
                         .reshape(spec.shape))
     w_bytes = VEC * plan.w.bits // 8

@@ -43,6 +43,9 @@ _SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 # wgmma N of s8 inputs in TVM 0.27's PTX table (the ISA also has 240 and 256; the table omits them)
 _S8_N = (8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224)
+# with float32 promotion a consumer thread holds BN/2 partial + BN/2 float32 sums + BN/4 scales
+_PROMOTE_MAX_BN = 160
+_SCALE_THREADS = 96                     # producer threads (warps 1..3) that stage group scales
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class WGMMAHint:
     consumers: int = 2
     persistent: bool = True
     group_m: int = 8
+    promote: int = 0        # 8-bit inputs: K tiles (128) per float32 promotion of the partial sums (0: group scales' size, else none)
 
     @property
     def BM(self) -> int:
@@ -65,7 +69,9 @@ class WGMMAHint:
         return 128 * (self.consumers + 1)
 
     def smem_bytes(self, plan=None) -> int:
-        return self.stages * (self.BM + self.BN) * _ROW_BYTES
+        """The ring's bytes, plus (group-scaled ``plan``) the staged float32 scales."""
+        scales = self.stages * self.BN * 4 if plan is not None and plan.groups > 1 and plan.config.with_scaling else 0
+        return self.stages * (self.BM + self.BN) * _ROW_BYTES + scales
 
     def check(self, plan=None):
         if self.consumers not in (1, 2):
@@ -76,11 +82,37 @@ class WGMMAHint:
             raise ValueError(f"WGMMAHint.BN={self.BN}: int8 wgmma takes N in {_S8_N}")
         if not isinstance(self.stages, int) or self.stages < 2:
             raise ValueError(f"WGMMAHint.stages={self.stages!r}: an int >= 2 is required")
-        if self.smem_bytes() > _SMEM_LIMIT:
-            raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory exceed {_SMEM_LIMIT}")
+        if self.smem_bytes(plan) > _SMEM_LIMIT:
+            raise ValueError(f"{self}: {self.smem_bytes(plan)} bytes of shared memory exceed {_SMEM_LIMIT}")
         if not isinstance(self.group_m, int) or self.group_m < 1:
             raise ValueError(f"WGMMAHint.group_m={self.group_m!r}: an int >= 1 is required")
+        if not isinstance(self.promote, int) or self.promote < 0:
+            raise ValueError(f"WGMMAHint.promote={self.promote!r}: an int >= 0 is required")
+        if plan is not None:
+            P = self.promote_tiles(plan)
+            if P and _eb(plan) != 1:
+                raise ValueError(f"WGMMAHint.promote={self.promote}: promotion applies to 8-bit inputs only")
+            if P and plan.groups > 1 and (plan.config.group_size // (_ROW_BYTES // _eb(plan))) % P:
+                raise ValueError(f"WGMMAHint.promote={self.promote}: must divide the K tiles of one scale group "
+                                 f"({plan.config.group_size // (_ROW_BYTES // _eb(plan))})")
+            if P and plan.config.out_dtype == "int32":
+                raise ValueError(f"WGMMAHint.promote={self.promote}: float32 promotion cannot give an exact int32 output")
+            if P and self.BN > _PROMOTE_MAX_BN:
+                raise ValueError(f"WGMMAHint.BN={self.BN} with promotion: the partial and float32 accumulators need "
+                                 f"BN <= {_PROMOTE_MAX_BN}")
         return self
+
+    def promote_tiles(self, plan) -> int:
+        """K tiles (BK = 128 one-byte elements) accumulated in the tensor cores' accumulator
+        between float32 promotions: ``promote`` if set; for group-scaled weights 1 with int8
+        inputs, one group with float8; else 0 (the whole K in the accumulator)."""
+        if self.promote:
+            return self.promote
+        if plan.groups > 1 and plan.config.with_scaling:
+            # int8: every tile (its int32 sum converts to float32 exactly with two full-rate
+            # instructions); float8: once per group
+            return 1 if plan.config.A_dtype == "int8" else plan.config.group_size // (_ROW_BYTES // _eb(plan))
+        return 0
 
     @classmethod
     def default(cls, plan, target=None) -> Optional["WGMMAHint"]:
@@ -96,13 +128,14 @@ class WGMMAHint:
             return None
         from .cuda_gemv import _num_sms
         c = plan.config
-        big = [] if c.A_dtype == "int8" or c.N <= 128 else [cls()]
+        grouped = plan.groups > 1 and c.with_scaling
+        big = [] if c.A_dtype == "int8" or c.N <= 128 or grouped else [cls()]
         # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
         # best on 64 x 64 tiles, 256 on 64 x 128, 512 on 128 x 128, >= 1024 on 128 x 256)
         tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1), cls(BN=64, stages=8, consumers=1)]
         # a target without the opt-in shared memory (a bare "sm_90" assumes 48 KB) gets no wgmma:
         # rings that small starve the tensor cores; the mma.sync template fits them better
-        fits = [h for h in tiles if smem is None or h.smem_bytes() <= smem]
+        fits = [h for h in tiles if smem is None or h.smem_bytes(plan) <= smem]
         if not fits:
             return None
         if plan.m is None:
@@ -141,7 +174,11 @@ def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
     if c.with_zeros:
         return "with_zeros=True: zero points need a decode"
     if c.with_scaling and not (plan.scale_in_epilogue and plan.groups == 1):
-        return "group scales: only per-channel scales (group_size=-1 or K) apply in the epilogue"
+        if _eb(plan) != 1:
+            return "group scales: only per-channel scales (group_size=-1 or K) apply in the epilogue"
+        if c.group_size % (_ROW_BYTES // _eb(plan)):
+            return (f"group_size={c.group_size}: group scales of 8-bit inputs are applied per K tile of "
+                    f"{_ROW_BYTES // _eb(plan)}, so the group size must be a multiple of it")
     if w.global_scale or (w.kind == "table" and w.torch_dtype not in _PTX_FP8):
         return f"W_dtype={c.W_dtype}: table / global-scale formats need a decode"
     if (c.K * _eb(plan)) % 16:
@@ -194,6 +231,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     out = c.out_dtype
     pair_store = out in ("float16", "bfloat16") and N % 2 == 0
     tiles_n = -(-N // BN)
+    P = hint.promote_tiles(plan)                 # K tiles between float32 promotions (0: none)
+    grouped = c.with_scaling and plan.groups > 1
 
     L = []
     add = L.append
@@ -224,11 +263,17 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"    full = T.alloc_shared(({ST},), 'uint64')")
     add(f"    empty = T.alloc_shared(({ST},), 'uint64')")
     add(f"    acc = T.alloc_local(({NACC},), {acc_t!r})")
+    if P:
+        add(f"    tot = T.alloc_local(({NACC},), 'float32')")
+    if grouped:
+        add(f"    Ss = T.alloc_shared(({ST}, {BN}), 'float32')")     # the stage's group scales of the BN columns
+        add(f"    sc = T.alloc_local(({NACC // 2},), 'float32')")
     add("    descA: T.uint64")
     add("    descB: T.uint64")
     add("    if tx == 0:")
     add(f"        for s in T.unroll({ST}):")
-    add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+    # full: the TMA thread's expect-tx arrival (+ one per scale-loading thread of warps 1..3)
+    add(f"            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32({1 + _SCALE_THREADS if grouped else 1}))")
     add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({4 * hint.consumers}))")
     add("    T.ptx.fence.proxy.async_.shared__cta()")
     add("    T.cuda.cta_sync()")
@@ -251,6 +296,22 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     # producer
     add("    if tx < 128:")
     add("        T.ptx['setmaxnreg.dec.sync.aligned.u32'](40)")
+    if grouped:
+        # warps 1..3 stage the K tile's group scales of the BN columns in shared memory (each
+        # consumer thread then reads its columns' scales there instead of from global memory)
+        add(f"        if tx >= {128 - _SCALE_THREADS}:")
+        add(f"            for it in T.serial({n_my}):")
+        L.extend(tile_coords("                "))
+        add(f"                for kt in T.serial({KT}):")
+        add(f"                    g = it * {KT} + kt")
+        add(f"                    if g >= {ST}:")
+        add(f"                        T.cuda.mbarrier_wait(empty.ptr_to([g % {ST}]), (g // {ST} + 1) % 2)")
+        add(f"                    for q in T.unroll({-(-BN // _SCALE_THREADS)}):")
+        add(f"                        cs = q * {_SCALE_THREADS} + tx - {128 - _SCALE_THREADS}")
+        add(f"                        if cs < {BN}:")
+        add(f"                            Ss[g % {ST}, cs] = T.Cast('float32', scale[T.min(nt * {BN} + cs, {N - 1}), "
+            f"kt * {BK} // {c.group_size}])")
+        add(f"                    T.ptx.mbarrier.arrive.shared.b64(full.ptr_to([g % {ST}]), T.uint32(1))")
     add("        if tx == 0:")
     add(f"            for it in T.serial({n_my}):")
     L.extend(tile_coords("                "))
@@ -272,6 +333,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     L.extend(tile_coords("            "))
     add(f"            for i in T.unroll({NACC}):")
     add(f"                acc[i] = T.{acc_t}(0)")
+    if P:
+        add(f"                tot[i] = T.float32(0)")
     add(f"            for kt in T.serial({KT}):")
     add(f"                g = it * {KT} + kt")
     add(f"                T.cuda.mbarrier_wait(full.ptr_to([g % {ST}]), (g // {ST}) % 2)")
@@ -284,18 +347,58 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
         f"Sm.ptr_to([g % {ST}, {A_EL} + kk * {kstep}]), 1, 64, 3)")
     accs = ", ".join(f"acc[{i}]" for i in range(NACC))
+    if P:     # the first instruction of a promotion chunk overwrites the partial sums (scale-d = 0)
+        first = "kk > 0" if P == 1 else f"kk > 0 or kt % {P} != 0"
+        tail = tail.replace("T.bool(True)", f"T.bool({first})", 1)
     add(f"                    T.ptx[{instr!r}]({accs}, descA, descB{tail})")
     add("                T.ptx.wgmma.commit_group.sync.aligned()")
-    add("                T.ptx.wgmma.wait_group.sync.aligned(1)")
-    add(f"                for i in T.unroll({NACC}):")
-    add("                    T.cuda.wgmma.noop_barrier(acc[i])")
-    add("                if kt > 0 and t4 % 32 == 0:")
-    add(f"                    T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(g + {ST - 1}) % {ST}]), T.uint32(1))")
-    add("            T.ptx.wgmma.wait_group.sync.aligned(0)")
-    add(f"            for i in T.unroll({NACC}):")
-    add("                T.cuda.wgmma.noop_barrier(acc[i])")
-    add("            if t4 % 32 == 0:")
-    add(f"                T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(it * {KT} + {KT - 1}) % {ST}]), T.uint32(1))")
+    release_prev = f"T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(g + {ST - 1}) % {ST}]), T.uint32(1))"
+    if not P:
+        add("                T.ptx.wgmma.wait_group.sync.aligned(1)")
+        add(f"                for i in T.unroll({NACC}):")
+        add("                    T.cuda.wgmma.noop_barrier(acc[i])")
+        add("                if kt > 0 and t4 % 32 == 0:")
+        add(f"                    {release_prev}")
+        add("            T.ptx.wgmma.wait_group.sync.aligned(0)")
+        add(f"            for i in T.unroll({NACC}):")
+        add("                T.cuda.wgmma.noop_barrier(acc[i])")
+        add("            if t4 % 32 == 0:")
+        add(f"                T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(it * {KT} + {KT - 1}) % {ST}]), T.uint32(1))")
+    else:
+        # every P-th K tile (and the last): wait for all wgmma, add the partial sums (times the
+        # group's scales) to the float32 sums, restart them; the stage of the previous K tile is
+        # released once its wgmma is done (unless the previous tile ended a chunk: already released)
+        add(f"                if (kt + 1) % {P} == 0 or kt == {KT - 1}:")
+        if grouped:
+            add(f"                    for j in T.unroll({BN // 8}):")
+            add("                        for e in T.unroll(2):")
+            add(f"                            sc[j * 2 + e] = Ss[g % {ST}, j * 8 + t4 % 4 * 2 + e]")
+        add("                    T.ptx.wgmma.wait_group.sync.aligned(0)")
+        add(f"                    for i in T.unroll({NACC}):")
+        add("                        T.cuda.wgmma.noop_barrier(acc[i])")
+        if acc_t != "uint32":
+            part = "acc[i]"
+        elif P == 1:
+            # |one K tile's int32 sum| <= 128 * 128 * 128 = 2**21 < 2**22: exact through the float
+            # bits of 1.5 * 2**23 + x (an integer add and a float subtract; I2F runs at 1/8 rate)
+            part = "(T.reinterpret('float32', acc[i] + T.uint32(0x4B400000)) - T.float32(12582912))"
+        else:
+            part = "T.Cast('float32', T.reinterpret('int32', acc[i]))"
+        if grouped:
+            part = f"{part} * sc[i // 4 * 2 + i % 2]"
+        add(f"                    for i in T.unroll({NACC}):")
+        add(f"                        tot[i] = tot[i] + {part}")
+        add("                    if t4 % 32 == 0:")
+        if P > 1:
+            add(f"                        if kt % {P} != 0:")
+            add(f"                            {release_prev}")
+        add(f"                        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([g % {ST}]), T.uint32(1))")
+        add("                else:")
+        add("                    T.ptx.wgmma.wait_group.sync.aligned(1)")
+        add(f"                    for i in T.unroll({NACC}):")
+        add("                        T.cuda.wgmma.noop_barrier(acc[i])")
+        add(f"                    if kt % {P} != 0 and t4 % 32 == 0:")
+        add(f"                        {release_prev}")
     # epilogue
     add(f"            for j in T.unroll({BN // 8}):")
     add("                for h in T.unroll(2):")
@@ -304,9 +407,9 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"                    if r < {m}:")
 
     def value(e):
-        v = f"acc[j * 4 + h * 2 + {e}]"
+        v = f"{'tot' if P else 'acc'}[j * 4 + h * 2 + {e}]"
         vt = "float32"
-        if acc_t == "uint32":
+        if acc_t == "uint32" and not P:
             v, vt = f"T.reinterpret('int32', {v})", "int32"
         col = f"cc + {e}"
         if plan.scale_in_epilogue or c.with_act_scaling:

@@ -4,7 +4,8 @@ Each test runs the decoder's integer program (shifts, ``lop3``, ``prmt``, the fi
 Python, with the constants taken from the same functions the CUDA generator uses
 (``bitblas.schedule.gemv_decode._e2m1_consts`` ...), and compares every code with the format's table
 rounded as the TensorIR rounds it (float32 -> activation dtype, through torch). Random words check
-that the codes of one word do not leak into each other.
+that the codes of one word do not leak into each other. The int8-activation helpers
+(``bitblas.schedule.gemv_int8``) are run from their generated CUDA source by a small interpreter.
 """
 from __future__ import annotations
 
@@ -148,3 +149,107 @@ def test_decoder_choice():
             "float8_e4m3": "e4m3", "float8_e5m2": "e5m2", "float16": None}
     for name, dec in want.items():
         assert g._decoder(FORMATS[name]) == dec, name
+
+
+# -- int8 activations (bitblas/schedule/gemv_int8.py): the generated CUDA helpers, interpreted ------
+# The helpers are straight-line code of a few line forms; the interpreter below runs their text
+# (the very source nvcc compiles) on Python ints: prmt, lop3, shifts, dp4a.
+_I8_LINES = [
+    (r"ap\[(\d+)\] = a\[(\d+)\];", lambda env, m: env.__setitem__(f"ap{m[1]}", env[f"a{m[2]}"])),
+    (r"d\[(\d+)\] = w\[(\d+)\];", lambda env, m: env.__setitem__(f"d{m[1]}", env[f"w{m[2]}"])),
+    (r"(?:const unsigned )?(\w+(?:\[\d+\])?) = __byte_perm\((\w+(?:\[\d+\])?), (\w+(?:\[\d+\])?), (0x[0-9a-f]+)\);",
+     lambda env, m: env.__setitem__(_i8_var(m[1]), g._emu_prmt(env[_i8_var(m[2])], env[_i8_var(m[3])], int(m[4], 16)))),
+    (r'asm\("lop3\.b32 %0, %1, (0x[0-9a-f]+), (0x[0-9a-f]+), (0x[0-9a-f]+);" : "=r"\(d\[(\d+)\]\) : '
+     r'"r"\(w\[(\d+)\](?: >> (\d+))?\)\);',
+     lambda env, m: env.__setitem__(f"d{m[4]}", g._emu_lop3(env[f"w{m[5]}"] >> int(m[6] or 0), int(m[1], 16),
+                                                              int(m[2], 16), int(m[3], 16)))),
+    (r"int s = 0;", lambda env, m: env.__setitem__("s", 0)),
+    (r"s = __dp4a\(\(int\)a\[(\d+)\], 0x01010101, s\);",
+     lambda env, m: env.__setitem__("s", _dp4a(env[f"a{m[1]}"], 0x01010101, env["s"], True, True))),
+    (r"int s0 = c, s1 = 0;", lambda env, m: env.update(s0=env["c"], s1=0)),
+    (r'asm\("dp4a\.(u32|s32)\.s32 %0, %1, %2, %0;" : "\+r"\((s\d)\) : "r"\(d\[(\d+)\]\), "r"\(ap\[(\d+)\]\)\);',
+     lambda env, m: env.__setitem__(m[2], _dp4a(env[f"d{m[3]}"], env[f"ap{m[4]}"], env[m[2]], m[1] == "s32", True))),
+    (r"return (-?\d+) \* s;", lambda env, m: env.__setitem__("ret", _i32(int(m[1]) * env["s"]))),
+    (r"return 0;", lambda env, m: env.__setitem__("ret", 0)),
+    (r"return s0 \+ s1;", lambda env, m: env.__setitem__("ret", _i32(env["s0"] + env["s1"]))),
+]
+
+
+def _i8_var(name: str) -> str:
+    """``ap[3]`` -> ``ap3`` (the interpreter's flat names); temporaries as they are."""
+    return name.replace("[", "").replace("]", "")
+
+
+def _i32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >> 31 else x
+
+
+def _dp4a(a: int, b: int, c: int, a_signed: bool, b_signed: bool) -> int:
+    def byte(x, i, sgn):
+        v = (x >> (8 * i)) & 0xFF
+        return v - 256 if sgn and v >= 128 else v
+    return _i32(c + sum(byte(a, i, a_signed) * byte(b, i, b_signed) for i in range(4)))
+
+
+def _run_helper(src: str, env: dict) -> dict:
+    """Interpret the body of one generated helper; every statement must match a known form."""
+    import re
+    body = src.strip().splitlines()[1:-1]
+    for line in body:
+        line = line.strip()
+        for pat, fn in _I8_LINES:
+            m = re.fullmatch(pat, line)
+            if m:
+                fn(env, m)
+                break
+        else:
+            raise AssertionError(f"line form the interpreter does not know: {line!r}")
+    return env
+
+
+I8_WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
+
+
+@pytest.mark.parametrize("wd", I8_WEIGHTS)
+@pytest.mark.parametrize("nw", (1, 2, 4))
+def test_int8_act_decode_dot(wd, nw):
+    """bb_prep / bb_dec / bb_dot of int8 activations: for weight vectors covering every byte value
+    at every byte position (then random ones) and random int8 activations (one-hot ones too, which
+    pick single codes), the dp4a dot product equals sum(a_k * q_k) with q_k decoded by the format's
+    rule (bitblas.quantization.unpack_codes, int16), exactly."""
+    from bitblas.formats import FORMATS
+    from bitblas.quantization.utils import unpack_codes
+    from bitblas.schedule.gemv_int8 import _i8_helpers
+    fmt = FORMATS[wd]
+    V = nw * 32 // fmt.bits                                  # values per vector
+    na = V // 4
+    src = _i8_helpers("t", fmt.bits, fmt.kind == "int", nw)
+    rng = random.Random(nw * 31 + fmt.bits)
+    nb = 4 * nw
+    vecs = [bytes((i * nb + j) & 0xFF for j in range(nb)) for i in range(-(-256 // nb))]       # every byte value
+    vecs += [bytes(rng.getrandbits(8) for _ in range(nb)) for _ in range(60)]
+    acts = [[rng.choice((-128, 127, rng.randint(-128, 127))) for _ in range(V)] for _ in range(3)]
+    acts += [[-128 if k == j else 0 for k in range(V)] for j in range(V)]             # one-hot: each code alone
+    for wb in vecs:
+        q = unpack_codes(torch.tensor(list(wb), dtype=torch.uint8).view(torch.int8), fmt).tolist()
+        words = {f"w{j}": int.from_bytes(wb[4 * j:4 * j + 4], "little") for j in range(nw)}
+        d = _run_helper(src["bb_dec_t"], dict(words))
+        for a in acts:
+            ab = bytes(x & 0xFF for x in a)
+            env = {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(na)}
+            env = _run_helper(src["bb_prep_t"], env)
+            env.update({k: v for k, v in d.items() if k.startswith("d")}, c=env["ret"])
+            got = _run_helper(src["bb_dot_t"], env)["ret"]
+            assert got == sum(x * y for x, y in zip(a, q)), (wd, nw, wb.hex(), a)
+
+
+def test_int8_act_decode_consts():
+    """The lop3 truth table is (a & b) ^ c; signed sub-byte codes are offset by 2**(bits-1) (undone
+    by the dp4a chain's start), unsigned ones and 8-bit words are taken as they are."""
+    from bitblas.schedule.gemv_int8 import _i8_consts
+    k = _i8_consts(4, True)
+    assert g._emu_lop3(0xF7, 0x0F0F0F0F, 0x08080808, k["lut"]) == 0x0808080F
+    assert (k["off"], k["xor"], k["wtype"]) == (8, 0x08080808, "u32")
+    assert _i8_consts(4, False)["off"] == 0 and _i8_consts(1, True)["shifts"] == tuple(range(8))
+    assert _i8_consts(8, True)["wtype"] == "s32" and _i8_consts(8, False)["wtype"] == "u32"

@@ -46,14 +46,20 @@ def test_int8_default(cfg, arch):
 
 
 @pytest.mark.parametrize("cfg", [
-    C(M=16, N=256, K=512, W_dtype="int4", **SCALED),                           # small M: simple
     C(M=None, N=256, K=512, W_dtype="int4", group_size=128, **SCALED),          # grouped scales
     C(M=None, N=256, K=512, W_dtype="uint8", **SCALED),                         # values beyond int8
-], ids=["M16", "grouped", "uint8"])
+], ids=["grouped", "uint8"])
 def test_int8_default_falls_back(cfg):
     plan = _plan(cfg)
     assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_90"])), SimpleCUDAHint)
     assert isinstance(default_hint(plan, cuda_target("sm_75")), SimpleCUDAHint)
+
+
+def test_int8_small_m_takes_gemv():
+    """Static M up to 16 goes to the GEMV template's dp4a kernel (testing/test_gpu_gemv.py), not to mma."""
+    from bitblas.schedule import GEMVHint
+    plan = _plan(C(M=16, N=256, K=512, W_dtype="int4", **SCALED))
+    assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_90"])), GEMVHint)
 
 
 @pytest.mark.parametrize("cfg,why", [

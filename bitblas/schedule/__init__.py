@@ -28,7 +28,7 @@ def default_hint(plan, target=None):
     """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
-    if gemv_unsupported(plan) is None:        # static rows 1..16, float16/bfloat16 x int/uint/table weights
+    if gemv_unsupported(plan) is None:        # static rows 1..16: float16/bfloat16 x int/uint/table, int8 x int/uint
         return GEMVHint.default(plan, target)
     # Hopper: wgmma for weights that need no decode, at every row count the GEMV does not take
     # (H200, fp16 N=K=4096: 2.5-3.5x the mma.sync kernel from 32 rows up)

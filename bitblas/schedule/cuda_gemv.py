@@ -1,5 +1,6 @@
 """The small-M CUDA template (decode, M = 1..16): float16/bfloat16 activations x int/uint, fp4_e2m1,
-nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4 weights.
+nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4 weights; int8 activations x int/uint
+weights (dp4a, rows kernel).
 
 Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
 signature follows the plan's argument list); the per-vector decode and dot product are CUDA
@@ -52,6 +53,18 @@ scale stays a float32 multiply after the dot product, as for int codes:
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
   result before the bias.
 
+int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel only, the
+k-split and tensor-core kernels refuse them; the helpers live in gemv_int8.py): a 16-byte
+activation load holds 16 values; the codes of a weight vector become bytes, four per word (one
+shift and one ``lop3`` per field of a word; signed codes come out offset by 2**(b-1), taken back
+by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are permuted (``prmt``) into
+the same K order once per vector and row, shared by the warp's weight rows, and ``dp4a`` sums
+exactly in int32. Without group scales the int32 sums go through the warp reduction to the
+store: out = sum * scale[n] * a_scale[m] + bias[n], the TensorIR's order (int32 output: sum +
+bias); group scales take each vector's int32 sum to float32 (``acc += s * float(isum)``, a
+vector lies inside one group; a lane's consecutive vectors are 32 vectors apart, so summing a
+whole group in int32 first would need groups of >= 32 vectors).
+
 :func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
 tensor-core) schedule.
 """
@@ -64,6 +77,7 @@ from .._tvm import tvm
 from .cuda_mma import _target_info
 from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _lut, _prep_adjacent,
                           _table_dec)
+from .gemv_int8 import _i8_helpers
 
 __all__ = ["GEMVHint", "gemv_unsupported", "schedule_cuda_gemv", "GEMV_MAX_ROWS", "TIRX_PIPELINE_ATTR"]
 
@@ -93,10 +107,11 @@ class GEMVHint:
         136; m=16: 19.7 vs 77.3, 60.7 vs 265): 32 channels per block and 8 warps splitting K up to
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
         a decoder that yields half pairs (int/uint 1/2/4-bit, nf4, fp4_e2m1, nvfp4) and sm_80+
-        (``target``: the CUDA Target, None = assume sm_80+)."""
+        (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same rows
+        kernel shapes (not measured; no tensor-core GEMV for them)."""
         m = plan.m or 1
         sm = _target_info(target)[0]
-        if m >= 3 and _mma_decodable(plan.w) and (sm is None or sm >= 80):
+        if m >= 3 and plan.float_acts and _mma_decodable(plan.w) and (sm is None or sm >= 80):
             if m <= 8:
                 return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             if plan.config.N >= 16896:
@@ -138,9 +153,10 @@ def _num_sms() -> int:
 
 def _vec_bytes(plan, want: int = 0) -> Optional[int]:
     c, b = plan.config, plan.w.bits
+    vmin = 8 if plan.float_acts else 16      # values per 16-byte activation load
     for vb in ((want,) if want else (16, 8, 4)):
         v = vb * 8 // b
-        if v < 8 or c.K % v or (not want and v > 64):   # <= 64 values per vector: registers
+        if v < vmin or c.K % v or (not want and v > 64):   # <= 64 values per vector: registers
             continue
         if plan.groups > 1 and c.group_size % v:
             continue
@@ -150,6 +166,8 @@ def _vec_bytes(plan, want: int = 0) -> Optional[int]:
 
 def decode_ops_per_weight(plan) -> float:
     """Rough ALU instructions per weight of the decode (the tuner's cost model)."""
+    if not plan.float_acts:
+        return 0.5                           # int8 activations: lop3 / shift per 4 codes, prmt shared
     return {"int": 1.5, "e2m1": 2.4, "lut4": 2.6, "e5m2": 1.5, "e4m3": 3.0}.get(_decoder(plan.w), 1.5)
 
 
@@ -160,12 +178,14 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "not a CUDA plan"
     if plan.m is None or not 1 <= plan.m <= GEMV_MAX_ROWS:
         return f"needs a static row count 1..{GEMV_MAX_ROWS}"
-    if c.A_dtype not in _ACT:
-        return "activations must be float16 or bfloat16"
-    if _decoder(plan.w) is None:
-        return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
+    if c.A_dtype not in _ACT and c.A_dtype != "int8":
+        return f"A_dtype={c.A_dtype!r}: activations must be float16, bfloat16 or int8"
     if c.layout != "nt":
         return "layout must be 'nt'"
+    if c.A_dtype == "int8":
+        return _int8_unsupported(plan)
+    if _decoder(plan.w) is None:
+        return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
     if c.with_act_scaling:
         return "no activation scales"
     if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
@@ -174,6 +194,24 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "output must be float16, bfloat16 or float32"
     if _vec_bytes(plan) is None:
         return "K (and the group size) must be multiples of the values in one 4-byte weight vector (>= 8)"
+    return None
+
+
+def _int8_unsupported(plan) -> Optional[str]:
+    """:func:`gemv_unsupported` for int8 activations: int/uint weights (dp4a), float32 scales, no
+    zero points, int32 output only without scales."""
+    c = plan.config
+    if plan.w.kind not in ("int", "uint"):
+        return f"W_dtype={c.W_dtype!r}: int8 activations take int/uint weights"
+    if c.with_zeros:
+        return "with_zeros=True: int8 activations take no zero points"
+    if c.with_scaling and plan.scale_dtype != "float32":
+        return f"scale dtype {plan.scale_dtype!r}: int8 activations take float32 scales"
+    if c.out_dtype not in ("float16", "bfloat16", "float32", "int32"):
+        return f"out_dtype={c.out_dtype!r}: output must be float16, bfloat16, float32 or int32"
+    if _vec_bytes(plan) is None:
+        return (f"K={c.K} (and group_size={c.group_size}) must be multiples of the values in one weight vector "
+                f"(with int8 activations at least {max(16, 32 // plan.w.bits)} for {c.W_dtype})")
     return None
 
 
@@ -200,7 +238,10 @@ def _field_plan(bits: int, mant: int):
 def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None):
     """CUDA source of the helpers for one (activation dtype, weight format, vector size); ``dec``
     and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
-    helpers and replace the decoder (and, for adjacent pairs, the activation pairing)."""
+    helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
+    activations take the dp4a helpers of gemv_int8."""
+    if act == "int8":
+        return {**_load_helpers(nw), **_i8_helpers(tag, bits, signed, nw)}
     src = _int_helpers(tag, act, bits, signed, nw)
     if dec != "int":
         src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
@@ -210,8 +251,9 @@ def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "i
     return src
 
 
-def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
-    ctype, t2, magic, mant, magic_f = _ACT[act]
+def _load_helpers(nw: int):
+    """The load helpers every kernel uses: ``nw`` words of packed weights (L1 not allocated),
+    16 bytes of activations, the cp.async ring's copy / commit / wait and its shared-memory read."""
     src = {}
     src[f"bb_ldw{nw}"] = {
         4: r"""
@@ -252,6 +294,12 @@ __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
   d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
 }
 """
+    return src
+
+
+def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
+    ctype, t2, magic, mant, magic_f = _ACT[act]
+    src = _load_helpers(nw)
     if bits == 8:
         # float32 path: activations to float, bytes to float through 2**23, float32 FMAs
         n_a = nw * 4
@@ -365,6 +413,7 @@ def _fmt_float(x: float) -> str:
 def _kernel_script(plan, hint: GEMVHint):
     c, w = plan.config, plan.w
     act = c.A_dtype
+    i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8), rows kernel only
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     VB = _vec_bytes(plan, hint.vec_bytes)
@@ -372,25 +421,30 @@ def _kernel_script(plan, hint: GEMVHint):
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
     V = VB * 8 // b                         # values per vector
-    NA = V // 2                             # activation words (2 values) per vector
+    AV = 16 if i8 else 8                    # activation values per 16-byte load
+    NA = V // 4 if i8 else V // 2           # activation words (4 int8 / 2 float16 values) per vector
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
     dec = _decoder(w)
-    if dec == "int":
+    if i8:
+        tag = f"i8_{'i' if signed else 'u'}{b}_v{VB}"
+    elif dec == "int":
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
     helpers = _helpers(tag, act, b, signed, NW, dec, w.table)
-    s_f8 = c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
+    s_f8 = not i8 and c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
     dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" else 1.0
-    f32_path = b == 8
+    f32_path = b == 8 and not i8
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
     float_zeros = c.with_zeros and not quant_zeros
-    sdt = plan.arg("scale").dtype if c.with_scaling else None     # register dtypes of raw scales / zeros
+    # register dtypes of raw scales / zeros (int8 activations: group scales only, per-channel ones at the store)
+    sdt = plan.arg("scale").dtype if c.with_scaling and not plan.scale_in_epilogue else None
     zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
+    acc_dtype = "int32" if i8 and not sdt else "float32"    # int8: exact int32 sums unless group scales
 
     def src(name):
         return repr(helpers[name])
@@ -424,6 +478,8 @@ def _kernel_script(plan, hint: GEMVHint):
         The offset centres the codes: x_shift (signed codes, centred by the XOR), the zero-point
         code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
         cv * sum(a)."""
+        if i8:                                 # int8: the group scale only (dp4a sums are exact)
+            return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
         g = gidx(cidx)
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
         if s_f8:
@@ -455,9 +511,9 @@ def _kernel_script(plan, hint: GEMVHint):
         return out
 
     def lda_lines(ind, i, cidx, arbuf):
-        return [f"{ind}for v in T.unroll({NA // 4}):",
-                f"{ind}    T.cuda.func_call('bb_lda', A.ptr_to([{i}, {cidx} * {V} + v * 8]), {arbuf}.ptr_to([v * 4]), "
-                f"source_code={src('bb_lda')})"]
+        return [f"{ind}for v in T.unroll({V // AV}):",
+                f"{ind}    T.cuda.func_call('bb_lda', A.ptr_to([{i}, {cidx} * {V} + v * {AV}]), "
+                f"{arbuf}.ptr_to([v * 4]), source_code={src('bb_lda')})"]
 
     def ldw_line(ind, nr, cidx, dst):
         return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
@@ -474,25 +530,49 @@ def _kernel_script(plan, hint: GEMVHint):
         return out
 
     def dec_line(ind, wsrc, off, dst):
+        if i8:                                 # no offset: signed codes are centred through the dp4a chain
+            return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {dst}, source_code={src(f'bb_dec_{tag}')})"
         return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {off}, {dst}, source_code={src(f'bb_dec_{tag}')})"
 
     def prep_expr(arbuf, apptr):
         return (f"T.cuda.func_call('bb_prep_{tag}', {arbuf}.ptr_to([0]), {apptr}, source_code={src(f'bb_prep_{tag}')}, "
-                f"return_type='float32')")
+                f"return_type={'int32' if i8 else 'float32'!r})")
+
+    def idot_expr(dptr, apptr, c0):
+        """int8 activations: the exact int32 dot product of one vector, the dp4a chain started at ``c0``."""
+        return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, {c0}, source_code={src(f'bb_dot_{tag}')}, "
+                f"return_type='int32')")
 
     def dot_expr(dptr, apptr):
         return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, source_code={src(f'bb_dot_{tag}')}, "
                 f"return_type='float32')")
 
     def store_line(ind, i, n, val):
+        if i8:
+            return f"{ind}output[{i}, {n}] = {int8_epilogue(i, n, val)}"
         if w.global_scale:
             val = f"{val} * global_scale[0]"
         if c.with_bias:
             val = f"{val} + T.Cast('float32', bias[{n}])"
         return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
 
-    if hint.k_warps and not hint.mma and hint.rows_per_warp * m > 32 * hint.k_warps:
-        raise ValueError(f"{hint}: rows_per_warp * m must be <= 32 * k_warps")
+    def int8_epilogue(i, n, val):
+        """The TensorIR's epilogue order: sum (float32) * scale[n] * a_scale[i] + bias[n]; int32
+        output (no scales): the exact sum + bias."""
+        if c.out_dtype == "int32":
+            return f"{val} + bias[{n}]" if c.with_bias else val
+        v = val if acc_dtype == "float32" else f"T.Cast('float32', {val})"
+        if plan.scale_in_epilogue:
+            v = f"{v} * scale[{n}, 0]"
+        if c.with_act_scaling:
+            v = f"{v} * a_scale[{i}]"
+        if c.with_bias:
+            v = f"{v} + T.Cast('float32', bias[{n}])"
+        return f"T.Cast({c.out_dtype!r}, {v})"
+
+    why = gemv_hint_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
     if hint.mma:
         _body_mma(plan, hint, add, locals())
     elif hint.k_warps:
@@ -546,17 +626,22 @@ def _row_locals(add, e, R, m, WARPS, warp_var=False):
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
     add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
     add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
-    add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
-    add(f"    sv = T.alloc_local(({R},), 'float32')")
-    add(f"    cv = T.alloc_local(({R},), 'float32')")
-    add(f"    ov = T.alloc_local(({R},), 'int32')")
-    add("    asum = T.alloc_local((1,), 'float32')")
+    add(f"    acc = T.alloc_local(({R}, {m}), {e['acc_dtype']!r})")
+    if e["i8"]:                               # group scales; asum: the dp4a chain's start
+        if e["sdt"]:
+            add(f"    sv = T.alloc_local(({R},), 'float32')")
+        add("    asum = T.alloc_local((1,), 'int32')")
+    else:
+        add(f"    sv = T.alloc_local(({R},), 'float32')")
+        add(f"    cv = T.alloc_local(({R},), 'float32')")
+        add(f"    ov = T.alloc_local(({R},), 'int32')")
+        add("    asum = T.alloc_local((1,), 'float32')")
     add("    lane = T.meta_var(tx % 32)")
     if warp_var:
         add("    wp = T.meta_var(tx // 32)")
     add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
     add(f"    for r, i in T.grid({R}, {m}):")
-    add("        acc[r, i] = T.float32(0)")
+    add(f"        acc[r, i] = T.{e['acc_dtype']}(0)")
 
 
 def _row_dot(add, e, ind1, R, m, col):
@@ -567,6 +652,10 @@ def _row_dot(add, e, ind1, R, m, col):
         add(ln)
     add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
     add(f"{ind1}    for r in T.unroll({R}):")
+    if e["i8"]:                               # exact int32 per vector; float32 with group scales
+        dot = e["idot_expr"]("dq.ptr_to([r, 0])", "ap.ptr_to([0])", "asum[0]")
+        add(f"{ind1}        acc[r, i] = acc[r, i] + " + (f"sv[r] * T.Cast('float32', {dot})" if e["sdt"] else dot))
+        return
     tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
     add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
         f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
@@ -796,8 +885,23 @@ def _body_ksplit(plan, hint, add, e):
     process("            ", "b2 * 2 + 1", 1)
 
 
+def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
+    """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
+    else why not."""
+    if not plan.float_acts and (hint.k_warps or hint.mma):
+        return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel only "
+                f"(k_warps=0, mma=False; got k_warps={hint.k_warps}, mma={hint.mma})")
+    if hint.mma:
+        return mma_gemv_unsupported(plan, hint)
+    if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
+        return "rows_per_warp * m must be <= 32 * k_warps"
+    return None
+
+
 def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
+    if not plan.float_acts:
+        return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
     if not _mma_decodable(plan.w):
         return ("the tensor-core GEMV decodes int/uint 1/2/4-bit, fp4_e2m1 / nvfp4 and nf4 codes to half pairs "
                 "(float8 and 8-bit weights use the rows kernel)")

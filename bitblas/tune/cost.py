@@ -185,7 +185,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     vb = cuda_gemv._vec_bytes(plan, hint.vec_bytes)
-    if vb is None:
+    if vb is None or cuda_gemv.gemv_hint_unsupported(plan, hint) is not None:
         return math.inf
     vals = vb * 8 // w.bits
     vectors = math.ceil(K / vals)                      # weight vectors per output channel
@@ -194,8 +194,6 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     if hint.mma:
         # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
         # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
-        if cuda_gemv.mma_gemv_unsupported(plan, hint) is not None:
-            return math.inf
         tiles, tt, U = R // 16, (1 if m <= 8 else 2), hint.unroll
         warps = max(1, kw)
         loads = 2 * tiles * U

@@ -7,7 +7,8 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
   ``stages``-deep cp.async ring, decode vector width; the plan is symbolic in M for a dynamic
   config (one kernel serves every m of the bucket) and static for an int M > 16;
 * GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies): output channels
-  per warp, warps per block, loads in flight (unroll), weight vector width; plan rows = ``b``;
+  per warp, warps per block, loads in flight (unroll), weight vector width, k-split and tensor-core
+  variants (float16/bfloat16 activations; int8 ones take the rows kernel only); plan rows = ``b``;
 * Hopper wgmma (:class:`WGMMAHint`, sm_90 plans whose weights need no decode, see
   :func:`wgmma_unsupported`): BN in {64, 128, 192, 256} (int8: those in the s8 wgmma table),
   1 or 2 consumer warpgroups (BM = 64 or 128), every ring depth from 2 to 8 stages that fits the
@@ -116,6 +117,8 @@ def _gemv(config, bucket, spec) -> List[Candidate]:
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
     for R, warps in itertools.product((2, 4, 8), (1, 2)):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
+    if not plan.float_acts:                   # int8 activations: the rows kernel only
+        return out
     # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
     sms = spec.sm_count if spec is not None else 108
     for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):

@@ -1,0 +1,132 @@
+"""Integer decoders of the GEMV template (bitblas/schedule/cuda_gemv.py) for int8 activations.
+
+int/uint weight codes of 1, 2, 4 or 8 bits are turned into bytes, four per 32-bit word, and
+multiplied with the int8 activations by ``dp4a`` (int32 accumulation, exact). Packed codes sit
+little-endian along K (code k at bit ``(k % per_byte) * bits`` of byte ``k // per_byte``), so field
+``p`` of every byte of a 32-bit word (one shift, one ``lop3`` mask) holds the codes
+``p, p + F, p + 2F, p + 3F`` of the word (``F`` codes per byte): the activations are gathered
+into the same order once per vector and activation row (``prmt``; shared by all the weight rows
+of a warp):
+
+* 8-bit: the words as they are;
+* 4-bit: one ``prmt`` per word (bytes 0, 2 of two adjacent words, or 1, 3);
+* 2-bit: a 4 x 4 byte transpose of 4 words (8 ``prmt``);
+* 1-bit: two 4 x 4 transposes of the even and odd words of 8 (16 ``prmt``).
+
+Signed codes are not sign-extended byte by byte (no SIMD byte subtract without borrows: ~6
+instructions per word). The ``lop3`` that masks a field also XORs it with ``2**(bits-1)``,
+giving ``u = q + 2**(bits-1)`` in 0 .. 2**bits - 1, and ``dp4a.u32.s32`` (unsigned weight bytes x
+signed activation bytes) accumulates ``sum(u * a) = sum(q * a) + 2**(bits-1) * sum(a)``; the
+chain starts at ``-2**(bits-1) * sum(a)`` (``dp4a`` of the activation words with 0x01010101, once
+per vector and row), so the sum is exact. 3 instructions per 8 4-bit codes, 7 per 16 2-bit codes,
+15 per 32 1-bit codes; int8 weights take ``dp4a.s32.s32`` on the raw words, uint8 ones
+``dp4a.u32.s32``.
+
+The CPU tests (testing/test_gemv_decode.py) run the generated helper source itself through a
+small interpreter (``prmt`` / ``lop3`` / ``dp4a`` on Python ints, :func:`_emu_prmt` /
+:func:`_emu_lop3`) and compare every byte value of every position with the format's decode.
+"""
+from __future__ import annotations
+
+from .gemv_decode import _lut
+
+__all__ = []
+
+_LUT_AND_XOR = _lut(lambda a, b, c: (a & b) ^ c)          # (a & b) ^ c
+_ONES = 0x01010101
+
+
+def _i8_consts(bits: int, signed: bool):
+    """Decode of one 32-bit word of ``bits``-bit codes: for each field p (``F = 8 // bits`` of them)
+    the right shift ``bits * p``; the field mask and the XOR (``2**(bits-1)`` per byte for signed
+    sub-byte codes) of the ``lop3``; ``off``, the value the XOR adds to each code (the dp4a chain
+    starts at ``-off * sum(a)``); ``wtype``, the dp4a type of the weight bytes."""
+    F = 8 // bits
+    if bits == 8:
+        return dict(F=1, shifts=(0,), mask=0xFFFFFFFF, xor=0, lut=_LUT_AND_XOR, off=0,
+                    wtype="s32" if signed else "u32")
+    off = (1 << (bits - 1)) if signed else 0
+    return dict(F=F, shifts=tuple(bits * p for p in range(F)), mask=((1 << bits) - 1) * _ONES, xor=off * _ONES,
+                lut=_LUT_AND_XOR, off=off, wtype="u32")
+
+
+def _transpose(x, y):
+    """``prmt`` program of a 4 x 4 byte transpose: outputs ``y[p]`` = byte p of ``x[0..3]``."""
+    t = [f"{y[0]}_t{i}" for i in range(4)]
+    return [(t[0], x[0], x[1], 0x5140), (t[1], x[0], x[1], 0x7362),
+            (t[2], x[2], x[3], 0x5140), (t[3], x[2], x[3], 0x7362),
+            (y[0], t[0], t[2], 0x5410), (y[1], t[0], t[2], 0x7632),
+            (y[2], t[1], t[3], 0x5410), (y[3], t[1], t[3], 0x7632)]
+
+
+def _i8_gather(bits: int, nw: int):
+    """The activation gather of one vector of ``nw`` weight words: ``prmt`` steps ``(dst, a, b,
+    selector)`` over names ``a{j}`` (activation words in K order), ``p{q}`` (gathered word q,
+    matching decoded weight word q) and temporaries. 8-bit codes need none (``p{j}`` = ``a{j}``)."""
+    prog = []
+    if bits == 4:
+        for j in range(nw):
+            prog += [(f"p{2 * j}", f"a{2 * j}", f"a{2 * j + 1}", 0x6420),
+                     (f"p{2 * j + 1}", f"a{2 * j}", f"a{2 * j + 1}", 0x7531)]
+    elif bits == 2:
+        for j in range(nw):
+            prog += _transpose([f"a{4 * j + t}" for t in range(4)], [f"p{4 * j + p}" for p in range(4)])
+    elif bits == 1:
+        for j in range(nw):
+            for h in range(2):
+                prog += _transpose([f"a{8 * j + 2 * t + h}" for t in range(4)],
+                                   [f"p{8 * j + 4 * h + p}" for p in range(4)])
+    return prog
+
+
+def _cname(nm: str) -> str:
+    """C expression of a gather-program name: ``a3`` -> ``a[3]``, ``p5`` -> ``ap[5]``, temporaries as is."""
+    if nm[1:].isdigit():
+        return f"{'a' if nm[0] == 'a' else 'ap'}[{nm[1:]}]"
+    return nm
+
+
+def _i8_helpers(tag: str, bits: int, signed: bool, nw: int):
+    """CUDA source of ``bb_prep_{tag}`` (gather the activation words, return the dp4a chain's
+    start), ``bb_dec_{tag}`` (weight words -> bytes) and ``bb_dot_{tag}`` (dp4a over one vector)
+    for ``nw`` weight words of ``bits``-bit codes."""
+    k = _i8_consts(bits, signed)
+    F = k["F"]
+    na = nw * F                                   # activation words per vector (= decoded words)
+    src = {}
+    lines = [f"__device__ __forceinline__ int bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
+    prog = _i8_gather(bits, nw)
+    if not prog:
+        lines += [f"  ap[{q}] = a[{q}];" for q in range(na)]
+    for dst, x, y, sel in prog:
+        lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
+        lines.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
+    if k["off"]:
+        lines.append("  int s = 0;")
+        lines += [f"  s = __dp4a((int)a[{q}], 0x{_ONES:08x}, s);" for q in range(na)]
+        lines.append(f"  return -{k['off']} * s;")
+    else:
+        lines.append("  return 0;")
+    lines.append("}")
+    src[f"bb_prep_{tag}"] = "\n" + "\n".join(lines) + "\n"
+
+    lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, unsigned* d) {{"]
+    for j in range(nw):
+        if bits == 8:
+            lines.append(f"  d[{j}] = w[{j}];")
+            continue
+        for p, s in enumerate(k["shifts"]):
+            x = f"w[{j}] >> {s}" if s else f"w[{j}]"
+            lines.append(f"  asm(\"lop3.b32 %0, %1, 0x{k['mask']:08x}, 0x{k['xor']:08x}, 0x{k['lut']:02x};\" "
+                         f": \"=r\"(d[{j * F + p}]) : \"r\"({x}));")
+    lines.append("}")
+    src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
+
+    lines = [f"__device__ __forceinline__ int bb_dot_{tag}(const unsigned* d, const unsigned* ap, int c) {{",
+             "  int s0 = c, s1 = 0;"]
+    for q in range(na):
+        lines.append(f"  asm(\"dp4a.{k['wtype']}.s32 %0, %1, %2, %0;\" "
+                     f": \"+r\"(s{q % 2}) : \"r\"(d[{q}]), \"r\"(ap[{q}]));")
+    lines += ["  return s0 + s1;", "}"]
+    src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    return src

@@ -1,0 +1,265 @@
+"""The GEMV template with int8 activations (bitblas/schedule/cuda_gemv.py + gemv_int8.py): packed
+int/uint weights decoded to bytes, dp4a with exact int32 sums, group scales in float32, per-channel
+scale x per-token activation scale + bias at the store, int32 output without scales.
+
+GPU tests: every int/uint weight format (1, 2, 4, 8 bits) x scale modes x a_scale / bias x output
+dtype, at 1, 2, 5 and 16 rows, N and K with and without remainders, through ``bitblas.Matmul``
+(which must pick the GEMV kernel); weight codes over their whole range and int8 activations
+including -128, compared with the float64 reference (int32 outputs exactly); the kernel shapes
+(rows, cp.async ring, vector widths, launch bounds) through explicit hints. CPU: routing, default
+hints, refusals and the tuner's candidates; nvcc code generation for sm_80 / sm_90 (marked nvcc).
+The decode and dot helpers are checked bit for bit in testing/test_gemv_decode.py.
+
+    python -m pytest testing/test_gpu_gemv_int8.py -m gpu      # GPU
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import bitblas
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
+from bitblas.formats import FORMATS
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES, pack_weight
+from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint, gemv_unsupported
+from kernel_helpers import H200_SPEC, TARGETS
+
+_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def gpu(f):
+    return pytest.mark.gpu(_skip(f))
+
+
+WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
+_W = {w: ("i" if w.startswith("int") else "u") + w[-1] for w in WEIGHTS}     # int4 -> i4, uint8 -> u8
+VARIANTS = {
+    "chan-as-bias-f16": dict(with_scaling=True, with_act_scaling=True, with_bias=True, out_dtype="float16"),
+    "g128-bf16": dict(group_size=128, with_scaling=True, out_dtype="bfloat16"),
+    "i32-bias": dict(with_bias=True, out_dtype="int32"),
+}
+EXTRA = {                                  # further combinations on a few formats
+    "i4-g128-as-bias-f32": dict(W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True,
+                                with_bias=True, out_dtype="float32"),
+    "u2-chan-bf16": dict(W_dtype="uint2", with_scaling=True, out_dtype="bfloat16"),
+    "i1-g64-as-f16": dict(W_dtype="int1", group_size=64, with_scaling=True, with_act_scaling=True),
+    "i8-chan-as-bias-bf16": dict(W_dtype="int8", with_scaling=True, with_act_scaling=True, with_bias=True,
+                                 out_dtype="bfloat16"),
+    "u4-i32": dict(W_dtype="uint4", out_dtype="int32"),
+}
+CASES = {f"{_W[w]}-{v}": dict(W_dtype=w, **kw) for w in WEIGHTS for v, kw in VARIANTS.items()}
+CASES.update(EXTRA)
+ROWS = (1, 2, 5, 16)
+SHAPES = ((1000, 1536), (4104, 8192))      # N no multiple of the rows per block; K=1536 leaves lanes idle
+
+
+def _cfg(name, n=1000, k=1536):
+    return MatmulConfig(N=n, K=k, A_dtype="int8", **CASES[name])
+
+
+def _inputs(cfg, m, seed):
+    """random_inputs' scales / a_scale / bias, with weight codes drawn over the format's whole range
+    (without scales the quantizer would round the small random weights to 0) and int8 activations
+    over -128..127 (per-token quantization never writes -128)."""
+    inp = random_inputs(cfg, m, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = FORMATS[cfg.W_dtype].code_range
+    inp["W"] = pack_weight(cfg, torch.randint(lo, hi + 1, (cfg.N, cfg.K), generator=g))["W"]
+    inp["A"] = torch.randint(-128, 128, (m, cfg.K), generator=g, dtype=torch.int8)
+    return inp
+
+
+def _check(cfg, m, fn=None, plan=None):
+    """Run ``bitblas.Matmul(cfg)`` (which must choose the GEMV kernel), or the built kernel ``fn``
+    of ``plan``, on fresh inputs into a poisoned output; None or an error line naming the seed."""
+    from bitblas.tune.tuner import kernel_args
+    seed = random.randrange(2 ** 31)
+    cpu = _inputs(cfg, m, seed)
+    inputs = {k: v.cuda() for k, v in cpu.items()}
+    dt = TORCH_DTYPES[cfg.out_dtype]
+    out = torch.full((m, cfg.N), float("nan") if dt.is_floating_point else -12345, dtype=dt, device="cuda")
+    if fn is None:
+        op = bitblas.Matmul(cfg)
+        op(**inputs, output=out)
+        kplan = op._kernel("cuda", m)[0]
+        assert kplan.m == m and isinstance(default_hint(kplan, op.target), GEMVHint), "GEMV kernel not selected"
+    else:
+        fn(*kernel_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    ref = reference_matmul(cfg, **cpu)
+    if cfg.out_dtype == "int32":
+        bad = int((out.cpu() != ref).sum())
+        return f"m={m} seed={seed}: {bad} of {out.numel()} int32 outputs differ" if bad else None
+    err, tol = relative_error(out.cpu(), ref), tolerance(cfg)
+    return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
+# -- GPU -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m", ROWS, ids=[f"m{m}" for m in ROWS])
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("name", list(CASES))
+@gpu
+def test_gemv_int8(name, n, k, m):
+    why = _check(_cfg(name, n, k), m)
+    assert why is None, f"{name}: {why}"
+
+
+HINTS = {
+    "r1w4u1": GEMVHint(1, 4, 1),
+    "r4w2u4-mb8": GEMVHint(4, 2, 4, stages=2, min_blocks=8),
+    "r8w1u4-mb8": GEMVHint(8, 1, 4, stages=2, min_blocks=8),
+    "r2w4u2-s1": GEMVHint(2, 4, 2, stages=1),
+    "r4w1u1-ring4": GEMVHint(4, 1, 1, stages=4),
+    "r3w2u2-ring3": GEMVHint(3, 2, 2, stages=3),
+    "r4w2u2-v8": GEMVHint(4, 2, 2, vec_bytes=8),
+    "r2w2u4-v4": GEMVHint(2, 2, 4, vec_bytes=4),
+}
+
+
+@pytest.mark.parametrize("hint", list(HINTS))
+@pytest.mark.parametrize("name", ["i4-chan-as-bias-f16", "i1-i32-bias", "u2-g128-bf16", "i8-chan-as-bias-f16"])
+@gpu
+def test_gemv_int8_hints(name, hint):
+    """Every rows-kernel shape with int8 activations; vector widths that do not fit the format are
+    skipped (int8 activations need >= 16 values per vector)."""
+    from bitblas.schedule.cuda_gemv import _vec_bytes
+    h = HINTS[hint]
+    cfg = _cfg(name)
+    for m in (1, 5):
+        plan = make_plan(cfg, "cuda", m)
+        if _vec_bytes(plan, h.vec_bytes) is None:
+            pytest.skip(f"vec_bytes={h.vec_bytes} does not fit {name}")
+        why = _check(cfg, m, build_plan(plan, cuda_target(), h), plan)
+        assert why is None, f"{name} {h}: {why}"
+
+
+@pytest.mark.parametrize("m", (1, 16))
+@gpu
+def test_gemv_int8_long_k_exact(m):
+    """int32 sums at K=16384 with extreme codes (int8 x int8 up to 128 * 128 per product) stay exact."""
+    cfg = MatmulConfig(N=512, K=16384, A_dtype="int8", W_dtype="int8", out_dtype="int32")
+    why = _check(cfg, m)
+    assert why is None, why
+
+
+@gpu
+def test_gemv_int8_misaligned_views():
+    """A and W views that start off a 16-byte boundary: the operator realigns them for the 16-byte loads."""
+    cfg = _cfg("i4-chan-as-bias-f16")
+    cpu = _inputs(cfg, 3, seed=5)
+    inputs = {k: v.cuda() for k, v in cpu.items()}
+
+    def shifted(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        v = buf[1:].view(t.shape)
+        v.copy_(t)
+        return v
+    A, W = shifted(inputs["A"]), shifted(inputs["W"])
+    assert A.data_ptr() % 16 and W.data_ptr() % 16
+    out = bitblas.Matmul(cfg)(**{**inputs, "A": A, "W": W})
+    torch.cuda.synchronize()
+    assert relative_error(out.cpu(), reference_matmul(cfg, **cpu)) <= tolerance(cfg)
+
+
+# -- no GPU needed ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("w", WEIGHTS)
+def test_gemv_int8_selection(w, arch):
+    """int8 activations at 1..16 static rows: the GEMV template's rows kernel; above 16 rows or a
+    symbolic M the tensor-core / simple schedules as before."""
+    target = cuda_target(TARGETS[arch])
+    for kw in VARIANTS.values():
+        cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **kw)
+        for m in (1, 7, 16):
+            plan = make_plan(cfg, "cuda", m)
+            assert gemv_unsupported(plan) is None, (w, kw, m)
+            hint = default_hint(plan, target)
+            assert isinstance(hint, GEMVHint) and hint.k_warps == 0 and not hint.mma, (w, kw, m, hint)
+        assert bitblas.Matmul(cfg)._kernel_m("cuda", 7) == 7
+        for m in (17, None):
+            hint = default_hint(make_plan(cfg, "cuda", m), target)
+            assert isinstance(hint, (MMAHint, WGMMAHint, SimpleCUDAHint)), (w, kw, m, hint)
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True)
+    assert isinstance(default_hint(make_plan(cfg, "cuda", 17), cuda_target(TARGETS["sm_90"])), WGMMAHint)
+    assert isinstance(default_hint(make_plan(cfg, "cuda", 17), cuda_target(TARGETS["sm_80"])), MMAHint)
+
+
+def test_gemv_int8_default_hint():
+    """The float rule's rows-kernel shapes: m <= 2 with launch bounds (2-bit and 1-bit: 8 channels
+    per warp, 8-bit: 2 channels in 2-warp blocks, 4-bit: 4 in 2-warp blocks), no tensor cores."""
+    def hint(w, m):
+        return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
+                                                       with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
+    assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
+    assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=1, unroll=4, stages=2, min_blocks=8)
+    assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
+    assert hint("int4", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2)
+    assert hint("int4", 16) == GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1)
+
+
+def test_gemv_int8_refused(naming):
+    """What the int8 path does not take is refused naming the field and the value."""
+    from bitblas.schedule import schedule_cuda_gemv
+    from bitblas.schedule.cuda_gemv import mma_gemv_unsupported
+    odd = make_plan(MatmulConfig(N=1000, K=1544, A_dtype="int8", W_dtype="int4", with_scaling=True), "cuda", 1)
+    assert "K=1544" in gemv_unsupported(odd)               # 1544 = 8 (mod 16): no 16-value vector
+    one = make_plan(MatmulConfig(N=1000, K=1552, A_dtype="int8", W_dtype="uint1", out_dtype="int32"), "cuda", 1)
+    assert "K=1552" in gemv_unsupported(one) and "32 for uint1" in gemv_unsupported(one)
+    a4 = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int4", W_dtype="int4", with_scaling=True), "cuda", 1)
+    assert "A_dtype='int4'" in gemv_unsupported(a4)
+    plan = make_plan(_cfg("i4-chan-as-bias-f16"), "cuda", 4)
+    with naming(ValueError, "k_warps"):
+        schedule_cuda_gemv(None, plan, GEMVHint(2, k_warps=4))
+    with naming(ValueError, "mma"):
+        schedule_cuda_gemv(None, plan, GEMVHint(32, k_warps=4, mma=True))
+    assert "A_dtype='int8'" in mma_gemv_unsupported(plan, GEMVHint(32, k_warps=4, mma=True))
+    with pytest.raises(ValueError, match="vec_bytes=4"):      # 8 int4 values: below one 16-byte activation load
+        schedule_cuda_gemv(None, plan, GEMVHint(2, 2, 2, vec_bytes=4))
+
+
+def test_gemv_int8_tuner_candidates():
+    """The tuner offers the rows kernel only for int8 activations, and the cost model refuses the rest."""
+    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import candidates
+    cfg = _cfg("i4-chan-as-bias-f16")
+    cands = candidates(cfg, "cuda", 4, H200_SPEC)
+    gemv = [c.hint for c in cands if isinstance(c.hint, GEMVHint)]
+    assert gemv and all(h.k_warps == 0 and not h.mma for h in gemv)
+    assert all(h.vec_bytes in (0, 8, 16) for h in gemv)
+    plan = make_plan(cfg, "cuda", 4)
+    assert math.isfinite(estimate(plan, GEMVHint(4, 1, 4), 4, H200_SPEC))
+    assert math.isinf(estimate(plan, GEMVHint(4, k_warps=4), 4, H200_SPEC))
+    assert math.isinf(estimate(plan, GEMVHint(32, k_warps=4, mma=True), 4, H200_SPEC))
+
+
+# nvcc: every weight format x (scale mode, a_scale, bias, output dtype) x rows 1 / 3 / 16
+CODEGEN = [(1, "chan-as-bias-f16"), (1, "g128-bf16"), (1, "i32-bias"),
+           (3, "g128-as-bias-f16"), (3, "chan-bf16"), (3, "i32"),
+           (16, "chan-as-bias-f16"), (16, "g128-bf16"), (16, "i32-bias")]
+CODEGEN_VARIANTS = dict(VARIANTS, **{
+    "g128-as-bias-f16": dict(group_size=128, with_scaling=True, with_act_scaling=True, with_bias=True),
+    "chan-bf16": dict(with_scaling=True, out_dtype="bfloat16"),
+    "i32": dict(out_dtype="int32"),
+})
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("w", WEIGHTS)
+def test_gemv_int8_codegen(w, arch):
+    """The dp4a kernels compile with nvcc (N=1000, K=1536: remainders in N and in the lanes' K)."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    for m, v in CODEGEN:
+        plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **CODEGEN_VARIANTS[v]), "cuda", m)
+        src = cuda_source(plan, arch)
+        assert "dp4a." in src and "bb_dec_i8_" in src, (w, m, v)
+        if m == 1:
+            assert "__launch_bounds__(" in src and ", 8)" in src, (w, v)
+        assert nvcc_compile(src, arch), (w, m, v)

@@ -171,8 +171,8 @@ def test_gemv_int8_misaligned_views():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("w", WEIGHTS)
 def test_gemv_int8_selection(w, arch):
-    """int8 activations at 1..16 static rows: the GEMV template's rows kernel; above 16 rows or a
-    symbolic M the tensor-core / simple schedules as before."""
+    """int8 activations at 1..16 static rows: the GEMV template's rows kernel (int8 x int8 on sm_90:
+    up to 8 rows, then wgmma); above 16 rows or a symbolic M the tensor-core / simple schedules."""
     target = cuda_target(TARGETS[arch])
     for kw in VARIANTS.values():
         cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **kw)
@@ -180,6 +180,9 @@ def test_gemv_int8_selection(w, arch):
             plan = make_plan(cfg, "cuda", m)
             assert gemv_unsupported(plan) is None, (w, kw, m)
             hint = default_hint(plan, target)
+            if w == "int8" and m > 8 and WGMMAHint.default(plan, target) is not None:
+                assert isinstance(hint, WGMMAHint), (w, kw, m, hint)     # int8 x int8 from 9 rows on sm_90
+                continue
             assert isinstance(hint, GEMVHint) and hint.k_warps == 0 and not hint.mma, (w, kw, m, hint)
         assert bitblas.Matmul(cfg)._kernel_m("cuda", 7) == 7
         for m in (17, None):

@@ -59,7 +59,7 @@ def _h200():
 def test_default_on_sm90(fam, M):
     plan = _plan(C(M=M, N=1000, K=512, **FAMILIES[fam]))
     hint = default_hint(plan, _h200())
-    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and M <= 16:
+    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and M <= 8:
         from bitblas.schedule import GEMVHint        # int8 x int8 at 1..16 rows: the dp4a GEMV
         assert isinstance(hint, GEMVHint), hint
         hint = WGMMAHint.default(plan, _h200())      # wgmma still takes it when asked
@@ -84,6 +84,17 @@ def test_tiles_fill_the_sms(M, expect, monkeypatch):
     monkeypatch.setattr(g, "_SMS", [132])
     h = WGMMAHint.default(_plan(C(M=M, N=4096, K=4096, **FAMILIES["f16"])), _h200())
     assert (h.BM, h.BN) == expect
+
+
+@pytest.mark.parametrize("M,kind", [(1, GEMVHint), (8, GEMVHint), (9, WGMMAHint), (16, WGMMAHint)])
+def test_int8_rows_gemv_then_wgmma(M, kind):
+    """int8 x int8: the dp4a GEMV up to 8 rows, wgmma from 9 (measured crossover on the H200);
+    int8 x int4 (needs a decode) keeps the GEMV for all 1..16 rows."""
+    plan = _plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=128))
+    assert isinstance(default_hint(plan, _h200()), kind)
+    assert isinstance(default_hint(_plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int4", with_scaling=True)),
+                                   _h200()), GEMVHint)
+    assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_80"])), GEMVHint)     # no wgmma below sm_90
 
 
 def test_small_m_keeps_other_templates():

@@ -53,6 +53,15 @@ def check_kernel(cfg, plan, fn, m: int, tol: Optional[float] = None, report: boo
     return None if err <= tol else f"m={m} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
 
 
+def shifted_view(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in a view that starts one element past its buffer's start (off the 16-byte
+    boundary every kernel's vector loads need, so the operator must realign it)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
 def fp8_mma_tolerance(cfg) -> float:
     """The table's tolerance, widened by the fp8 tensor cores' accumulator: mma / wgmma
     f32.e4m3/e5m2 on Ada and Hopper keep 13 mantissa bits (an "FP22" accumulator; the low 10 bits

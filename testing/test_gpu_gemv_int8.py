@@ -155,11 +155,7 @@ def test_gemv_int8_misaligned_views():
     cpu = _inputs(cfg, 3, seed=5)
     inputs = {k: v.cuda() for k, v in cpu.items()}
 
-    def shifted(t):
-        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        v = buf[1:].view(t.shape)
-        v.copy_(t)
-        return v
+    from kernel_helpers import shifted_view as shifted
     A, W = shifted(inputs["A"]), shifted(inputs["W"])
     assert A.data_ptr() % 16 and W.data_ptr() % 16
     out = bitblas.Matmul(cfg)(**{**inputs, "A": A, "W": W})

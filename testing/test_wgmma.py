@@ -266,11 +266,7 @@ def test_gpu_misaligned_views(fam):
     rows = 300
     inputs = random_inputs(cfg, rows, device="cuda", seed=3)
 
-    def shifted(t):
-        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        v = buf[1:].view(t.shape)
-        v.copy_(t)
-        return v
+    from kernel_helpers import shifted_view as shifted
     A, W = shifted(inputs["A"]), shifted(inputs["W"])
     out = shifted(torch.full((rows, cfg.N), float("nan"), dtype=torch.float16, device="cuda"))
     assert A.data_ptr() % 16 and W.data_ptr() % 16 and out.data_ptr() % 16

@@ -293,32 +293,30 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
                 f"{ind}mt = first_m + t % {G * tiles_n} % gsz",
                 f"{ind}nt = t % {G * tiles_n} // gsz"]
 
-    # producer
-    add("    if tx < 128:")
-    add("        T.ptx['setmaxnreg.dec.sync.aligned.u32'](40)")
-    if grouped:
-        # warps 1..3 stage the K tile's group scales of the BN columns in shared memory (each
-        # consumer thread then reads its columns' scales there instead of from global memory)
-        add(f"        if tx >= {128 - _SCALE_THREADS}:")
+    def producer_loop(cond):
+        """Threads ``cond`` walk the tiles and K steps; each step waits until its ring slot is free."""
+        add(f"        if {cond}:")
         add(f"            for it in T.serial({n_my}):")
         L.extend(tile_coords("                "))
         add(f"                for kt in T.serial({KT}):")
         add(f"                    g = it * {KT} + kt")
         add(f"                    if g >= {ST}:")
         add(f"                        T.cuda.mbarrier_wait(empty.ptr_to([g % {ST}]), (g // {ST} + 1) % 2)")
+
+    # producer
+    add("    if tx < 128:")
+    add("        T.ptx['setmaxnreg.dec.sync.aligned.u32'](40)")
+    if grouped:
+        # warps 1..3 stage the K tile's group scales of the BN columns in shared memory (each
+        # consumer thread then reads its columns' scales there instead of from global memory)
+        producer_loop(f"tx >= {128 - _SCALE_THREADS}")
         add(f"                    for q in T.unroll({-(-BN // _SCALE_THREADS)}):")
         add(f"                        cs = q * {_SCALE_THREADS} + tx - {128 - _SCALE_THREADS}")
         add(f"                        if cs < {BN}:")
         add(f"                            Ss[g % {ST}, cs] = T.Cast('float32', scale[T.min(nt * {BN} + cs, {N - 1}), "
             f"kt * {BK} // {c.group_size}])")
         add(f"                    T.ptx.mbarrier.arrive.shared.b64(full.ptr_to([g % {ST}]), T.uint32(1))")
-    add("        if tx == 0:")
-    add(f"            for it in T.serial({n_my}):")
-    L.extend(tile_coords("                "))
-    add(f"                for kt in T.serial({KT}):")
-    add(f"                    g = it * {KT} + kt")
-    add(f"                    if g >= {ST}:")
-    add(f"                        T.cuda.mbarrier_wait(empty.ptr_to([g % {ST}]), (g // {ST} + 1) % 2)")
+    producer_loop("tx == 0")
     add(f"                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([g % {ST}]), T.uint32({STAGE_BYTES}))")
     add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, 0]), T.address_of(A_map), kt * {BK}, mt * {BM}, "
         f"full.ptr_to([g % {ST}]))")
@@ -334,7 +332,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"            for i in T.unroll({NACC}):")
     add(f"                acc[i] = T.{acc_t}(0)")
     if P:
-        add(f"                tot[i] = T.float32(0)")
+        add("                tot[i] = T.float32(0)")
     add(f"            for kt in T.serial({KT}):")
     add(f"                g = it * {KT} + kt")
     add(f"                T.cuda.mbarrier_wait(full.ptr_to([g % {ST}]), (g // {ST}) % 2)")

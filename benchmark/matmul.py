@@ -56,9 +56,10 @@ FORMATS = {
     "fp8-g128": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
                      with_act_scaling=True, out_dtype="bfloat16"),
 }
-# the torch baseline a format is compared with (ratio column): cuBLAS fp16 unless listed
-BASELINE = {"w8a8": "int_mm", "fp8": "scaled_mm", "w8a8-g128": "int_mm", "w4a8-g128": "int_mm",
-            "w4a8-chan": "int_mm", "w2a8-g128": "int_mm", "fp8-g128": "scaled_mm"}
+# the torch baseline a format is compared with (ratio column): torch._int_mm for int8 activations,
+# torch._scaled_mm for float8 ones, cuBLAS fp16 otherwise
+BASELINE = {f: "int_mm" if kw["A_dtype"] == "int8" else "scaled_mm"
+            for f, kw in FORMATS.items() if kw["A_dtype"] in ("int8", "float8_e4m3")}
 
 # Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
 SHAPES = {

@@ -102,7 +102,7 @@ class DequantGemm:
         self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in deq_names]
         self._gemm_idx = [None if s.name == "W" else names.index(s.name) for s in self.dense_plan.args]
         self._shape = (c.N, c.K)
-        self._dtype = torch.int8 if c.A_dtype == "int8" else TORCH_DTYPES[c.A_dtype]
+        self._dtype = TORCH_DTYPES[c.A_dtype]
 
     def __call__(self, *args):
         ws = torch.empty(self._shape, dtype=self._dtype, device=args[0].device)

@@ -116,13 +116,9 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     """
     _check(plan)
     c = plan.config
-    if c.A_dtype == "int8":
-        ph = placeholders(plan, None, ("W",))
-        weight = decoded_weight(plan, ph, "int32")      # integer decodes carry no scale
-        out = te.compute((c.N, c.K), lambda n, k: weight(n, k).astype("int8"), name=BLOCK_NAME)
-        return te.create_prim_func([ph["W"], out])
-    ph = placeholders(plan, None, WEIGHT_ARGS)
-    weight = decoded_weight(plan, ph, plan.decode_dtype)
+    names = weight_arg_names(plan)
+    ph = placeholders(plan, None, names)
+    weight = decoded_weight(plan, ph, plan.decode_dtype)      # int8 activations: integer values, no scale
 
     def decoded(n, k):
         v = weight(n, k)
@@ -131,7 +127,7 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
         return v.astype(c.A_dtype)
 
     out = te.compute((c.N, c.K), decoded, name=BLOCK_NAME)
-    return te.create_prim_func([ph[s.name] for s in plan.args if s.name in ph] + [out])
+    return te.create_prim_func([ph[n] for n in names] + [out])
 
 
 def schedule_cuda_dequant(func: tirx.PrimFunc, plan: Plan, threads: int = 256) -> "tvm.IRModule":

@@ -124,7 +124,7 @@ class GEMVHint:
             # (w8a16: 28.0 -> 18.7 us); the nf4 table decoder is faster without (18.4 vs 19.5)
             if plan.w.bits <= 2:
                 return cls(rows_per_warp=8, warps=1, unroll=4, stages=2, min_blocks=8)
-            if plan.w.bits == 8 or _vec_bytes(plan) < 16:
+            if plan.w.bits == 8 or (_vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
                 return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
             return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
         if m <= 4:

@@ -70,7 +70,7 @@ class WGMMAHint:
 
     def smem_bytes(self, plan=None) -> int:
         """The ring's bytes, plus (group-scaled ``plan``) the staged float32 scales."""
-        scales = self.stages * self.BN * 4 if plan is not None and plan.groups > 1 and plan.config.with_scaling else 0
+        scales = self.stages * self.BN * 4 if plan is not None and _group_tiles(plan) else 0
         return self.stages * (self.BM + self.BN) * _ROW_BYTES + scales
 
     def check(self, plan=None):
@@ -92,9 +92,9 @@ class WGMMAHint:
             P = self.promote_tiles(plan)
             if P and _eb(plan) != 1:
                 raise ValueError(f"WGMMAHint.promote={self.promote}: promotion applies to 8-bit inputs only")
-            if P and plan.groups > 1 and (plan.config.group_size // (_ROW_BYTES // _eb(plan))) % P:
+            if P and _group_tiles(plan) % P:
                 raise ValueError(f"WGMMAHint.promote={self.promote}: must divide the K tiles of one scale group "
-                                 f"({plan.config.group_size // (_ROW_BYTES // _eb(plan))})")
+                                 f"({_group_tiles(plan)})")
             if P and plan.config.out_dtype == "int32":
                 raise ValueError(f"WGMMAHint.promote={self.promote}: float32 promotion cannot give an exact int32 output")
             if P and self.BN > _PROMOTE_MAX_BN:
@@ -108,10 +108,10 @@ class WGMMAHint:
         inputs, one group with float8; else 0 (the whole K in the accumulator)."""
         if self.promote:
             return self.promote
-        if plan.groups > 1 and plan.config.with_scaling:
+        if _group_tiles(plan):
             # int8: every tile (its int32 sum converts to float32 exactly with two full-rate
             # instructions); float8: once per group
-            return 1 if plan.config.A_dtype == "int8" else plan.config.group_size // (_ROW_BYTES // _eb(plan))
+            return 1 if plan.config.A_dtype == "int8" else _group_tiles(plan)
         return 0
 
     @classmethod
@@ -128,8 +128,7 @@ class WGMMAHint:
             return None
         from .cuda_gemv import _num_sms
         c = plan.config
-        grouped = plan.groups > 1 and c.with_scaling
-        big = [] if c.A_dtype == "int8" or c.N <= 128 or grouped else [cls()]
+        big = [] if c.A_dtype == "int8" or c.N <= 128 or _group_tiles(plan) else [cls()]
         # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
         # best on 64 x 64 tiles, 256 on 64 x 128, 512 on 128 x 128, >= 1024 on 128 x 256)
         tiles = big + [cls(BN=128, stages=6), cls(BN=128, stages=6, consumers=1), cls(BN=64, stages=8, consumers=1)]
@@ -149,6 +148,16 @@ class WGMMAHint:
 
 def _eb(plan) -> int:
     return 1 if plan.config.A_dtype == "int8" or plan.a.torch_dtype in _PTX_FP8 else 2
+
+
+def _bk(plan) -> int:
+    """K elements of one tile (one 128-byte swizzled row)."""
+    return _ROW_BYTES // _eb(plan)
+
+
+def _group_tiles(plan) -> int:
+    """K tiles per scale group of a group-scaled plan (0: no group scales)."""
+    return plan.config.group_size // _bk(plan) if plan.config.with_scaling and plan.groups > 1 else 0
 
 
 def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
@@ -176,9 +185,9 @@ def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
     if c.with_scaling and not (plan.scale_in_epilogue and plan.groups == 1):
         if _eb(plan) != 1:
             return "group scales: only per-channel scales (group_size=-1 or K) apply in the epilogue"
-        if c.group_size % (_ROW_BYTES // _eb(plan)):
+        if c.group_size % _bk(plan):
             return (f"group_size={c.group_size}: group scales of 8-bit inputs are applied per K tile of "
-                    f"{_ROW_BYTES // _eb(plan)}, so the group size must be a multiple of it")
+                    f"{_bk(plan)}, so the group size must be a multiple of it")
     if w.global_scale or (w.kind == "table" and w.torch_dtype not in _PTX_FP8):
         return f"W_dtype={c.W_dtype}: table / global-scale formats need a decode"
     if (c.K * _eb(plan)) % 16:
@@ -219,7 +228,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     c = plan.config
     eb = _eb(plan)
     BM, BN, ST = hint.BM, hint.BN, hint.stages
-    BK = _ROW_BYTES // eb
+    BK = _bk(plan)
     instr, tail, acc_t, kstep = _wgmma_instr(plan, BN)
     NACC = BN // 2
     A_EL, B_EL = BM * BK, BN * BK
@@ -232,7 +241,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     pair_store = out in ("float16", "bfloat16") and N % 2 == 0
     tiles_n = -(-N // BN)
     P = hint.promote_tiles(plan)                 # K tiles between float32 promotions (0: none)
-    grouped = c.with_scaling and plan.groups > 1
+    grouped = bool(_group_tiles(plan))
 
     L = []
     add = L.append

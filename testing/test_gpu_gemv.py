@@ -290,7 +290,7 @@ def test_gemv_launch_bounds():
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     for kw, bounds in ((dict(W_dtype="uint4", group_size=128, with_scaling=True), "__launch_bounds__(64, 8)"),
-                       (dict(W_dtype="int2", group_size=128, with_scaling=True), "__launch_bounds__(32, 8)"),
+                       (dict(W_dtype="int2", group_size=128, with_scaling=True), "__launch_bounds__(64, 8)"),
                        (dict(W_dtype="int8", with_scaling=True), "__launch_bounds__(64, 8)"),
                        (dict(W_dtype="nf4", group_size=128, with_scaling=True), "__launch_bounds__(32)")):
         plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", **kw), "cuda", 1)
@@ -299,6 +299,36 @@ def test_gemv_launch_bounds():
         assert nvcc_compile(src, "sm_90")
     plan = make_plan(MatmulConfig(N=256, K=512, W_dtype="uint4", group_size=128, with_scaling=True), "cuda", 5)
     assert "__launch_bounds__(32, 4)" in cuda_source(plan, "sm_90", GEMVHint(4, 1, 2, stages=1, min_blocks=4))
+
+
+@pytest.mark.parametrize("m,kw,hint", [
+    (1, dict(W_dtype="uint4", group_size=128, with_scaling=True), None),
+    (1, dict(W_dtype="int2", group_size=128, with_scaling=True, with_zeros=True), GEMVHint(8, 1, 4, stages=3, pdl=True)),
+    (8, dict(W_dtype="uint4", group_size=128, with_scaling=True), None),
+    (3, dict(W_dtype="int4", group_size=128, with_scaling=True), GEMVHint(2, k_warps=4, pdl=True))],
+    ids=["rows-default", "rows-ring3", "mma-default", "ksplit"])
+def test_gemv_pdl(m, kw, hint):
+    """Programmatic dependent launch (sm_90 defaults): griddepcontrol.wait comes before every
+    global access, the trigger after the last weight load (rows / tensor-core kernels) and before
+    the output store; the launch parameters carry TVM's PDL tag; sm_80 targets refuse it."""
+    from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
+    from bitblas.schedule import schedule_cuda_gemv
+    plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", **kw), "cuda", m)
+    h90 = hint or default_hint(plan, cuda_target("sm_90"))
+    assert h90.pdl and not default_hint(plan, cuda_target("sm_80")).pdl
+    src = cuda_source(plan, "sm_90", hint)
+    body = src[src.index("void __launch_bounds__"):]
+    wait, trig = body.index("griddepcontrol_wait();"), body.index("griddepcontrol_launch_dependents();")
+    first_access = min(body.index(t) for t in ("W_ptr[", "A_ptr[", "scale_ptr[", "output_ptr["))
+    assert wait < first_access
+    if not hint or not hint.k_warps:
+        assert body.rindex("W_ptr[") < trig < body.index("output_ptr[")
+    mod = schedule_cuda_gemv(None, plan, h90, cuda_target("sm_90"))
+    assert "tirx.use_programtic_dependent_launch" in [str(t) for t in mod["main"].attrs["tirx.kernel_launch_params"]]
+    with pytest.raises(ValueError, match="pdl"):
+        cuda_source(plan, "sm_80", h90)
+    if find_nvcc() is not None:
+        assert nvcc_compile(src, "sm_90")
 
 
 CODEGEN_CASES = [(1, 1000, 1536, None), (3, 256, 512, GEMVHint(2, k_warps=4)), (16, 1000, 1536, None),

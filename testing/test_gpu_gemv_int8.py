@@ -106,7 +106,12 @@ def _check(cfg, m, fn=None, plan=None):
 @pytest.mark.parametrize("name", list(CASES))
 @gpu
 def test_gemv_int8(name, n, k, m):
-    why = _check(_cfg(name, n, k), m)
+    cfg = _cfg(name, n, k)
+    plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
+    if isinstance(default_hint(plan, tgt), GEMVHint):
+        why = _check(cfg, m)
+    else:   # int8 x int8 above INT8_GEMV_MAX_ROWS on sm_90 defaults to wgmma: build the GEMV by its hint
+        why = _check(cfg, m, build_plan(plan, tgt, GEMVHint.default(plan, tgt)), plan)
     assert why is None, f"{name}: {why}"
 
 
@@ -191,15 +196,15 @@ def test_gemv_int8_selection(w, arch):
 
 def test_gemv_int8_default_hint():
     """The float rule's rows-kernel shapes: m <= 2 with launch bounds (2-bit and 1-bit: 8 channels
-    per warp, 8-bit: 2 channels in 2-warp blocks, 4-bit: 4 in 2-warp blocks), no tensor cores."""
+    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), no tensor cores; PDL on sm_90."""
     def hint(w, m):
         return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
-    assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
-    assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=1, unroll=4, stages=2, min_blocks=8)
-    assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
-    assert hint("int4", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2)
-    assert hint("int4", 16) == GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1)
+    assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
+    assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
+    assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
+    assert hint("int4", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
+    assert hint("int4", 16) == GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1, pdl=True)
 
 
 def test_gemv_int8_refused(naming):

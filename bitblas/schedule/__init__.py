@@ -64,7 +64,7 @@ def schedule(func, plan, hint=None, target=None):
     if isinstance(hint, MMAHint):
         return schedule_cuda_mma(func, plan, hint, target)
     if isinstance(hint, GEMVHint):
-        return schedule_cuda_gemv(func, plan, hint)
+        return schedule_cuda_gemv(func, plan, hint, target)
     if isinstance(hint, WGMMAHint):
         return schedule_cuda_wgmma(func, plan, hint, target)
     return schedule_cuda_simple(func, plan, hint)

@@ -8,9 +8,9 @@ device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen
 
 * rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
   16-byte vectors of packed weights (one warp pass over a row reads 512 contiguous bytes),
-  ``unroll`` vectors per row per step. ``stages=2`` keeps the next step's weights in flight in a
-  second register slot; ``stages>=3`` streams them through a cp.async ring in shared memory, so
-  the bytes in flight do not depend on the registers the compiler is willing to spend;
+  ``unroll`` vectors per row per step. ``stages`` register slots of weights form a ring: the
+  loads of ``stages - 1`` steps are in flight while a step is decoded (small steps keep the
+  latency-bound tail short: only the last step's decode follows the last byte's arrival);
 * k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
   activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
@@ -70,6 +70,7 @@ tensor-core) schedule.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -94,12 +95,23 @@ class GEMVHint:
     vec_bytes: int = 0         # bytes of packed weights per lane and load (0: largest that fits)
     k_warps: int = 0           # >0: warps splitting K, activations held in registers (small m)
     grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
-    stages: int = 2            # register slots of in-flight weights (rows kernel): 2 = prefetch the next step
+    stages: int = 2            # register slots of weights (rows kernel): stages - 1 steps in flight while one decodes
     mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see _body_mma)
     min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
+    pdl: bool = False          # programmatic dependent launch (sm_90+): waits for the previous kernel before
+                               # any access; the next may launch once this one's main loop is done
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
+        """The default kernel shape (:meth:`_default_shape`); on sm_90+ targets with programmatic
+        dependent launch (H200, back-to-back calls, W4A16 1x8192^2: 10.3 -> 9.6 us; the launch
+        and ramp of one kernel overlap the previous one's tail)."""
+        hint = cls._default_shape(plan, target)
+        sm = _target_info(target)[0]
+        return dataclasses.replace(hint, pdl=True) if sm is not None and sm >= 90 else hint
+
+    @classmethod
+    def _default_shape(cls, plan, target=None) -> "GEMVHint":
         """Measured on the H200 (W4A16 uint4 g128, N=8192/28672, K=8192, CUDA graphs over weight
         copies; docs/benchmarks.md): at m=1 one-warp blocks of 4 rows with the next step in flight
         (11.0 / 32.6 µs; the tensor-core kernel: 14.5 / 42.6); at m=2 both kinds tie (15.8 vs 15.4,
@@ -122,8 +134,8 @@ class GEMVHint:
             # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
             # 8 channels per warp (14.9 -> 10.3 us), 8-bit and nvfp4 2 channels in 2-warp blocks
             # (w8a16: 28.0 -> 18.7 us); the nf4 table decoder is faster without (18.4 vs 19.5)
-            if plan.w.bits <= 2:
-                return cls(rows_per_warp=8, warps=1, unroll=4, stages=2, min_blocks=8)
+            if plan.w.bits <= 2:              # 2-warp blocks: 10.1 -> 9.7 us (28672: 28.9 -> 25.4)
+                return cls(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
             if plan.w.bits == 8 or (_vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
                 return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
             return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
@@ -270,24 +282,6 @@ __device__ __forceinline__ void bb_ldw1(const void* p, unsigned* d) {
   asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(d[0]) : "l"(p));
 }
 """}[nw]
-    src["bb_cpa16"] = r"""
-__device__ __forceinline__ void bb_cpa16(void* s, const void* g) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(s);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(g) : "memory");
-}
-"""
-    src["bb_cpa_commit"] = r"""
-__device__ __forceinline__ void bb_cpa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-"""
-    for n in range(8):
-        src[f"bb_cpa_wait{n}"] = ("\n__device__ __forceinline__ void bb_cpa_wait%d() "
-                                  "{ asm volatile(\"cp.async.wait_group %d;\" ::: \"memory\"); }\n" % (n, n))
-    src["bb_lds16"] = r"""
-__device__ __forceinline__ void bb_lds16(const void* p, unsigned* d) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
-}
-"""
     src["bb_lda"] = r"""
 __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
   uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
@@ -395,10 +389,13 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
         k = q % nacc
         lines.append(f"  acc{k} = __hfma2(*reinterpret_cast<const {t2}*>(&d[{q}]), "
                      f"*reinterpret_cast<const {t2}*>(&ap[{q}]), acc{k});")
-    lines.append("  float s = 0.f;")
-    for k in range(nacc):
-        lines.append(f"  {{ float2 f = {cvt2}(acc{k}); s += f.x + f.y; }}")
-    lines += ["  return s;", "}"]
+    if act == "float16":                      # one rounding more in half, one conversion instead of two
+        lines += ["  float2 f = __half22float2(__hadd2(acc0, acc1));", "  return f.x + f.y;", "}"]
+    else:                                     # bfloat16 sums stay float32 (8-bit mantissa)
+        lines.append("  float s = 0.f;")
+        for k in range(nacc):
+            lines.append(f"  {{ float2 f = {cvt2}(acc{k}); s += f.x + f.y; }}")
+        lines += ["  return s;", "}"]
     src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
     return src
 
@@ -582,10 +579,24 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
-def _device_entry(add, hint):
+def _device_entry(add, hint, trigger=False):
+    """Kernel entry. ``hint.pdl``: wait for the previous kernel in the stream before any memory
+    access (a plain launch's memory order holds), and let the next kernel launch here if
+    ``trigger`` (else the body calls :func:`_pdl_trigger` after its main loop: triggered at entry,
+    the next kernel's blocks take free slots early and unevenly; H200, 2-bit 1x8192^2 with 1-warp
+    blocks: 12.5 vs 9.8 us)."""
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
+    if hint.pdl:
+        add("    T.ptx.griddepcontrol.wait()")
+    if trigger:
+        _pdl_trigger(add, hint)
+
+
+def _pdl_trigger(add, hint):
+    if hint.pdl:
+        add("    T.ptx.griddepcontrol.launch_dependents()")
 
 
 def _steps(nit: int, unroll: int):
@@ -596,28 +607,31 @@ def _steps(nit: int, unroll: int):
 
 def _step_loop(add, NS, ST, load, process):
     """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
-    register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST=2``: the next step's
-    loads are issued before the current step is processed (two slots, alternating)."""
+    register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
+    ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
+    s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant)."""
     if ST == 1:
         add(f"    for st in T.serial({NS}):")
         load("        ", "st", 0)
         process("        ", "st", 0)
         return
-    load("    ", "0", 0)
-    add(f"    for s2 in T.serial({(NS + 1) // 2}):")
-    if NS % 2:
-        add(f"        if s2 * 2 + 1 < {NS}:")
-        load("            ", "s2 * 2 + 1", 1)
-    else:
-        load("        ", "s2 * 2 + 1", 1)
-    process("        ", "s2 * 2", 0)
-    ind = "        "
-    if NS % 2:
-        add(f"        if s2 * 2 + 1 < {NS}:")
-        ind += "    "
-    add(f"{ind}if s2 * 2 + 2 < {NS}:")
-    load(ind + "    ", "s2 * 2 + 2", 0)
-    process(ind, "s2 * 2 + 1", 1)
+    for s0 in range(min(ST - 1, NS)):
+        load("    ", str(s0), s0)
+    NO = -(-NS // ST)                         # outer iterations; the last one may be partial
+    add(f"    for s2 in T.serial({NO}):")
+    for j in range(ST):
+        ind = "        "
+        cur = f"s2 * {ST} + {j}" if j else f"s2 * {ST}"
+        if (NO - 1) * ST + j >= NS:           # step s2*ST+j runs past NS in the last iteration
+            add(f"{ind}if {cur} < {NS}:")
+            ind += "    "
+        nxt = f"s2 * {ST} + {j + ST - 1}"
+        if (NO - 1) * ST + j + ST - 1 >= NS:
+            add(f"{ind}if {nxt} < {NS}:")
+            load(ind + "    ", nxt, (j + ST - 1) % ST)
+        else:
+            load(ind, nxt, (j + ST - 1) % ST)
+        process(ind, cur, j)
 
 
 def _row_locals(add, e, R, m, WARPS, warp_var=False):
@@ -672,15 +686,14 @@ def _row_store(add, e, R, m, N):
 
 def _body_rows(plan, hint, add, e):
     """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
-    with ``stages=2`` the packed weights and raw scales / zeros of step s+1 are in flight while
-    step s is decoded (two register slots). Activations are re-read (L1) for every step."""
+    with ``stages=ST >= 2`` the packed weights and raw scales / zeros of steps s+1 .. s+ST-1 are
+    in flight while step s is decoded (``ST`` register slots). Activations are re-read (L1) for
+    every step."""
     m, N, NC, NW = e["m"], e["N"], e["NC"], e["NW"]
     NIT = -(-NC // 32)
     U, NS = _steps(NIT, hint.unroll)
     R, WARPS = hint.rows_per_warp, hint.warps
-    ST = 2 if hint.stages >= 2 and NS > 1 else 1
-    if hint.stages >= 3 and NW == 4:
-        return _body_rows_ring(plan, hint, add, e)
+    ST = max(1, min(hint.stages, NS))
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
     _device_entry(add, hint)
@@ -720,77 +733,7 @@ def _body_rows(plan, hint, add, e):
         _row_dot(add, e, ind1, R, m, cexpr(step))
 
     _step_loop(add, NS, ST, load, process)
-    _row_store(add, e, R, m, N)
-
-
-def _body_rows_ring(plan, hint, add, e):
-    """The rows kernel with the packed weights streamed through a ``stages``-slot cp.async ring in
-    shared memory (each lane copies and later reads back its own 16-byte vectors, so only
-    ``cp.async.wait_group`` orders them): the bytes in flight do not depend on how many registers
-    the compiler is willing to spend."""
-    m, N, NC, VB = e["m"], e["N"], e["NC"], e["VB"]
-    NIT = -(-NC // 32)
-    U, NS = _steps(NIT, hint.unroll)
-    R, WARPS, ST = hint.rows_per_warp, hint.warps, hint.stages
-    NBLK = -(-N // (R * WARPS))
-    sdt, zdt = e["sdt"], e["zdt"]
-    src = e["src"]
-    _device_entry(add, hint)
-    add(f"    bx = T.cta_id([{NBLK}])")
-    add(f"    tx = T.thread_id([{32 * WARPS}])")
-    add(f"    ring = T.alloc_buffer(({WARPS}, {ST}, {U}, {R}, 32, 4), 'uint32', scope='shared', align=16)")
-    add("    wv = T.alloc_local((4,), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({U}, {R}), {sdt!r})")
-    if zdt:
-        add(f"    zr = T.alloc_local(({U}, {R}), {zdt!r})")
-    _row_locals(add, e, R, m, WARPS, warp_var=True)
-    nr = f"T.min(n0 + r, {N - 1})"
-
-    def cexpr(step):
-        return f"((({step}) * {U} + u) * 32 + lane)"
-
-    def cload(step):
-        return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
-
-    def issue(ind, step):
-        add(f"{ind}for u in T.unroll({U}):")
-        add(f"{ind}    for r in T.unroll({R}):")
-        add(f"{ind}        T.cuda.func_call('bb_cpa16', ring.ptr_to([wp, ({step}) % {ST}, u, r, lane, 0]), "
-            f"W.ptr_to([{nr}, {cload(step)} * {VB}]), source_code={src('bb_cpa16')})")
-
-    def commit(ind):
-        add(f"{ind}T.cuda.func_call('bb_cpa_commit', source_code={src('bb_cpa_commit')})")
-
-    for s0 in range(ST - 1):                  # prologue: steps 0 .. ST-2 in flight
-        if s0 < NS:
-            issue("    ", str(s0))
-        commit("    ")
-    add(f"    for st in T.serial({NS}):")
-    if sdt or zdt:                            # raw scales / zeros of this step (none: no loop)
-        add(f"        for u in T.unroll({U}):")
-        add(f"            for r in T.unroll({R}):")
-    if sdt:
-        add(f"                sr[u, r] = scale[{nr}, {e['gidx'](cload('st'))}]")
-    if zdt:
-        add(f"                zr[u, r] = {e['zsrc'](nr, cload('st'))}")
-    add(f"        T.cuda.func_call('bb_cpa_wait{ST - 2}', source_code={src(f'bb_cpa_wait{ST - 2}')})")
-    add(f"        if st + {ST - 1} < {NS}:")
-    issue("            ", f"st + {ST - 1}")
-    commit("        ")
-    add(f"        for u in T.unroll({U}):")
-    ind1 = "            "
-    if NC % 32:
-        add(f"            if {cexpr('st')} < {NC}:")
-        ind1 += "    "
-    add(f"{ind1}for r in T.unroll({R}):")
-    for ln in e["scale_lines"](ind1 + "    ", cload("st"), "r", "sr[u, r]" if sdt else None,
-                               "zr[u, r]" if zdt else None):
-        add(ln)
-    add(f"{ind1}    T.cuda.func_call('bb_lds16', ring.ptr_to([wp, st % {ST}, u, r, lane, 0]), wv.ptr_to([0]), "
-        f"source_code={src('bb_lds16')})")
-    add(e["dec_line"](ind1 + "    ", "wv.ptr_to([0])", "ov[r]", "dq.ptr_to([r, 0])"))
-    _row_dot(add, e, ind1, R, m, cexpr("st"))
+    _pdl_trigger(add, hint)
     _row_store(add, e, R, m, N)
 
 
@@ -806,7 +749,7 @@ def _body_ksplit(plan, hint, add, e):
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
     sdt, zdt = e["sdt"], e["zdt"]
-    _device_entry(add, hint)
+    _device_entry(add, hint, trigger=True)     # persistent: its stores are inside the batch loop
     add(f"    bx = T.cta_id([{GRID}])")
     add(f"    tx = T.thread_id([{32 * WK}])")
     add(f"    wq = T.alloc_local((2, {R}, {NJ}, {NW}), 'uint32')")
@@ -1051,6 +994,7 @@ def _body_mma(plan, hint, add, e):
             f"acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma_{tag}')})")
 
     _step_loop(add, NS, ST, load, process)
+    _pdl_trigger(add, hint)
 
     # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain) is channel
     # n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2
@@ -1072,16 +1016,24 @@ def _body_mma(plan, hint, add, e):
     add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", "acc[r, t, j]"))
 
 
-def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None):
+def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None):
     """IRModule of the GEMV kernel for ``plan`` (``func``, the TensorIR of the plan, is not used:
     the kernel is written directly). The module carries ``TIRX_PIPELINE_ATTR`` so the build uses
-    TVM's tirx pipeline."""
+    TVM's tirx pipeline; a ``pdl`` hint's kernel is launched by TVM's runtime with programmatic
+    stream serialization (its launch parameters say so)."""
     why = gemv_unsupported(plan)
     if why:
         raise ValueError(f"GEMV template does not take this plan: {why}")
-    hint = hint or GEMVHint.default(plan)
+    hint = hint or GEMVHint.default(plan, target)
+    sm = _target_info(target)[0]
+    if hint.pdl and (sm is None or sm < 90):
+        raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); "
+                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
     from tvm.script import tirx as T
     text = _kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
+    if hint.pdl:   # the tags SplitHostDevice would derive (grid, block: no dynamic shared memory), plus PDL
+        prim = prim.with_attr("tirx.kernel_launch_params",
+                              ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"])
     mod = tvm.IRModule({"main": prim})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx")

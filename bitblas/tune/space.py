@@ -21,6 +21,7 @@ checks (tile geometry, vector alignment) and by the device's shared memory per b
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import List, Optional
@@ -105,6 +106,13 @@ def _wgmma(config, spec) -> List[Candidate]:
 
 
 def _gemv(config, bucket, spec) -> List[Candidate]:
+    out = _gemv_shapes(config, bucket, spec)
+    if spec is not None and spec.cc >= 90:    # programmatic dependent launch, as the default kernels
+        out = [dataclasses.replace(c, hint=dataclasses.replace(c.hint, pdl=True)) for c in out]
+    return out
+
+
+def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
     if bucket > cuda_gemv.GEMV_MAX_ROWS:
         return []
     plan = make_plan(config, "cuda", bucket)

@@ -35,6 +35,7 @@ CONFIGS = [
     pytest.param(dict(A_dtype="bfloat16", W_dtype="int8", with_scaling=True, out_dtype="bfloat16"), id="bf16-i8-chan"),
     pytest.param(dict(A_dtype="float16", W_dtype="uint8", group_size=G, with_scaling=True, with_zeros=True,
                       zeros_mode="rescale"), id="u8-rescale"),
+    pytest.param(dict(A_dtype="float16", W_dtype="int8", with_scaling=True), id="i8-chan"),
     pytest.param(dict(A_dtype="float16", W_dtype="uint2", group_size=G, with_scaling=True, with_zeros=True,
                       zeros_mode="quantized"), id="u2-qzeros"),
     pytest.param(dict(A_dtype="bfloat16", W_dtype="int2", group_size=G, with_scaling=True, out_dtype="bfloat16"),

@@ -123,7 +123,7 @@ class GEMVHint:
         kernel shapes (not measured; no tensor-core GEMV for them)."""
         m = plan.m or 1
         sm = _target_info(target)[0]
-        if m >= 3 and plan.float_acts and _mma_decodable(plan.w) and (sm is None or sm >= 80):
+        if m >= 3 and plan.float_acts and _mma_decodable(plan.w, plan.config.A_dtype) and (sm is None or sm >= 80):
             if m <= 8:
                 return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             if plan.config.N >= 16896:
@@ -247,14 +247,15 @@ def _field_plan(bits: int, mant: int):
     return out
 
 
-def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None):
+def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None,
+             half_pairs: bool = False):
     """CUDA source of the helpers for one (activation dtype, weight format, vector size); ``dec``
     and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
     helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
     activations take the dp4a helpers of gemv_int8."""
     if act == "int8":
         return {**_load_helpers(nw), **_i8_helpers(tag, bits, signed, nw)}
-    src = _int_helpers(tag, act, bits, signed, nw)
+    src = _int_helpers(tag, act, bits, signed, nw, half_pairs)
     if dec != "int":
         src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
         if dec == "lut4":
@@ -291,10 +292,12 @@ __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
     return src
 
 
-def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int):
+def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pairs: bool = False):
+    """``half_pairs``: 8-bit codes (float16 only) decoded to half pairs like the narrower codes
+    (the tensor-core GEMV's operand), else the float32 path."""
     ctype, t2, magic, mant, magic_f = _ACT[act]
     src = _load_helpers(nw)
-    if bits == 8:
+    if bits == 8 and not half_pairs:
         # float32 path: activations to float, bytes to float through 2**23, float32 FMAs
         n_a = nw * 4
         cvt = "__half2float" if act == "float16" else "__bfloat162float"
@@ -429,10 +432,10 @@ def _kernel_script(plan, hint: GEMVHint):
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
-    helpers = _helpers(tag, act, b, signed, NW, dec, w.table)
+    f32_path = b == 8 and not i8 and not hint.mma     # the tensor-core kernel takes 8-bit codes as half pairs
+    helpers = _helpers(tag, act, b, signed, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
     s_f8 = not i8 and c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
     dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" else 1.0
-    f32_path = b == 8 and not i8
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
@@ -845,9 +848,9 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
     if not plan.float_acts:
         return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
-    if not _mma_decodable(plan.w):
-        return ("the tensor-core GEMV decodes int/uint 1/2/4-bit, fp4_e2m1 / nvfp4 and nf4 codes to half pairs "
-                "(float8 and 8-bit weights use the rows kernel)")
+    if not _mma_decodable(plan.w, plan.config.A_dtype):
+        return ("the tensor-core GEMV decodes int/uint 1/2/4-bit, fp4_e2m1 / nvfp4, nf4 and (float16 activations) "
+                "int/uint 8-bit codes to half pairs (float8 weights, and 8-bit ones with bfloat16, use the rows kernel)")
     if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
         return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
     if hint.k_warps > 8:
@@ -855,9 +858,12 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     return None
 
 
-def _mma_decodable(w) -> bool:
-    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes)."""
+def _mma_decodable(w, act: str = "float16") -> bool:
+    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes); 8-bit codes
+    fit the float16 magic number's 10-bit mantissa, not bfloat16's 7 bits."""
     dec = _decoder(w)
+    if w.bits == 8:
+        return dec == "int" and act == "float16"
     return w.bits <= 4 and (dec == "int" or dec in ("e2m1", "lut4"))
 
 

@@ -133,7 +133,7 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
         if R * bucket > 32 * kw:
             continue
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
-    if cuda_gemv._mma_decodable(plan.w) and (spec is None or spec.cc >= 80):
+    if cuda_gemv._mma_decodable(plan.w, config.A_dtype) and (spec is None or spec.cc >= 80):
         # the tensor-core kernel: 16-channel mma tiles, k_warps warps splitting K
         for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):
             out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)))

@@ -32,6 +32,8 @@ from benchmark.timing import copies_for, time_graph  # noqa: E402
 FORMATS = {
     "fp16": dict(A_dtype="float16", W_dtype="float16"),
     "w8a16-chan": dict(A_dtype="float16", W_dtype="int8", with_scaling=True),
+    "w8bf16-chan": dict(A_dtype="bfloat16", W_dtype="int8", with_scaling=True, out_dtype="bfloat16"),
+    "fp8w-a16-chan": dict(A_dtype="float16", W_dtype="float8_e4m3", with_scaling=True),
     "w4a16-g128": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
     "w4a16-g128-zeros": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
                              with_zeros=True),

@@ -130,6 +130,23 @@ def test_e5m2_decode():
                 assert got == want or (math.isnan(got) and math.isnan(want)), (hex(w), idx)
 
 
+def test_f8_pair_layout():
+    """The tensor-core GEMV's float8 pairs (``_f8_pair_dec``): pair p of a word holds bytes p and
+    p + 2 (the int decoders' pairing, which bb_prep mirrors); e5m2 through the same selectors."""
+    k = g._e4m3_consts()
+    assert [pair for _, _, pair in k["pairs"]] == [(0, 2), (1, 3)]
+    src = g._f8_pair_dec("t", "float16", 1, "e5m2")
+    for w in _bytes_words():
+        codes = _fields(w, 8)
+        for p, (sel, _, (b0, b1)) in enumerate(k["pairs"]):
+            assert f"0x{sel:x}" in src
+            x = g._emu_prmt(w, 0, sel)
+            for half, idx in ((x & 0xFFFF, b0), (x >> 16, b1)):
+                got, want = _half(half, "float16"), E5M2_TABLE[codes[idx]]
+                assert got == want or (math.isnan(got) and math.isnan(want)), (hex(w), idx)
+    assert "256.f" in g._f8_pair_dec("t", "bfloat16", 1, "e4m3")
+
+
 def test_e4m3_scale_helper():
     """bb_e4m3f: the float32 value of a float8_e4m3 scale byte (mirrors the CUDA source)."""
     src = g._e4m3_scale_helper()

@@ -106,11 +106,17 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 
 
 def test_gemv_mma_refused():
-    plan8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int8", with_scaling=True), "cuda", 4)
-    assert "1/2/4-bit" in mma_gemv_unsupported(plan8, GEMVHint(rows_per_warp=16, mma=True))
-    plan_f8 = make_plan(MatmulConfig(N=256, K=512, W_dtype="float8_e4m3", with_scaling=True), "cuda", 4)
-    assert "float8" in mma_gemv_unsupported(plan_f8, GEMVHint(rows_per_warp=16, mma=True))
+    """Every float-activation weight format decodes to half pairs (8-bit and float8 since the 5th
+    session); int8 activations, tiles that are not 16-channel multiples and more than 8 K warps are
+    refused, naming the field."""
+    for wd in ("int8", "uint8", "float8_e4m3", "float8_e5m2"):
+        for act in ("float16", "bfloat16"):
+            plan = make_plan(MatmulConfig(N=256, K=512, A_dtype=act, W_dtype=wd, with_scaling=True), "cuda", 4)
+            assert mma_gemv_unsupported(plan, GEMVHint(rows_per_warp=16, mma=True)) is None, (wd, act)
+    plan_i8 = make_plan(MatmulConfig(N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), "cuda", 4)
+    assert "float16/bfloat16 activations" in mma_gemv_unsupported(plan_i8, GEMVHint(rows_per_warp=16, mma=True))
     plan4 = make_plan(MatmulConfig(N=256, K=512, W_dtype="int4", with_scaling=True), "cuda", 4)
     assert "rows_per_warp=8" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=8, mma=True))
-    with pytest.raises(ValueError, match="1/2/4-bit"):
-        cuda_source(plan8, cuda_target(TARGETS["sm_90"]), GEMVHint(rows_per_warp=16, mma=True))
+    assert "k_warps=16" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=16, k_warps=16, mma=True))
+    with pytest.raises(ValueError, match="rows_per_warp=8"):
+        cuda_source(plan4, cuda_target(TARGETS["sm_90"]), GEMVHint(rows_per_warp=8, mma=True))

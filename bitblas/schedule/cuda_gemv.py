@@ -48,7 +48,10 @@ scale stays a float32 multiply after the dot product, as for int codes:
   difference is folded into the float32 scale; the halves are converted to float32 (exact, also
   for bfloat16 activations), one FFMA each. ~1.5 (e5m2) and ~3 (e4m3) instructions per weight
   including the conversion. e4m3fn's NaN codes 0x7f / 0xff decode to +-480 (the quantizers
-  never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights;
+  never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights.
+  The tensor-core kernel (3..16 rows) takes float8 and int/uint 8-bit codes as half pairs
+  instead (fp32 accumulation in the mma): float8 as above with the 2**8 applied to the pair,
+  8-bit ints through the 1024 magic (float16) or through float32 (bfloat16);
 * nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
   result before the bias.
@@ -76,7 +79,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from .cuda_mma import _target_info
-from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _lut, _prep_adjacent,
+from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _f8_pair_dec, _lut, _prep_adjacent,
                           _table_dec)
 from .gemv_int8 import _i8_helpers
 
@@ -256,7 +259,9 @@ def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "i
     if act == "int8":
         return {**_load_helpers(nw), **_i8_helpers(tag, bits, signed, nw)}
     src = _int_helpers(tag, act, bits, signed, nw, half_pairs)
-    if dec != "int":
+    if dec in ("e4m3", "e5m2") and half_pairs:
+        src[f"bb_dec_{tag}"] = _f8_pair_dec(tag, act, nw, dec)
+    elif dec != "int":
         src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
         if dec == "lut4":
             src[f"bb_prep_{tag}"] = _prep_adjacent(tag, act, nw)
@@ -384,6 +389,20 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines.append("  }")
     lines.append("}")
     src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    if bits > mant:      # 8-bit codes, bfloat16: through float32 (2**23 + byte), packed to pairs (exact: |q| <= 256)
+        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
+                 "  const float c = 8388608.f + (float)off;"]
+        for j in range(nw):
+            x = f"(w[{j}] ^ 0x80808080u)" if signed else f"w[{j}]"
+            lines.append(f"  {{ unsigned x = {x}; float f[4];")
+            for t in range(4):
+                lines.append(f"    f[{t}] = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;")
+            for p in range(2):               # pair p: bytes p and p + 2, as the activations are paired
+                lines.append(f"    {{ {t2} v = __floats2bfloat162_rn(f[{p}], f[{p + 2}]); "
+                             f"d[{2 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")
+            lines.append("  }")
+        lines.append("}")
+        src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
     lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{"]
     for k in range(nacc):
@@ -435,7 +454,7 @@ def _kernel_script(plan, hint: GEMVHint):
     f32_path = b == 8 and not i8 and not hint.mma     # the tensor-core kernel takes 8-bit codes as half pairs
     helpers = _helpers(tag, act, b, signed, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
     s_f8 = not i8 and c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
-    dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" else 1.0
+    dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
@@ -849,8 +868,8 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if not plan.float_acts:
         return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
     if not _mma_decodable(plan.w, plan.config.A_dtype):
-        return ("the tensor-core GEMV decodes int/uint 1/2/4-bit, fp4_e2m1 / nvfp4, nf4 and (float16 activations) "
-                "int/uint 8-bit codes to half pairs (float8 weights, and 8-bit ones with bfloat16, use the rows kernel)")
+        return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
+                "half pairs")
     if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
         return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
     if hint.k_warps > 8:
@@ -859,12 +878,12 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
 
 
 def _mma_decodable(w, act: str = "float16") -> bool:
-    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes); 8-bit codes
-    fit the float16 magic number's 10-bit mantissa, not bfloat16's 7 bits."""
+    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes): 8-bit codes
+    through the float16 magic number (10-bit mantissa) or, for bfloat16, through float32."""
     dec = _decoder(w)
     if w.bits == 8:
-        return dec == "int" and act == "float16"
-    return w.bits <= 4 and (dec == "int" or dec in ("e2m1", "lut4"))
+        return dec in ("int", "e4m3", "e5m2")
+    return w.bits <= 4 and dec in ("int", "e2m1", "lut4")
 
 
 def _mma_helpers(tag: str, act: str, NP: int):

@@ -132,6 +132,39 @@ __device__ __forceinline__ float bb_e4m3f(int b) {
 """
 
 
+def _f8_pair_dec(tag: str, act: str, nw: int, dec: str) -> str:
+    """``bb_dec_{tag}`` for float8 weights in the tensor-core GEMV: exact half pairs (bytes p and
+    p + 2 of each word, the int decoders' pairing) as the mma operand, in the activation dtype.
+    e5m2: the byte is the high byte of a half. e4m3: magnitude at bits 7..13, sign merged by
+    ``lop3`` (as in the float32 path), times 2**8 (the bias difference; exact, |v| <= 448 fits a
+    half, so the scale is applied unchanged). bfloat16: the halves through float32 (exact)."""
+    k = _e4m3_consts()
+    sels = [sel for sel, _, _ in k["pairs"]]          # (bytes 0, 2), (bytes 1, 3)
+    lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
+    if dec == "e4m3":
+        lines.append("  const __half2 f8k = __float2half2_rn(256.f);")
+    for j in range(nw):
+        lines.append(f"  {{ const unsigned q = w[{j}], qm = q & 0x{k['mag_mask']:08x}u;")
+        for p, (sel, sh, _) in enumerate(k["pairs"]):
+            lines.append("    { unsigned x;")
+            if dec == "e5m2":
+                lines.append(f"      x = __byte_perm(q, 0u, 0x{sels[p]:x});")
+            else:
+                sgn = f"q << {sh}" if sh else "q"
+                lines.append(f"      const unsigned t = __byte_perm(qm, 0u, 0x{sel:x}) >> 1;")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(t));")
+                lines.append("      { __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&x), f8k); "
+                             "x = *reinterpret_cast<unsigned*>(&h); }")
+            if act == "bfloat16":
+                lines.append("      { __nv_bfloat162 v = __float22bfloat162_rn(__half22float2("
+                             "*reinterpret_cast<const __half2*>(&x))); x = *reinterpret_cast<unsigned*>(&v); }")
+            lines.append(f"      d[{2 * j + p}] = x; }}")
+        lines.append("  }")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def _table_dec(tag: str, act: str, nw: int, dec: str, table):
     """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders)."""
     ctype, t2, magic, mant, magic_f = _ACT[act]

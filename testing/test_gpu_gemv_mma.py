@@ -1,4 +1,4 @@
-"""The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/cuda_gemv.py
+"""The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv_mma.py
 ``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand.
 
 GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,

@@ -1,0 +1,164 @@
+"""The tensor-core kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.mma``):
+``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
+the 16 x 8 operand, K split over warps. The decode, scale and store lines come from cuda_gemv's
+``_kernel_script`` (its locals, ``e``); which plans it takes: ``cuda_gemv.mma_gemv_unsupported``.
+"""
+from __future__ import annotations
+
+from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps, mma_gemv_unsupported
+from .gemv_decode import _ACT
+
+
+def _mma_helpers(tag: str, act: str, NP: int):
+    """CUDA helpers of the tensor-core kernel: scale the decoded pairs in place (one ``hfma2`` per
+    pair) and run the ``NP // 2`` mma steps of one 16-byte weight vector per lane."""
+    ctype, t2 = _ACT[act][:2]
+    cvt = "__float2half2_rn" if act == "float16" else "__float2bfloat162_rn"
+    ab = "f16" if act == "float16" else "bf16"
+    src = {}
+    lines = [f"__device__ __forceinline__ void bb_scl_{tag}(unsigned* d, float s, float c) {{",
+             f"  const {t2} s2 = {cvt}(s);", f"  const {t2} c2 = {cvt}(c);"]
+    for i in range(NP):
+        lines.append(f"  {{ {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&d[{i}]), s2, c2); "
+                     f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
+    lines.append("}")
+    src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
+             "const unsigned* b, float* c) {"]
+    for s in range(NP // 2):
+        o = 4 * (s % 2)                      # two accumulator sets: two independent mma chains
+        lines.append(f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 '
+                     '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" '
+                     f': "+f"(c[{o}]), "+f"(c[{o + 1}]), "+f"(c[{o + 2}]), "+f"(c[{o + 3}]) '
+                     f': "r"(dg[{2 * s}]), "r"(dh[{2 * s}]), "r"(dg[{2 * s + 1}]), "r"(dh[{2 * s + 1}]), '
+                     f'"r"(b[{2 * s}]), "r"(b[{2 * s + 1}]));')
+    lines.append("}")
+    src[f"bb_mma_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    return src
+
+
+def _body_mma(plan, hint, add, e):
+    """Tensor cores for 1..16 rows: ``mma.sync m16n8k16`` with the *weights* as the 16 x 16 A
+    operand (16 output channels) and the activation rows as the 16 x 8 B operand (8 rows per
+    token tile, two tiles above 8 rows), float32 accumulation.
+
+    Lane ``l`` (group ``g = l // 4``, ``q = l % 4``) of a warp streams the 16-byte vectors
+    ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of channels ``g`` and ``g + 8`` of each
+    16-channel tile, so the four lanes of a channel read 64 contiguous bytes per vector index. A
+    dot product does not care in which order K is summed, so the K positions of the mma fragment
+    need not be consecutive: the decoded pairs of a vector (``bb_dec``: values k and k + P of
+    each 32-bit word) are the A fragment registers as they come, and the activations are paired
+    the same way (``bb_prep``'s ``prmt``), which is all the B fragment needs. One vector of
+    ``V`` codes feeds ``V / 4`` k16 steps of two channels, i.e. ``V / 8`` mma per lane-vector
+    pair (alternating between two accumulator sets, two independent mma chains); scales and zero
+    points are applied to the decoded pairs (``hfma2(d, s, c)``, float16 / bfloat16 weights as the
+    mma consumes them). Any decoder that yields half pairs works the same way: int/uint 1/2/4-bit,
+    fp4_e2m1 / nvfp4 (float8 scale bytes decoded per vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
+    shared memory; blocks own ``rows_per_warp`` channels (multiples of 16). Out-of-range rows are
+    clamped on load and not stored; vectors past K are clamped on load and meet zeroed
+    activations (the mma is executed by every lane, so nothing is predicated inside a warp)."""
+    c = plan.config
+    why = mma_gemv_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    m, N, NC, NW, NA = e["m"], e["N"], e["NC"], e["NW"], e["NA"]
+    tag = e["tag"]
+    hs = _mma_helpers(tag, c.A_dtype, NA)
+
+    def hsrc(name):
+        return repr(hs[name])
+
+    KW = max(1, hint.k_warps)
+    R = hint.rows_per_warp // 16              # 16-channel tiles per block
+    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
+    NIT = -(-NC // (4 * KW))                  # vectors per lane
+    U, NS = _steps(NIT, hint.unroll)
+    ST = 2 if hint.stages >= 2 and NS > 1 else 1
+    guard = NIT * 4 * KW != NC
+    NBLK = -(-N // (16 * R))
+    scaled = c.with_scaling or e["float_zeros"]
+    sdt, zdt = e["sdt"], e["zdt"]
+    _device_entry(add, hint)
+    add(f"    bx = T.cta_id([{NBLK}])")
+    add(f"    tx = T.thread_id([{32 * KW}])")
+    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
+    if zdt:
+        add(f"    zr = T.alloc_local(({ST}, {U}, {R}, 2), {zdt!r})")
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
+    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {TT}, 8), 'float32')")
+    add("    sv = T.alloc_local((2,), 'float32')")
+    add("    cv = T.alloc_local((2,), 'float32')")
+    add("    ov = T.alloc_local((2,), 'int32')")
+    add("    asum = T.alloc_local((1,), 'float32')")
+    if KW > 1:
+        add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), 'float32', scope='shared')")
+    add("    lane = T.meta_var(tx % 32)")
+    add("    g = T.meta_var(tx % 32 // 4)")
+    add("    q = T.meta_var(tx % 4)")
+    add("    kw = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var(bx * {16 * R})")
+    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
+    add("        acc[r, t, j] = T.float32(0)")
+    nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
+
+    def cexpr(step):
+        return f"(((({step}) * {U} + u) * {KW} + kw) * 4 + q)"
+
+    def cload(step):
+        return f"T.min({cexpr(step)}, {NC - 1})" if guard else cexpr(step)
+
+    def load(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r, h in T.grid({R}, 2):")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
+            add(ln)
+
+    def process(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        add(f"{ind1}for t in T.unroll({TT}):")
+        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
+            add(ln)
+        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([t, 0])')}")
+        if guard:
+            add(f"{ind1}    if {cexpr(step)} >= {NC}:")
+            add(f"{ind1}        for v in T.unroll({NA}):")
+            add(f"{ind1}            ap[t, v] = T.uint32(0)")
+        add(f"{ind1}for r in T.unroll({R}):")
+        add(f"{ind1}    for h in T.unroll(2):")
+        for ln in e["scale_lines"](ind1 + "        ", cload(step), "h",
+                                   f"sr[{slot}, u, r, h]" if sdt else None, f"zr[{slot}, u, r, h]" if zdt else None):
+            add(ln)
+        add(e["dec_line"](ind1 + "        ", f"wq.ptr_to([{slot}, u, r, h, 0])", "ov[h]", "dq.ptr_to([h, 0])"))
+        if scaled:
+            add(f"{ind1}        T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([h, 0]), sv[h], cv[h], "
+                f"source_code={hsrc(f'bb_scl_{tag}')})")
+        add(f"{ind1}    for t in T.unroll({TT}):")
+        add(f"{ind1}        T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
+            f"acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma_{tag}')})")
+
+    _step_loop(add, NS, ST, load, process)
+    _pdl_trigger(add, hint)
+
+    # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain) is channel
+    # n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2
+    add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
+    add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
+    ind = "    "
+    if KW > 1:
+        add("    if kw > 0:")
+        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
+        add(f"            red[kw - 1, (r * {TT} + t) * 4 + j, lane] = acc[r, t, j]")
+        add("    T.cuda.cta_sync()")
+        add("    if kw == 0:")
+        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
+        tot = " + ".join(f"red[{k}, (r * {TT} + t) * 4 + j, lane]" for k in range(KW - 1))
+        add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
+        ind = "        "
+    add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
+    add(f"{ind}    if t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
+    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", "acc[r, t, j]"))

@@ -300,6 +300,14 @@ __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
     return src
 
 
+def _byte_floats(j: int, signed: bool, dst, decl: str = ""):
+    """CUDA lines opening a block: the four bytes of word ``w[j]`` (signed: XOR-ed to unsigned) as
+    exact float32 values minus ``c`` = 2**23 + off (``prmt`` into 2**23's mantissa), into ``dst(t)``."""
+    x = f"(w[{j}] ^ 0x80808080u)" if signed else f"w[{j}]"
+    return [f"  {{ unsigned x = {x};" + (f" {decl}" if decl else "")] + [
+        f"    {dst(t)} = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;" for t in range(4)]
+
+
 def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pairs: bool = False):
     """``half_pairs``: 8-bit codes (float16 only) decoded to half pairs like the narrower codes
     (the tensor-core GEMV's operand), else the float32 path."""
@@ -319,10 +327,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{",
                  "  const float c = 8388608.f + (float)off;"]
         for j in range(nw):
-            x = f"(w[{j}] ^ 0x80808080u)" if signed else f"w[{j}]"
-            lines.append(f"  {{ unsigned x = {x};")
-            for t in range(4):
-                lines.append(f"    d[{4 * j + t}] = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;")
+            lines += _byte_floats(j, signed, lambda t: f"d[{4 * j + t}]")
             lines.append("  }")
         lines.append("}")
         src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
@@ -396,10 +401,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
                  "  const float c = 8388608.f + (float)off;"]
         for j in range(nw):
-            x = f"(w[{j}] ^ 0x80808080u)" if signed else f"w[{j}]"
-            lines.append(f"  {{ unsigned x = {x}; float f[4];")
-            for t in range(4):
-                lines.append(f"    f[{t}] = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;")
+            lines += _byte_floats(j, signed, lambda t: f"f[{t}]", decl="float f[4];")
             for p in range(2):               # pair p: bytes p and p + 2, as the activations are paired
                 lines.append(f"    {{ {t2} v = __floats2bfloat162_rn(f[{p}], f[{p + 2}]); "
                              f"d[{2 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")

@@ -42,6 +42,16 @@ FAMILIES = {
                       out_dtype="bfloat16"), 3, None),
                    (C(M=16, N=1000, K=1536, W_dtype="float8_e4m3", with_scaling=True), 16, None),
                    (C(M=5, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 5, None)],
+    # int8 activations: the dp4a rows kernel (int8 x int8 at 16 rows forced: sm_90 defaults to wgmma there)
+    "gemv_int8": [(C(M=1, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 1, None),
+                  (C(M=5, N=1000, K=1536, W_dtype="uint2", group_size=G, **S8), 5, None),
+                  (C(M=16, N=1000, K=1536, W_dtype="int8", **S8), 16, lambda p, t: GEMVHint.default(p, t))],
+    # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
+    # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
+    "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),
+                    (C(M=None, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=G,
+                       out_dtype="bfloat16", **F8), 1000, WGMMAHint.default),
+                    (C(M=None, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 300, "op")],
     # mma.sync, forced: on sm_90 the defaults are wgmma (dense) and decode-then-wgmma (Matmul, rows > 16)
     "mma": [(C(M=None, N=1000, K=1536), 17, MMAHint.default),
             (C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 1000,

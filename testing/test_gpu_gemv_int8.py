@@ -168,12 +168,61 @@ def test_gemv_int8_misaligned_views():
     assert relative_error(out.cpu(), reference_matmul(cfg, **cpu)) <= tolerance(cfg)
 
 
+MMA_ROWS = (3, 9, 16)
+
+
+@pytest.mark.parametrize("m", MMA_ROWS, ids=[f"m{m}" for m in MMA_ROWS])
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("name", list(CASES))
+@gpu
+def test_gemv_int8_mma(name, n, k, m):
+    """The m16n8k32 tensor-core GEMV (gemv_mma_int8) by its default hint, every format x scale mode,
+    fresh random inputs into a poisoned output (int32 outputs exactly)."""
+    cfg = _cfg(name, n, k)
+    plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
+    hint = GEMVHint.default(plan, tgt)
+    if not hint.mma:
+        from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+        pytest.skip(f"tensor-core GEMV refuses {name}: {mma_int8_unsupported(plan, GEMVHint(32, k_warps=4, mma=True))}")
+    why = _check(cfg, m, build_plan(plan, tgt, hint), plan)
+    assert why is None, f"{name} {hint}: {why}"
+
+
+MMA_HINTS = {
+    "r16k1u1s1": GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=1, mma=True),
+    "r32k2u4s2": GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True),
+    "r16k4u2s2": GEMVHint(rows_per_warp=16, k_warps=4, unroll=2, stages=2, mma=True),
+    "r48k3u3s2": GEMVHint(rows_per_warp=48, k_warps=3, unroll=3, stages=2, mma=True),
+    "r64k8u2s2": GEMVHint(rows_per_warp=64, k_warps=8, unroll=2, stages=2, mma=True),
+    "r32k8u1s2-v8": GEMVHint(rows_per_warp=32, k_warps=8, unroll=1, stages=2, vec_bytes=8, mma=True),
+}
+
+
+@pytest.mark.parametrize("hint", list(MMA_HINTS))
+@pytest.mark.parametrize("name", ["i4-chan-as-bias-f16", "i1-i32-bias", "u2-g128-bf16", "i8-chan-as-bias-f16",
+                                  "i2-g128-bf16", "u8-i32-bias"])
+@pytest.mark.parametrize("k", [1536, 1664])
+@gpu
+def test_gemv_int8_mma_hints(name, hint, k):
+    """Explicit tensor-core hints, k_warps 1..8 (K=1664 = 13 groups of 128: lanes past K for k_warps > 1)."""
+    from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+    h = MMA_HINTS[hint]
+    cfg = _cfg(name, 1000, k)
+    for m in (3, 8, 9, 16):
+        plan = make_plan(cfg, "cuda", m)
+        if mma_int8_unsupported(plan, h):
+            pytest.skip(mma_int8_unsupported(plan, h))
+        why = _check(cfg, m, build_plan(plan, cuda_target(), h), plan)
+        assert why is None, f"{name} {h}: {why}"
+
+
 # -- no GPU needed ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("w", WEIGHTS)
 def test_gemv_int8_selection(w, arch):
-    """int8 activations at 1..16 static rows: the GEMV template's rows kernel (int8 x int8 on sm_90:
-    up to 8 rows, then wgmma); above 16 rows or a symbolic M the tensor-core / simple schedules."""
+    """int8 activations at 1..16 static rows: the GEMV template (rows kernel at 1..2 rows, the
+    m16n8k32 tensor-core GEMV from 3; int8 x int8 on sm_90: up to 8 rows, then wgmma); above 16
+    rows or a symbolic M the tensor-core / simple schedules."""
     target = cuda_target(TARGETS[arch])
     for kw in VARIANTS.values():
         cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **kw)
@@ -184,7 +233,7 @@ def test_gemv_int8_selection(w, arch):
             if w == "int8" and m > 8 and WGMMAHint.default(plan, target) is not None:
                 assert isinstance(hint, WGMMAHint), (w, kw, m, hint)     # int8 x int8 from 9 rows on sm_90
                 continue
-            assert isinstance(hint, GEMVHint) and hint.k_warps == 0 and not hint.mma, (w, kw, m, hint)
+            assert isinstance(hint, GEMVHint) and hint.mma == (m >= 3), (w, kw, m, hint)   # m16n8k32 from 3 rows
         assert bitblas.Matmul(cfg)._kernel_m("cuda", 7) == 7
         for m in (17, None):
             hint = default_hint(make_plan(cfg, "cuda", m), target)
@@ -195,16 +244,17 @@ def test_gemv_int8_selection(w, arch):
 
 
 def test_gemv_int8_default_hint():
-    """The float rule's rows-kernel shapes: m <= 2 with launch bounds (2-bit and 1-bit: 8 channels
-    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), no tensor cores; PDL on sm_90."""
+    """The float rule's shapes: m <= 2 the rows kernel with launch bounds (2-bit and 1-bit: 8 channels
+    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), from 3 rows the tensor-core kernel; PDL on
+    sm_90."""
     def hint(w, m):
         return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
     assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
-    assert hint("int4", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
-    assert hint("int4", 16) == GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1, pdl=True)
+    assert hint("int4", 4) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, pdl=True)
+    assert hint("int4", 16) == GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=2, mma=True, pdl=True)
 
 
 def test_gemv_int8_refused(naming):
@@ -220,26 +270,27 @@ def test_gemv_int8_refused(naming):
     plan = make_plan(_cfg("i4-chan-as-bias-f16"), "cuda", 4)
     with naming(ValueError, "k_warps"):
         schedule_cuda_gemv(None, plan, GEMVHint(2, k_warps=4))
-    with naming(ValueError, "mma"):
-        schedule_cuda_gemv(None, plan, GEMVHint(32, k_warps=4, mma=True))
-    assert "A_dtype='int8'" in mma_gemv_unsupported(plan, GEMVHint(32, k_warps=4, mma=True))
+    with naming(ValueError, "rows_per_warp=8"):                # the int8 tensor-core kernel's tile rule
+        schedule_cuda_gemv(None, plan, GEMVHint(8, k_warps=4, mma=True))
+    assert "A_dtype='int8'" in mma_gemv_unsupported(plan, GEMVHint(32, k_warps=4, mma=True))   # the float one
     with pytest.raises(ValueError, match="vec_bytes=4"):      # 8 int4 values: below one 16-byte activation load
         schedule_cuda_gemv(None, plan, GEMVHint(2, 2, 2, vec_bytes=4))
 
 
 def test_gemv_int8_tuner_candidates():
-    """The tuner offers the rows kernel only for int8 activations, and the cost model refuses the rest."""
+    """The tuner offers the rows and tensor-core kernels for int8 activations (no k-split), and the
+    cost model refuses the k-split."""
     from bitblas.tune.cost import estimate
     from bitblas.tune.space import candidates
     cfg = _cfg("i4-chan-as-bias-f16")
     cands = candidates(cfg, "cuda", 4, H200_SPEC)
     gemv = [c.hint for c in cands if isinstance(c.hint, GEMVHint)]
-    assert gemv and all(h.k_warps == 0 and not h.mma for h in gemv)
+    assert gemv and all(h.k_warps == 0 or h.mma for h in gemv) and any(h.mma for h in gemv)
     assert all(h.vec_bytes in (0, 8, 16) for h in gemv)
     plan = make_plan(cfg, "cuda", 4)
     assert math.isfinite(estimate(plan, GEMVHint(4, 1, 4), 4, H200_SPEC))
     assert math.isinf(estimate(plan, GEMVHint(4, k_warps=4), 4, H200_SPEC))
-    assert math.isinf(estimate(plan, GEMVHint(32, k_warps=4, mma=True), 4, H200_SPEC))
+    assert math.isfinite(estimate(plan, GEMVHint(32, k_warps=4, mma=True), 4, H200_SPEC))
 
 
 # nvcc: every weight format x (scale mode, a_scale, bias, output dtype) x rows 1 / 3 / 16
@@ -257,12 +308,16 @@ CODEGEN_VARIANTS = dict(VARIANTS, **{
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("w", WEIGHTS)
 def test_gemv_int8_codegen(w, arch):
-    """The dp4a kernels compile with nvcc (N=1000, K=1536: remainders in N and in the lanes' K)."""
+    """The dp4a kernels compile with nvcc (N=1000, K=1536: remainders in N and in the lanes' K); from
+    3 rows (where the default is the tensor-core kernel, testing/test_gemv_mma_int8.py) by the rows
+    kernel's former default shapes."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
+    tgt = cuda_target(TARGETS[arch])
     for m, v in CODEGEN:
         plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **CODEGEN_VARIANTS[v]), "cuda", m)
-        src = cuda_source(plan, arch)
+        hint = None if m < 3 else GEMVHint(4, 1, 4 if m <= 8 else 2, stages=2 if m <= 4 else 1, pdl=arch == "sm_90")
+        src = cuda_source(plan, tgt, hint)
         assert "dp4a." in src and "bb_dec_i8_" in src, (w, m, v)
         if m == 1:
             assert "__launch_bounds__(" in src and ", 8)" in src, (w, v)

@@ -59,8 +59,9 @@ scale stays a float32 multiply after the dot product, as for int codes:
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
   result before the bias.
 
-int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel only, the
-k-split and tensor-core kernels refuse them; the helpers live in gemv_int8.py): a 16-byte
+int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3
+rows the m16n8k32 tensor-core kernel of gemv_mma_int8.py; the k-split kernel refuses them; the
+helpers live in gemv_int8.py): a 16-byte
 activation load holds 16 values; the codes of a weight vector become bytes, four per word (one
 shift and one ``lop3`` per field of a word; signed codes come out offset by 2**(b-1), taken back
 by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are permuted (``prmt``) into
@@ -125,16 +126,26 @@ class GEMVHint:
         136; m=16: 19.7 vs 77.3, 60.7 vs 265): 32 channels per block and 8 warps splitting K up to
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
         a decoder that yields half pairs (int/uint 1/2/4-bit, nf4, fp4_e2m1, nvfp4) and sm_80+
-        (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same rows
-        kernel shapes (not measured; no tensor-core GEMV for them)."""
+        (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same shapes:
+        from 3 rows the m16n8k32 tensor-core kernel (gemv_mma_int8; not measured yet) where it takes
+        the plan (group sizes holding 4 weight vectors), else the rows kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
-        if m >= 3 and plan.float_acts and _mma_decodable(plan.w, plan.config.A_dtype) and (sm is None or sm >= 80):
+        if m >= 3 and (sm is None or sm >= 80):
             if m <= 8:
-                return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
-            if plan.config.N >= 16896:
-                return cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
-            return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
+                mma = cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
+            elif plan.config.N >= 16896:
+                mma = cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
+            else:
+                mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
+            if plan.float_acts and _mma_decodable(plan.w, plan.config.A_dtype):
+                return mma
+            if not plan.float_acts:          # int8: m16n8k32 (gemv_mma_int8), same tiles, not yet measured
+                from .gemv_mma_int8 import mma_int8_unsupported
+                if plan.groups > 1 and mma.unroll == 4:   # 4-bit g128 at 16 rows: 255 registers + spills with 4
+                    mma = dataclasses.replace(mma, unroll=2)
+                if mma_int8_unsupported(plan, mma) is None:
+                    return mma
         if m <= 2 and _decoder(plan.w) != "lut4":
             # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
             # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
@@ -440,7 +451,11 @@ def _kernel_script(plan, hint: GEMVHint):
     i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8), rows kernel only
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
-    VB = _vec_bytes(plan, hint.vec_bytes)
+    if i8 and hint.mma:                     # int8 tensor cores: 4 vectors of a lane quad inside one group
+        from .gemv_mma_int8 import mma_i8_vec_bytes
+        VB = mma_i8_vec_bytes(plan, hint.vec_bytes)
+    else:
+        VB = _vec_bytes(plan, hint.vec_bytes)
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
@@ -597,7 +612,10 @@ def _kernel_script(plan, hint: GEMVHint):
     why = gemv_hint_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    if hint.mma:
+    if hint.mma and i8:
+        from .gemv_mma_int8 import _body_mma_int8
+        _body_mma_int8(plan, hint, add, locals())
+    elif hint.mma:
         from .gemv_mma import _body_mma      # lazily: gemv_mma imports this module's helpers
         _body_mma(plan, hint, add, locals())
     elif hint.k_warps:
@@ -769,9 +787,12 @@ def _body_rows(plan, hint, add, e):
 def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
     else why not."""
-    if not plan.float_acts and (hint.k_warps or hint.mma):
-        return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel only "
-                f"(k_warps=0, mma=False; got k_warps={hint.k_warps}, mma={hint.mma})")
+    if not plan.float_acts and hint.mma:
+        from .gemv_mma_int8 import mma_int8_unsupported
+        return mma_int8_unsupported(plan, hint)
+    if not plan.float_acts and hint.k_warps:
+        return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the tensor-core "
+                f"kernel (k_warps=0 or mma=True; got k_warps={hint.k_warps}, mma={hint.mma})")
     if hint.mma:
         return mma_gemv_unsupported(plan, hint)
     if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:

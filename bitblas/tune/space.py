@@ -8,7 +8,7 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
   config (one kernel serves every m of the bucket) and static for an int M > 16;
 * GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies): output channels
   per warp, warps per block, loads in flight (unroll), weight vector width, k-split and tensor-core
-  variants (float16/bfloat16 activations; int8 ones take the rows kernel only); plan rows = ``b``;
+  variants (float16/bfloat16 activations; int8 ones take the rows and tensor-core kernels); plan rows = ``b``;
 * Hopper wgmma (:class:`WGMMAHint`, sm_90 plans whose weights need no decode, see
   :func:`wgmma_unsupported`): BN in {64, 128, 192, 256} (int8: those in the s8 wgmma table),
   1 or 2 consumer warpgroups (BM = 64 or 128), every ring depth from 2 to 8 stages that fits the
@@ -125,7 +125,13 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
     for R, warps in itertools.product((2, 4, 8), (1, 2)):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
-    if not plan.float_acts:                   # int8 activations: the rows kernel only
+    if not plan.float_acts:                   # int8 activations: the rows kernel and tensor cores (m16n8k32)
+        if spec is None or spec.cc >= 80:
+            from ..schedule.gemv_mma_int8 import mma_int8_unsupported
+            for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):
+                hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)
+                if mma_int8_unsupported(plan, hint) is None:
+                    out.append(Candidate(bucket, hint))
         return out
     # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
     sms = spec.sm_count if spec is not None else 108

@@ -1,0 +1,254 @@
+"""The tensor-core GEMV for int8 activations (bitblas/schedule/cuda_gemv.py, ``GEMVHint(mma=True)``
+with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
+bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows as the 32 x 8
+B operand, exact int32 accumulation. The float-activation kernel is gemv_mma.py; this one reuses
+its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of
+channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (gemv_int8).
+
+Fragments (PTX ISA, m16n8k32 .s8/.u8): lane (g = lane // 4, q = lane % 4) holds
+``a0`` = A[g, 4q..4q+3], ``a1`` = A[g+8, 4q..4q+3], ``a2`` = A[g, 16+4q..], ``a3`` = A[g+8, 16+4q..];
+``b0`` = B[4q..4q+3, g], ``b1`` = B[16+4q.., g]; ``c0, c1`` = C[g, 2q], C[g, 2q+1], ``c2, c3``
+= C[g+8, 2q..2q+1]. The K slot of a byte depends on ``q`` (and the register), never on ``g``, so
+slots 4q.. / 16+4q.. may stand for any K positions that lane quad ``q`` chooses, as long as the
+weights of both channels and the activations of every token use the same ones: mma step ``s``
+of a vector takes decoded words ``2s`` and ``2s + 1`` of channel ``g`` (a0, a2) and ``g + 8`` (a1,
+a3), and the activation words ``2s``, ``2s + 1`` of token ``g`` gathered into the decode's K order
+(``prmt``, gemv_int8._i8_gather) as b0, b1. One vector of V codes gives ``V / 4`` words: ``V / 8``
+mma per channel pair and token tile. testing/test_gemv_mma_int8.py checks this with a Python model
+of the fragment layout on the generated helper source.
+
+Codes: unsigned codes stay in the low bits of each byte (the rows kernel's decode without XOR,
+``.u8`` A, ``uint8`` weights as they are); int8 weights are ``.s8`` as they are; signed sub-byte
+codes are placed in the *high* bits of each byte (``(w << (8 - b - b*p)) & mask``: one shift and
+one ``and`` per field, as many as the unsigned decode), i.e. the byte is ``q * 2**(8-b)`` as an
+``.s8``; the int32 sum is ``2**(8-b)`` times the true one (no per-token activation-sum correction
+is needed) and is divided back exactly at the end (arithmetic shift for int32 results, an exact
+power-of-two factor for float ones). The magnitude stays within the int8 x int8 range
+(``|q| * 2**(8-b) <= 128``). (The brief's design, unsigned ``q + 2**(b-1)`` corrected by
+``-2**(b-1) * sum(a)``, needs the per-token sums of the *store's* tokens ``2q, 2q+1`` while a lane
+sums token ``g``: a cross-lane exchange per group with group scales; the shifted codes avoid it.)
+
+Scales: without group scales the int32 tile goes through the k-split reduction (shared memory,
+int32) to the store, which applies the per-channel scale, the per-token activation scale and
+the bias as the rows kernel does (``store_line``; int32 output: the exact sum + bias). Group
+scales: each vector step's int32 tile (the 4 lanes' vectors, 4 V consecutive K positions) is
+promoted ``acc += float(partial) * scale[channel, group] * 2**-(8-b)``; that needs the 4 V
+positions inside one group (``group_size % (4 V) == 0``; :func:`mma_i8_vec_bytes` picks a vector
+width that gives it, or refuses).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .gemv_int8 import _cname, _i8_consts, _i8_gather
+
+__all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes"]
+
+
+def mma_i8_vec_bytes(plan, want: int = 0) -> Optional[int]:
+    """Weight bytes per lane vector of the int8 tensor-core GEMV: >= 16 values (one 16-byte
+    activation load), K a multiple of the values, <= 64 values unless asked, and with group scales
+    4 vectors (one mma k-range of the 4 lanes of a quad) inside one group."""
+    c, b = plan.config, plan.w.bits
+    for vb in ((want,) if want else (16, 8, 4)):
+        v = vb * 8 // b
+        if v < 16 or c.K % v or (not want and v > 64):
+            continue
+        if plan.groups > 1 and c.group_size % (4 * v):
+            continue
+        return vb
+    return None
+
+
+def mma_int8_unsupported(plan, hint) -> Optional[str]:
+    """None when the int8 tensor-core GEMV takes ``plan`` with ``hint``, else why not."""
+    c = plan.config
+    if plan.float_acts:
+        return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations"
+    if plan.w.kind not in ("int", "uint") or plan.w.bits not in (1, 2, 4, 8):
+        return f"W_dtype={c.W_dtype!r}: the int8 tensor-core GEMV takes int/uint 1/2/4/8-bit weights"
+    if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
+        return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
+    if hint.k_warps > 8:
+        return f"k_warps={hint.k_warps}: at most 8 warps split K"
+    if mma_i8_vec_bytes(plan, hint.vec_bytes) is None:
+        vals = {vb: vb * 8 // plan.w.bits for vb in ((hint.vec_bytes,) if hint.vec_bytes else (16, 8, 4))}
+        if plan.groups > 1:
+            return (f"group_size={c.group_size}, K={c.K}: the int8 tensor-core GEMV needs 4 weight vectors (one "
+                    f"mma k-step of a lane quad) inside one group and >= 16 values per vector; {c.W_dtype} "
+                    f"vectors of {', '.join(f'{vb} bytes hold {v}' for vb, v in vals.items())} values")
+        return (f"K={c.K}, vec_bytes={hint.vec_bytes}: the int8 tensor-core GEMV needs a weight vector of 16..64 "
+                f"{c.W_dtype} values dividing K")
+    return None
+
+
+def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
+    """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
+    -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane)."""
+    k = _i8_consts(bits, False)
+    F = k["F"]
+    na = nw * F
+    src = {}
+    lines = [f"__device__ __forceinline__ void bb_mprep_{tag}(const unsigned* a, unsigned* ap) {{"]
+    prog = _i8_gather(bits, nw)
+    if not prog:
+        lines += [f"  ap[{q}] = a[{q}];" for q in range(na)]
+    for dst, x, y, sel in prog:
+        lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
+        lines.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
+    lines.append("}")
+    src[f"bb_mprep_{tag}"] = "\n" + "\n".join(lines) + "\n"
+
+    lines = [f"__device__ __forceinline__ void bb_mdec_{tag}(const unsigned* w, unsigned* d) {{"]
+    hi = (((1 << bits) - 1) << (8 - bits)) * 0x01010101
+    for j in range(nw):
+        for p in range(F):
+            if bits == 8:
+                lines.append(f"  d[{j}] = w[{j}];")
+            elif signed:                     # field p to the top of its byte: q * 2**(8-bits) as s8
+                s = 8 - bits - bits * p
+                x = f"(w[{j}] << {s})" if s else f"w[{j}]"
+                lines.append(f"  d[{j * F + p}] = {x} & 0x{hi:08x}u;")
+            else:                            # field p at the bottom of its byte: u as u8
+                s = bits * p
+                x = f"(w[{j}] >> {s})" if s else f"w[{j}]"
+                lines.append(f"  d[{j * F + p}] = {x} & 0x{k['mask']:08x}u;")
+    lines.append("}")
+    src[f"bb_mdec_{tag}"] = "\n" + "\n".join(lines) + "\n"
+
+    at = "s8" if signed else "u8"
+    lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
+             "const unsigned* b, int* c) {"]
+    for s in range(na // 2):
+        o = 4 * (s % 2)                      # two accumulator sets: two independent mma chains
+        lines.append(f'  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.{at}.s8.s32 '
+                     '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" '
+                     f': "+r"(c[{o}]), "+r"(c[{o + 1}]), "+r"(c[{o + 2}]), "+r"(c[{o + 3}]) '
+                     f': "r"(dg[{2 * s}]), "r"(dh[{2 * s}]), "r"(dg[{2 * s + 1}]), "r"(dh[{2 * s + 1}]), '
+                     f'"r"(b[{2 * s}]), "r"(b[{2 * s + 1}]));')
+    lines.append("}")
+    src[f"bb_mma_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    return src
+
+
+def code_shift(plan) -> int:
+    """log2 of the factor the decoded bytes carry (signed sub-byte codes at the top of the byte)."""
+    b = plan.w.bits
+    return 8 - b if plan.w.kind == "int" and b < 8 else 0
+
+
+def _body_mma_int8(plan, hint, add, e):
+    """The kernel body (see the module docstring); ``e``: cuda_gemv._kernel_script's locals."""
+    from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
+    c = plan.config
+    why = mma_int8_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    m, N, NC, NW, NA, V = e["m"], e["N"], e["NC"], e["NW"], e["NA"], e["V"]
+    tag = "m" + e["tag"]
+    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w.kind == "int", NW)
+
+    def hsrc(name):
+        return repr(hs[name])
+
+    SH = code_shift(plan)
+    KW = max(1, hint.k_warps)
+    R = hint.rows_per_warp // 16              # 16-channel tiles per block
+    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
+    NIT = -(-NC // (4 * KW))                  # vectors per lane
+    U, NS = _steps(NIT, hint.unroll)
+    ST = 2 if hint.stages >= 2 and NS > 1 else 1
+    guard = NIT * 4 * KW != NC
+    NBLK = -(-N // (16 * R))
+    sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
+    adt = "float32" if sdt else "int32"
+    _device_entry(add, hint)
+    add(f"    bx = T.cta_id([{NBLK}])")
+    add(f"    tx = T.thread_id([{32 * KW}])")
+    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
+        add(f"    ip = T.alloc_local(({TT}, 8), 'int32')")
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
+    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
+    if KW > 1:
+        add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")
+    add("    lane = T.meta_var(tx % 32)")
+    add("    g = T.meta_var(tx % 32 // 4)")
+    add("    q = T.meta_var(tx % 4)")
+    add("    kw = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var(bx * {16 * R})")
+    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
+    add(f"        acc[r, t, j] = T.{adt}(0)")
+    nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
+
+    def cexpr(step):
+        return f"(((({step}) * {U} + u) * {KW} + kw) * 4 + q)"
+
+    def cload(step):
+        return f"T.min({cexpr(step)}, {NC - 1})" if guard else cexpr(step)
+
+    def load(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r, h in T.grid({R}, 2):")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
+            add(ln)
+
+    def process(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        add(f"{ind1}for t in T.unroll({TT}):")
+        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
+            add(ln)
+        add(f"{ind1}    T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([t, 0]), "
+            f"source_code={hsrc(f'bb_mprep_{tag}')})")
+        if guard:
+            add(f"{ind1}    if {cexpr(step)} >= {NC}:")
+            add(f"{ind1}        for v in T.unroll({NA}):")
+            add(f"{ind1}            ap[t, v] = T.uint32(0)")
+        add(f"{ind1}for r in T.unroll({R}):")
+        add(f"{ind1}    for h in T.unroll(2):")
+        add(f"{ind1}        T.cuda.func_call('bb_mdec_{tag}', wq.ptr_to([{slot}, u, r, h, 0]), dq.ptr_to([h, 0]), "
+            f"source_code={hsrc(f'bb_mdec_{tag}')})")
+        mma = (f"T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
+               "@ACC@, source_code=" + hsrc(f"bb_mma_{tag}") + ")")
+        add(f"{ind1}    for t in T.unroll({TT}):")
+        if not sdt:
+            add(f"{ind1}        {mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
+            return
+        # group scales: this step's int32 tile (4 V positions of one group) promoted to float32
+        f = f" * {float(2.0 ** -SH)!r}" if SH else ""
+        add(f"{ind1}        for j in T.unroll(8):")
+        add(f"{ind1}            ip[t, j] = 0")
+        add(f"{ind1}        {mma.replace('@ACC@', 'ip.ptr_to([t, 0])')}")
+        add(f"{ind1}        for j in T.unroll(4):")
+        add(f"{ind1}            acc[r, t, j] = acc[r, t, j] + T.Cast('float32', ip[t, j] + ip[t, j + 4]) * "
+            f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
+
+    _step_loop(add, NS, ST, load, process)
+    _pdl_trigger(add, hint)
+
+    # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain; group scales: already summed)
+    # is channel n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2
+    if not sdt:
+        add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
+        add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
+    ind = "    "
+    if KW > 1:
+        add("    if kw > 0:")
+        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
+        add(f"            red[kw - 1, (r * {TT} + t) * 4 + j, lane] = acc[r, t, j]")
+        add("    T.cuda.cta_sync()")
+        add("    if kw == 0:")
+        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
+        tot = " + ".join(f"red[{k}, (r * {TT} + t) * 4 + j, lane]" for k in range(KW - 1))
+        add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
+        ind = "        "
+    val = "acc[r, t, j]"
+    if SH and not sdt:                        # exact: the sum carries the factor 2**SH
+        val = f"T.shift_right(acc[r, t, j], {SH})"
+    add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
+    add(f"{ind}    if t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
+    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))

@@ -1,0 +1,236 @@
+"""The int8-activation tensor-core GEMV (bitblas/schedule/gemv_mma_int8.py), without a GPU.
+
+* A Python model of ``mma.sync.aligned.m16n8k32.row.col.s32.{u8,s8}.s8.s32`` (the fragment layout
+  of the PTX ISA: a0/a1/a2/a3 = rows g / g+8 / g / g+8 at k 4q.. / 4q.. / 16+4q.. / 16+4q..;
+  b0/b1 = k 4q.. / 16+4q.. of column g; c0..c3 = (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)) runs
+  the generated helper source (decode, activation gather, the mma operand order) of a whole warp
+  on random codes and activations and must give sum(q * a) of every (channel, token) exactly.
+* Routing, default hints, vector-width choice and refusals.
+* nvcc code generation for sm_80 / sm_90 (marked nvcc).
+
+GPU correctness: testing/test_gpu_gemv_int8.py (``test_gemv_int8_mma*``).
+"""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
+from bitblas.formats import FORMATS
+from bitblas.plan import make_plan
+from bitblas.schedule import GEMVHint, gemv_decode as gd
+from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+from bitblas.schedule.gemv_mma_int8 import _mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
+from kernel_helpers import TARGETS
+
+WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
+
+
+def _byte(x: int, i: int, signed: bool) -> int:
+    v = (x >> (8 * i)) & 0xFF
+    return v - 256 if signed and v >= 128 else v
+
+
+def mma_m16n8k32(a, b, c, a_signed):
+    """The warp-wide mma on per-lane registers: ``a[lane]`` 4 words, ``b[lane]`` 2 words (s8),
+    ``c[lane]`` 4 int32; returns the new ``c``."""
+    A = [[None] * 32 for _ in range(16)]
+    B = [[None] * 8 for _ in range(32)]
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        for i in range(4):
+            row, k0 = g + 8 * (i % 2), 4 * q + 16 * (i // 2)
+            for e in range(4):
+                A[row][k0 + e] = _byte(a[lane][i], e, a_signed)
+        for i in range(2):
+            for e in range(4):
+                B[4 * q + 16 * i + e][g] = _byte(b[lane][i], e, True)
+    out = []
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        vals = []
+        for j in range(4):
+            row, col = g + 8 * (j // 2), 2 * q + j % 2
+            vals.append(c[lane][j] + sum(A[row][k] * B[k][col] for k in range(32)))
+        out.append(vals)
+    return out
+
+
+def _run(src: str, env: dict) -> dict:
+    """Interpret the straight-line helper body (the line forms bb_mprep / bb_mdec use)."""
+    def val(nm):
+        return env[nm.replace("[", "").replace("]", "")]
+    for line in src.strip().splitlines()[1:-1]:
+        line = line.strip()
+        m = re.fullmatch(r"(?:const unsigned )?(\w+(?:\[\d+\])?) = __byte_perm\((\S+), (\S+), (0x[0-9a-f]+)\);", line)
+        if m:
+            env[m[1].replace("[", "").replace("]", "")] = gd._emu_prmt(val(m[2]), val(m[3]), int(m[4], 16))
+            continue
+        m = re.fullmatch(r"(\w+)\[(\d+)\] = (\w+)\[(\d+)\];", line)
+        if m:
+            env[f"{m[1]}{m[2]}"] = env[f"{m[3]}{m[4]}"]
+            continue
+        m = re.fullmatch(r"d\[(\d+)\] = \(?w\[(\d+)\](?: (<<|>>) (\d+)\))? & (0x[0-9a-f]+)u;", line)
+        if m:
+            x = env[f"w{m[2]}"]
+            if m[3] == "<<":
+                x = (x << int(m[4])) & 0xFFFFFFFF
+            elif m[3] == ">>":
+                x >>= int(m[4])
+            env[f"d{m[1]}"] = x & int(m[5], 16)
+            continue
+        raise AssertionError(f"line form the interpreter does not know: {line!r}")
+    return env
+
+
+_MMA = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.(u8|s8)\.s8\.s32 .*?" '
+                  r': "\+r"\(c\[(\d+)\]\), "\+r"\(c\[(\d+)\]\), "\+r"\(c\[(\d+)\]\), "\+r"\(c\[(\d+)\]\) '
+                  r': "r"\((\w+)\[(\d+)\]\), "r"\((\w+)\[(\d+)\]\), "r"\((\w+)\[(\d+)\]\), "r"\((\w+)\[(\d+)\]\), '
+                  r'"r"\(b\[(\d+)\]\), "r"\(b\[(\d+)\]\)\);')
+
+
+@pytest.mark.parametrize("wd", WEIGHTS)
+@pytest.mark.parametrize("nw", (1, 2, 4))
+def test_mma_int8_fragment_model(wd, nw):
+    """One warp, one 16-channel tile, 8 tokens, each lane quad q one vector (4 V positions of K):
+    the generated decode + gather + mma operand order give 2**shift * sum_k q[n, k] * a[t, k] in
+    the C fragment layout the kernel's store reads, exactly (codes over the whole range, -128)."""
+    from bitblas.quantization.utils import unpack_codes
+    fmt = FORMATS[wd]
+    V = nw * 32 // fmt.bits
+    if V < 16:
+        pytest.skip("fewer than 16 values per vector")
+    NA = V // 4
+    signed = fmt.kind == "int"
+    src = _mma_i8_helpers("t", fmt.bits, signed, nw)
+    steps = [m for m in (_MMA.fullmatch(ln.strip()) for ln in src["bb_mma_t"].splitlines()) if m]
+    assert len(steps) == NA // 2 and all(s[1] == ("s8" if signed else "u8") for s in steps)
+    sh = 8 - fmt.bits if signed and fmt.bits < 8 else 0
+    rng = random.Random(fmt.bits * 7 + nw + signed)
+    for trial in range(3):
+        wb = [[bytes(rng.getrandbits(8) for _ in range(4 * nw)) for _ in range(4)] for _ in range(16)]
+        codes = [sum((unpack_codes(torch.tensor(list(wb[n][q]), dtype=torch.uint8).view(torch.int8), fmt).tolist()
+                      for q in range(4)), []) for n in range(16)]
+        acts = [[rng.choice((-128, 127, rng.randint(-128, 127))) for _ in range(4 * V)] for _ in range(8)]
+        dec, prep = {}, {}
+        for lane in range(32):
+            g, q = lane // 4, lane % 4
+            for h in range(2):
+                env = {f"w{j}": int.from_bytes(wb[g + 8 * h][q][4 * j:4 * j + 4], "little") for j in range(nw)}
+                env = _run(src["bb_mdec_t"], env)
+                dec[lane, h] = [env[f"d{i}"] for i in range(NA)]
+            ab = bytes(x & 0xFF for x in acts[g][q * V:(q + 1) * V])
+            env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
+            prep[lane] = [env[f"ap{i}"] for i in range(NA)]
+        c = [[0] * 8 for _ in range(32)]
+        for s in steps:
+            o = [int(s[i]) for i in (2, 3, 4, 5)]
+            assert o == list(range(o[0], o[0] + 4))
+            regs = [(s[6 + 2 * i], int(s[7 + 2 * i])) for i in range(4)]
+            a = [[dec[lane, 0 if nm == "dg" else 1][i] for nm, i in regs] for lane in range(32)]
+            b = [[prep[lane][int(s[14])], prep[lane][int(s[15])]] for lane in range(32)]
+            new = mma_m16n8k32(a, b, [c[lane][o[0]:o[0] + 4] for lane in range(32)], signed)
+            for lane in range(32):
+                c[lane][o[0]:o[0] + 4] = new[lane]
+        for lane in range(32):
+            g, q = lane // 4, lane % 4
+            for j in range(4):
+                n, t = g + 8 * (j // 2), 2 * q + j % 2
+                want = sum(x * y for x, y in zip(codes[n], acts[t]))
+                got = c[lane][j] + c[lane][j + 4]
+                assert got == want << sh, (wd, nw, trial, lane, j, got, want)
+
+
+def _plan(w, m=4, n=1000, k=1536, **kw):
+    return make_plan(MatmulConfig(N=n, K=k, A_dtype="int8", W_dtype=w, **kw), "cuda", m)
+
+
+def test_mma_int8_vec_bytes_and_shift():
+    """Group scales: 4 vectors inside one group (2-bit g128: 8-byte vectors, 1-bit: 4-byte);
+    per-channel: the widest vector of <= 64 values."""
+    g = dict(group_size=128, with_scaling=True)
+    assert [mma_i8_vec_bytes(_plan(w, **g)) for w in ("int8", "int4", "int2", "int1")] == [16, 16, 8, 4]
+    assert [mma_i8_vec_bytes(_plan(w, with_scaling=True)) for w in ("int8", "int4", "int2", "int1")] == [16, 16, 16, 8]
+    assert mma_i8_vec_bytes(_plan("int4", group_size=64, with_scaling=True)) == 8
+    assert mma_i8_vec_bytes(_plan("int1", group_size=64, with_scaling=True)) is None
+    assert [code_shift(_plan(w)) for w in ("int8", "uint8", "int4", "uint4", "int2", "int1", "uint1")] == \
+        [0, 0, 4, 0, 6, 7, 0]
+
+
+def test_mma_int8_default_hint():
+    """From 3 rows the float path's tensor-core tiles (sm_80+; pdl on sm_90); 1..2 rows, sm_75 and
+    groups too small for 4 vectors keep the rows kernel."""
+    t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
+    for w in WEIGHTS:
+        for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):
+            assert GEMVHint.default(_plan(w, 3, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True)
+            assert GEMVHint.default(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
+                                                                        pdl=True)
+            u = 2 if "group_size" in kw else 4     # group scales: unroll 2 (4-bit at 4 spills)
+            assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=4, unroll=u, stages=2, mma=True)
+            assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
+                GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)
+            assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma
+    assert not GEMVHint.default(_plan("int1", 8, group_size=64, with_scaling=True), t80).mma
+
+
+def test_mma_int8_refused():
+    h = GEMVHint(32, k_warps=4, mma=True)
+    why = mma_int8_unsupported(_plan("int1", group_size=64, with_scaling=True), h)
+    assert "group_size=64" in why and "int1" in why and "4 bytes hold 32" in why
+    assert "rows_per_warp=8" in gemv_hint_unsupported(_plan("int4"), GEMVHint(8, k_warps=4, mma=True))
+    assert "k_warps=16" in gemv_hint_unsupported(_plan("int4"), GEMVHint(16, k_warps=16, mma=True))
+    assert "vec_bytes=4" in mma_int8_unsupported(_plan("int4"), GEMVHint(16, k_warps=4, vec_bytes=4, mma=True))
+    assert "int8 activations" in mma_int8_unsupported(
+        make_plan(MatmulConfig(N=256, K=512, W_dtype="int4"), "cuda", 4), h)
+    assert "k_warps=4" in gemv_hint_unsupported(_plan("int4"), GEMVHint(2, k_warps=4))   # k-split: still refused
+    assert gemv_hint_unsupported(_plan("int4"), h) is None
+    with pytest.raises(ValueError, match="group_size=64"):
+        cuda_source(_plan("int1", group_size=64, with_scaling=True), cuda_target(TARGETS["sm_80"]), h)
+
+
+def test_mma_int8_tuner_candidates():
+    from bitblas.tune.space import candidates
+    cands = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4",
+                                                     with_scaling=True), "cuda", 8)]
+    mma = [h for h in cands if isinstance(h, GEMVHint) and h.mma]
+    assert len(mma) == 24 and all(h.rows_per_warp % 16 == 0 for h in mma)
+    assert not any(isinstance(h, GEMVHint) and h.k_warps and not h.mma for h in cands)
+    g64 = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int1", group_size=64,
+                                                   with_scaling=True), "cuda", 8)]
+    assert not any(isinstance(h, GEMVHint) and h.mma for h in g64)
+
+
+VARIANTS = {
+    "chan-as-bias-f16": dict(with_scaling=True, with_act_scaling=True, with_bias=True, out_dtype="float16"),
+    "g128-bf16": dict(group_size=128, with_scaling=True, out_dtype="bfloat16"),
+    "i32-bias": dict(with_bias=True, out_dtype="int32"),
+}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("w", WEIGHTS)
+def test_mma_int8_codegen(w, arch):
+    """m16n8k32 kernels compile (N=1000 K=1536: N remainders, lanes past K; N=256 K=512), every
+    scale mode at 3, 8, 9 and 16 rows, the default hint (k_warps 8 / 4) and a k_warps=1 one."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    tgt = cuda_target(TARGETS[arch])
+    at = "s8" if w.startswith("int") else "u8"
+    i = 0
+    for m in (3, 8, 9, 16):
+        for v, kw in VARIANTS.items():
+            n, k = ((1000, 1536), (256, 512))[i % 2]
+            i += 1
+            plan = make_plan(MatmulConfig(N=n, K=k, A_dtype="int8", W_dtype=w, **kw), "cuda", m)
+            hint = GEMVHint.default(plan, tgt) if i % 3 else GEMVHint(16, k_warps=1, unroll=2, stages=2, mma=True,
+                                                                      pdl=arch == "sm_90")
+            assert hint.mma, (w, m, v)
+            src = cuda_source(plan, tgt, hint)
+            assert f"mma.sync.aligned.m16n8k32.row.col.s32.{at}.s8.s32" in src, (w, m, v)
+            assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, m, v, n, k)

@@ -42,10 +42,15 @@ FAMILIES = {
                       out_dtype="bfloat16"), 3, None),
                    (C(M=16, N=1000, K=1536, W_dtype="float8_e4m3", with_scaling=True), 16, None),
                    (C(M=5, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 5, None)],
-    # int8 activations: the dp4a rows kernel (int8 x int8 at 16 rows forced: sm_90 defaults to wgmma there)
+    # int8 activations: the dp4a rows kernel (forced at 16 rows) and the tensor-core GEMV
     "gemv_int8": [(C(M=1, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 1, None),
                   (C(M=5, N=1000, K=1536, W_dtype="uint2", group_size=G, **S8), 5, None),
-                  (C(M=16, N=1000, K=1536, W_dtype="int8", **S8), 16, lambda p, t: GEMVHint.default(p, t))],
+                  (C(M=16, N=1000, K=1536, W_dtype="int8", **S8), 16,
+                   lambda p, t: GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1)),
+                  # the m16n8k32 tensor-core GEMV (3..16 rows; int8 x int8 forced: sm_90 takes wgmma from 9)
+                  (C(M=9, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 9, None),
+                  (C(M=16, N=1000, K=1664, W_dtype="uint2", **S8), 16, None),
+                  (C(M=5, N=1000, K=1536, W_dtype="int8", **S8), 5, lambda p, t: GEMVHint.default(p, t))],
     # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
     # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
     "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),

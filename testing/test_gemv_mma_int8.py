@@ -162,12 +162,13 @@ def test_mma_int8_vec_bytes_and_shift():
 
 
 def test_mma_int8_default_hint():
-    """From 5 rows the float path's tensor-core tiles (sm_80+; pdl on sm_90); 1..4 rows, sm_75 and
-    groups too small for 4 vectors keep the rows kernel."""
+    """From 7 rows (8-bit and group-scaled 4-bit codes; 4 rows otherwise) the float path's
+    tensor-core tiles (sm_80+; pdl on sm_90); fewer rows, sm_75 and groups too small for 4 vectors
+    keep the rows kernel."""
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):
-            assert GEMVHint.default(_plan(w, 5, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True)
+            assert GEMVHint.default(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True)
             assert GEMVHint.default(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
                                                                         pdl=True)
             u = 2 if "group_size" in kw else 4     # group scales: unroll 2 (4-bit at 4 spills)
@@ -175,7 +176,9 @@ def test_mma_int8_default_hint():
             assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
                 GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)
             assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma
-            assert not GEMVHint.default(_plan(w, 4, **kw), t80).mma
+            first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
+            assert GEMVHint.default(_plan(w, first - 1, **kw), t80).mma is False
+            assert GEMVHint.default(_plan(w, first, **kw), t80).mma is True
     assert not GEMVHint.default(_plan("int1", 8, group_size=64, with_scaling=True), t80).mma
 
 
@@ -229,7 +232,7 @@ def test_mma_int8_codegen(w, arch):
             n, k = ((1000, 1536), (256, 512))[i % 2]
             i += 1
             plan = make_plan(MatmulConfig(N=n, K=k, A_dtype="int8", W_dtype=w, **kw), "cuda", m)
-            hint = GEMVHint.default(plan, tgt) if i % 3 and m >= 5 else GEMVHint(16, k_warps=1, unroll=2, stages=2,
+            hint = GEMVHint.default(plan, tgt) if i % 3 and m >= 8 else GEMVHint(16, k_warps=1, unroll=2, stages=2,
                                                                                   mma=True, pdl=arch == "sm_90")
             assert hint.mma, (w, m, v)
             src = cuda_source(plan, tgt, hint)

@@ -181,7 +181,7 @@ def test_gemv_int8_mma(name, n, k, m):
     cfg = _cfg(name, n, k)
     plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
     hint = GEMVHint.default(plan, tgt)
-    if not hint.mma:                          # 3..4 rows default to the rows kernel: the 5..8-row tile
+    if not hint.mma:                          # few rows default to the rows kernel: the 3..8-row tile
         from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
         hint = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, pdl=hint.pdl)
         why = mma_int8_unsupported(plan, hint)
@@ -236,7 +236,8 @@ def test_gemv_int8_selection(w, arch):
             if w == "int8" and m > 8 and WGMMAHint.default(plan, target) is not None:
                 assert isinstance(hint, WGMMAHint), (w, kw, m, hint)     # int8 x int8 from 9 rows on sm_90
                 continue
-            assert isinstance(hint, GEMVHint) and hint.mma == (m >= 5), (w, kw, m, hint)   # m16n8k32 from 5 rows
+            first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
+            assert isinstance(hint, GEMVHint) and hint.mma == (m >= first), (w, kw, m, hint)   # m16n8k32
         assert bitblas.Matmul(cfg)._kernel_m("cuda", 7) == 7
         for m in (17, None):
             hint = default_hint(make_plan(cfg, "cuda", m), target)
@@ -248,16 +249,17 @@ def test_gemv_int8_selection(w, arch):
 
 def test_gemv_int8_default_hint():
     """The float rule's shapes: m <= 2 the rows kernel with launch bounds (2-bit and 1-bit: 8 channels
-    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), 3..4 rows the rows kernel, from 5 rows the
-    tensor-core kernel; PDL on sm_90."""
+    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), then the rows kernel up to 3 rows (6 for
+    8-bit and group-scaled 4-bit codes) and the tensor-core kernel above; PDL on sm_90."""
     def hint(w, m):
         return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
     assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
-    assert hint("int4", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
-    assert hint("int4", 5) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, pdl=True)
+    assert hint("int4", 6) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=1, pdl=True)
+    assert hint("int4", 7) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, pdl=True)
+    assert hint("int2", 4) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, pdl=True)
     assert hint("int4", 16) == GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=2, mma=True, pdl=True)
 
 

@@ -127,8 +127,9 @@ class GEMVHint:
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
         a decoder that yields half pairs (int/uint 1/2/4-bit, nf4, fp4_e2m1, nvfp4) and sm_80+
         (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same shapes:
-        from 5 rows the m16n8k32 tensor-core kernel (gemv_mma_int8) where it takes the plan (group
-        sizes holding 4 weight vectors), else the rows kernel."""
+        from 4 rows (7 for 8-bit and group-scaled 4-bit codes) the m16n8k32 tensor-core kernel
+        (gemv_mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the rows
+        kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
         if m >= 3 and (sm is None or sm >= 80):
@@ -140,10 +141,12 @@ class GEMVHint:
                 mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
             if plan.float_acts and _mma_decodable(plan.w, plan.config.A_dtype):
                 return mma
-            # int8: m16n8k32 (gemv_mma_int8), same tiles, from 5 rows (H200 N=K=8192: m=16 w4a8-g128
-            # 16.3 vs 35.4 us for the dp4a rows kernel, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8;
-            # m=4 the rows kernel still wins for group-scaled 4-bit, 12.1 vs 14.4, and int8, 18.8 vs 23.2)
-            if not plan.float_acts and m >= 5:
+            # int8: m16n8k32 (gemv_mma_int8), same tiles (H200 N=K=8192, µs, tensor-core vs dp4a rows
+            # kernel): m=16 w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8;
+            # m=4 per-channel 4-bit 10.2 vs 11.9, 2-bit 8.6 vs 14.5; group-scaled 4-bit and 8-bit codes
+            # lose at m=5 (14.6 vs 14.0, 23.3 vs 18.9) and win at m=8 (14.4 vs 18.9, 22.6 vs 25.8)
+            first = 7 if plan.w.bits == 8 or (plan.groups > 1 and plan.w.bits >= 4) else 4
+            if not plan.float_acts and m >= first:
                 from .gemv_mma_int8 import mma_int8_unsupported
                 if plan.groups > 1 and mma.unroll == 4:   # 4-bit g128 at 16 rows: 255 registers + spills with 4
                     mma = dataclasses.replace(mma, unroll=2)

@@ -61,21 +61,14 @@ def _body_mma(plan, hint, add, e):
     why = mma_gemv_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    m, N, NC, NW, NA = e["m"], e["N"], e["NC"], e["NW"], e["NA"]
+    m, NC, NW, NA = e["m"], e["NC"], e["NW"], e["NA"]
     tag = e["tag"]
     hs = _mma_helpers(tag, c.A_dtype, NA)
 
     def hsrc(name):
         return repr(hs[name])
 
-    KW = max(1, hint.k_warps)
-    R = hint.rows_per_warp // 16              # 16-channel tiles per block
-    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
-    NIT = -(-NC // (4 * KW))                  # vectors per lane
-    U, NS = _steps(NIT, hint.unroll)
-    ST = 2 if hint.stages >= 2 and NS > 1 else 1
-    guard = NIT * 4 * KW != NC
-    NBLK = -(-N // (16 * R))
+    KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     scaled = c.with_scaling or e["float_zeros"]
     sdt, zdt = e["sdt"], e["zdt"]
     _device_entry(add, hint)
@@ -96,26 +89,7 @@ def _body_mma(plan, hint, add, e):
     add("    asum = T.alloc_local((1,), 'float32')")
     if KW > 1:
         add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), 'float32', scope='shared')")
-    add("    lane = T.meta_var(tx % 32)")
-    add("    g = T.meta_var(tx % 32 // 4)")
-    add("    q = T.meta_var(tx % 4)")
-    add("    kw = T.meta_var(tx // 32)")
-    add(f"    n0 = T.meta_var(bx * {16 * R})")
-    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
-    add("        acc[r, t, j] = T.float32(0)")
-    nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
-
-    def cexpr(step):
-        return f"(((({step}) * {U} + u) * {KW} + kw) * 4 + q)"
-
-    def cload(step):
-        return f"T.min({cexpr(step)}, {NC - 1})" if guard else cexpr(step)
-
-    def load(ind, step, slot):
-        add(f"{ind}for u in T.unroll({U}):")
-        add(f"{ind}    for r, h in T.grid({R}, 2):")
-        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
-            add(ln)
+    cexpr, cload, load = _mma_lanes(add, e, R, TT, KW, U, guard, "float32")
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -144,10 +118,59 @@ def _body_mma(plan, hint, add, e):
     _step_loop(add, NS, ST, load, process)
     _pdl_trigger(add, hint)
 
-    # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain) is channel
-    # n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2
-    add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
-    add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
+    _mma_store(add, e, R, TT, KW)
+
+
+def _mma_tiles(hint, e):
+    """(k_warps, 16-channel tiles, token tiles of 8 rows, vectors per step, steps, register slots,
+    whether the last step runs past K, blocks) of a tensor-core GEMV hint (float or int8)."""
+    m, N, NC = e["m"], e["N"], e["NC"]
+    KW = max(1, hint.k_warps)
+    R = hint.rows_per_warp // 16              # 16-channel tiles per block
+    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
+    NIT = -(-NC // (4 * KW))                  # vectors per lane
+    U, NS = _steps(NIT, hint.unroll)
+    ST = 2 if hint.stages >= 2 and NS > 1 else 1
+    return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
+
+
+def _mma_lanes(add, e, R, TT, KW, U, guard, adt):
+    """The lane layout of both tensor-core GEMVs (lane ``(g, q)``, warp ``kw``; channels ``g`` and
+    ``g + 8`` of each 16-channel tile), zeroed ``adt`` accumulators; returns ``(cexpr, cload,
+    load)``: a step's vector index, the same clamped to K, and the emitter of a step's weight
+    (and raw scale / zero) loads into register slot ``slot``."""
+    N, NC = e["N"], e["NC"]
+    add("    lane = T.meta_var(tx % 32)")
+    add("    g = T.meta_var(tx % 32 // 4)")
+    add("    q = T.meta_var(tx % 4)")
+    add("    kw = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var(bx * {16 * R})")
+    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
+    add(f"        acc[r, t, j] = T.{adt}(0)")
+    nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
+
+    def cexpr(step):
+        return f"(((({step}) * {U} + u) * {KW} + kw) * 4 + q)"
+
+    def cload(step):
+        return f"T.min({cexpr(step)}, {NC - 1})" if guard else cexpr(step)
+
+    def load(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r, h in T.grid({R}, 2):")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
+            add(ln)
+    return cexpr, cload, load
+
+
+def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
+    """Reduce the ``KW`` warps' C fragments in shared memory (``red``) and store: ``acc[r, t, j]``
+    (``fold``: plus ``acc[r, t, j + 4]``, the second mma chain) is channel n0 + r*16 + g + 8*(j // 2),
+    row t*8 + q*2 + j % 2; ``val`` the stored expression of it."""
+    m, N = e["m"], e["N"]
+    if fold:
+        add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
+        add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
     ind = "    "
     if KW > 1:
         add("    if kw > 0:")
@@ -161,4 +184,4 @@ def _body_mma(plan, hint, add, e):
         ind = "        "
     add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
     add(f"{ind}    if t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
-    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", "acc[r, t, j]"))
+    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))

@@ -139,12 +139,12 @@ def code_shift(plan) -> int:
 
 def _body_mma_int8(plan, hint, add, e):
     """The kernel body (see the module docstring); ``e``: cuda_gemv._kernel_script's locals."""
-    from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
-    c = plan.config
+    from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop
+    from .gemv_mma import _mma_lanes, _mma_store, _mma_tiles
     why = mma_int8_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    m, N, NC, NW, NA, V = e["m"], e["N"], e["NC"], e["NW"], e["NA"], e["V"]
+    m, NC, NW, NA = e["m"], e["NC"], e["NW"], e["NA"]
     tag = "m" + e["tag"]
     hs = _mma_i8_helpers(tag, plan.w.bits, plan.w.kind == "int", NW)
 
@@ -152,14 +152,7 @@ def _body_mma_int8(plan, hint, add, e):
         return repr(hs[name])
 
     SH = code_shift(plan)
-    KW = max(1, hint.k_warps)
-    R = hint.rows_per_warp // 16              # 16-channel tiles per block
-    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
-    NIT = -(-NC // (4 * KW))                  # vectors per lane
-    U, NS = _steps(NIT, hint.unroll)
-    ST = 2 if hint.stages >= 2 and NS > 1 else 1
-    guard = NIT * 4 * KW != NC
-    NBLK = -(-N // (16 * R))
+    KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
     _device_entry(add, hint)
@@ -175,26 +168,7 @@ def _body_mma_int8(plan, hint, add, e):
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
     if KW > 1:
         add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")
-    add("    lane = T.meta_var(tx % 32)")
-    add("    g = T.meta_var(tx % 32 // 4)")
-    add("    q = T.meta_var(tx % 4)")
-    add("    kw = T.meta_var(tx // 32)")
-    add(f"    n0 = T.meta_var(bx * {16 * R})")
-    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
-    add(f"        acc[r, t, j] = T.{adt}(0)")
-    nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
-
-    def cexpr(step):
-        return f"(((({step}) * {U} + u) * {KW} + kw) * 4 + q)"
-
-    def cload(step):
-        return f"T.min({cexpr(step)}, {NC - 1})" if guard else cexpr(step)
-
-    def load(ind, step, slot):
-        add(f"{ind}for u in T.unroll({U}):")
-        add(f"{ind}    for r, h in T.grid({R}, 2):")
-        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
-            add(ln)
+    cexpr, cload, load = _mma_lanes(add, e, R, TT, KW, U, guard, adt)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -230,25 +204,6 @@ def _body_mma_int8(plan, hint, add, e):
     _step_loop(add, NS, ST, load, process)
     _pdl_trigger(add, hint)
 
-    # C fragment: acc[r, t, j] (+ acc[r, t, j + 4], the second chain; group scales: already summed)
-    # is channel n0 + r*16 + g + 8*(j // 2), row t*8 + q*2 + j % 2
-    if not sdt:
-        add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
-        add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
-    ind = "    "
-    if KW > 1:
-        add("    if kw > 0:")
-        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
-        add(f"            red[kw - 1, (r * {TT} + t) * 4 + j, lane] = acc[r, t, j]")
-        add("    T.cuda.cta_sync()")
-        add("    if kw == 0:")
-        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
-        tot = " + ".join(f"red[{k}, (r * {TT} + t) * 4 + j, lane]" for k in range(KW - 1))
-        add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
-        ind = "        "
-    val = "acc[r, t, j]"
-    if SH and not sdt:                        # exact: the sum carries the factor 2**SH
-        val = f"T.shift_right(acc[r, t, j], {SH})"
-    add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
-    add(f"{ind}    if t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
-    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))
+    # group scales: the two chains were summed at each promotion
+    _mma_store(add, e, R, TT, KW, f"T.shift_right(acc[r, t, j], {SH})" if SH and not sdt else "acc[r, t, j]",
+               fold=not sdt)

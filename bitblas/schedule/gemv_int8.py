@@ -86,6 +86,19 @@ def _cname(nm: str) -> str:
     return nm
 
 
+def _gather_lines(bits: int, nw: int):
+    """CUDA lines: activation words ``a`` gathered into the decode's K order, into ``ap`` (the
+    ``prmt`` program of :func:`_i8_gather`; 8-bit codes: the words as they are)."""
+    prog = _i8_gather(bits, nw)
+    if not prog:
+        return [f"  ap[{q}] = a[{q}];" for q in range(nw * _i8_consts(bits, False)["F"])]
+    out = []
+    for dst, x, y, sel in prog:
+        lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
+        out.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
+    return out
+
+
 def _i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     """CUDA source of ``bb_prep_{tag}`` (gather the activation words, return the dp4a chain's
     start), ``bb_dec_{tag}`` (weight words -> bytes) and ``bb_dot_{tag}`` (dp4a over one vector)
@@ -95,12 +108,7 @@ def _i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     na = nw * F                                   # activation words per vector (= decoded words)
     src = {}
     lines = [f"__device__ __forceinline__ int bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    prog = _i8_gather(bits, nw)
-    if not prog:
-        lines += [f"  ap[{q}] = a[{q}];" for q in range(na)]
-    for dst, x, y, sel in prog:
-        lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
-        lines.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
+    lines += _gather_lines(bits, nw)
     if k["off"]:
         lines.append("  int s = 0;")
         lines += [f"  s = __dp4a((int)a[{q}], 0x{_ONES:08x}, s);" for q in range(na)]

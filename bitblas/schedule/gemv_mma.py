@@ -23,18 +23,25 @@ def _mma_helpers(tag: str, act: str, NP: int):
                      f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
     lines.append("}")
     src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    src[f"bb_mma_{tag}"] = _mma_chain(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f")
+    return src
+
+
+def _mma_chain(tag: str, steps: int, op: str, ctype: str, cons: str) -> str:
+    """``bb_mma_{tag}(dg, dh, b, c)``: ``steps`` mma.sync ``op`` of one lane vector, A = decoded
+    words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = activation words 2s, 2s+1,
+    alternating between two accumulator sets ``c[0..3]`` / ``c[4..7]`` (two independent chains)."""
     lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
-             "const unsigned* b, float* c) {"]
-    for s in range(NP // 2):
-        o = 4 * (s % 2)                      # two accumulator sets: two independent mma chains
-        lines.append(f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 '
+             f"const unsigned* b, {ctype}* c) {{"]
+    for s in range(steps):
+        o = 4 * (s % 2)
+        lines.append(f'  asm volatile("mma.sync.aligned.{op} '
                      '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" '
-                     f': "+f"(c[{o}]), "+f"(c[{o + 1}]), "+f"(c[{o + 2}]), "+f"(c[{o + 3}]) '
+                     f': "+{cons}"(c[{o}]), "+{cons}"(c[{o + 1}]), "+{cons}"(c[{o + 2}]), "+{cons}"(c[{o + 3}]) '
                      f': "r"(dg[{2 * s}]), "r"(dh[{2 * s}]), "r"(dg[{2 * s + 1}]), "r"(dh[{2 * s + 1}]), '
                      f'"r"(b[{2 * s}]), "r"(b[{2 * s + 1}]));')
     lines.append("}")
-    src[f"bb_mma_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    return src
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def _body_mma(plan, hint, add, e):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .gemv_int8 import _cname, _i8_consts, _i8_gather
+from .gemv_int8 import _gather_lines, _i8_consts
 
 __all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes"]
 
@@ -90,12 +90,7 @@ def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     na = nw * F
     src = {}
     lines = [f"__device__ __forceinline__ void bb_mprep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    prog = _i8_gather(bits, nw)
-    if not prog:
-        lines += [f"  ap[{q}] = a[{q}];" for q in range(na)]
-    for dst, x, y, sel in prog:
-        lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
-        lines.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
+    lines += _gather_lines(bits, nw)
     lines.append("}")
     src[f"bb_mprep_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
@@ -117,17 +112,8 @@ def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     src[f"bb_mdec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
     at = "s8" if signed else "u8"
-    lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
-             "const unsigned* b, int* c) {"]
-    for s in range(na // 2):
-        o = 4 * (s % 2)                      # two accumulator sets: two independent mma chains
-        lines.append(f'  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.{at}.s8.s32 '
-                     '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" '
-                     f': "+r"(c[{o}]), "+r"(c[{o + 1}]), "+r"(c[{o + 2}]), "+r"(c[{o + 3}]) '
-                     f': "r"(dg[{2 * s}]), "r"(dh[{2 * s}]), "r"(dg[{2 * s + 1}]), "r"(dh[{2 * s + 1}]), '
-                     f'"r"(b[{2 * s}]), "r"(b[{2 * s + 1}]));')
-    lines.append("}")
-    src[f"bb_mma_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    from .gemv_mma import _mma_chain
+    src[f"bb_mma_{tag}"] = _mma_chain(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r")
     return src
 
 

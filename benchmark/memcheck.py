@@ -47,7 +47,7 @@ FAMILIES = {
                   (C(M=5, N=1000, K=1536, W_dtype="uint2", group_size=G, **S8), 5, None),
                   (C(M=16, N=1000, K=1536, W_dtype="int8", **S8), 16,
                    lambda p, t: GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1)),
-                  # the m16n8k32 tensor-core GEMV (3..16 rows; int8 x int8 forced: sm_90 takes wgmma from 9)
+                  # the m16n8k32 tensor-core GEMV (int8 x int8 at 5 rows forced: its default there is the rows kernel)
                   (C(M=9, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 9, None),
                   (C(M=16, N=1000, K=1664, W_dtype="uint2", **S8), 16, None),
                   (C(M=5, N=1000, K=1536, W_dtype="int8", **S8), 5, lambda p, t: GEMVHint.default(p, t))],

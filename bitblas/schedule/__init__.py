@@ -24,21 +24,14 @@ def hint_from_dict(d: dict):
     return HINTS[d.pop("class")](**d)
 
 
-# int8 x int8 row counts above this go to wgmma on sm_90 rather than the dp4a GEMV
-INT8_GEMV_MAX_ROWS = 8
-
-
 def default_hint(plan, target=None):
     """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
     if gemv_unsupported(plan) is None:        # static rows 1..16: float16/bfloat16 x int/uint/table, int8 x int/uint
-        if plan.m > INT8_GEMV_MAX_ROWS and plan.config.A_dtype == "int8" and plan.config.W_dtype == "int8":
-            # int8 x int8 on Hopper from 9 rows: the 64 x 64 wgmma tile (H200 N=K=8192, m=16:
-            # 29.4 vs 40.7 us; g128: 28.4 vs 51.0); up to 8 rows the dp4a GEMV (m=8: 24.5 vs 29.7)
-            hint = WGMMAHint.default(plan, target)
-            if hint is not None:
-                return hint
+        # int8 x int8 included: from 7 rows the m16n8k32 GEMV beats the 64 x 64 wgmma tile on the
+        # H200 (N=K=8192: m=9 22.7 vs 29.9 us, m=16 22.9 vs 29.1; g128 22.6 vs 29.5, 26.0 vs 28.7;
+        # 28672: 63-75 vs 95-113)
         return GEMVHint.default(plan, target)
     # Hopper: wgmma for weights that need no decode, at every row count the GEMV does not take
     # (H200, fp16 N=K=4096: 2.5-3.5x the mma.sync kernel from 32 rows up)

@@ -9,8 +9,8 @@ device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen
 * rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
   16-byte vectors of packed weights (one warp pass over a row reads 512 contiguous bytes),
   ``unroll`` vectors per row per step. ``stages`` register slots of weights form a ring: the
-  loads of ``stages - 1`` steps are in flight while a step is decoded (small steps keep the
-  latency-bound tail short: only the last step's decode follows the last byte's arrival);
+  loads of ``stages - 1`` steps are in flight while a step is decoded (on the H200 the default,
+  2 slots of 4 vectors, beat every smaller step with a deeper ring: docs/benchmarks.md);
 * k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
   activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
@@ -59,9 +59,9 @@ scale stays a float32 multiply after the dot product, as for int codes:
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
   result before the bias.
 
-int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3
-rows the m16n8k32 tensor-core kernel of gemv_mma_int8.py; the k-split kernel refuses them; the
-helpers live in gemv_int8.py): a 16-byte
+int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 4
+rows (7 for 8-bit and group-scaled 4-bit codes) the m16n8k32 tensor-core kernel of
+gemv_mma_int8.py; the k-split kernel refuses them; the helpers live in gemv_int8.py): a 16-byte
 activation load holds 16 values; the codes of a weight vector become bytes, four per word (one
 shift and one ``lop3`` per field of a word; signed codes come out offset by 2**(b-1), taken back
 by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are permuted (``prmt``) into
@@ -125,7 +125,7 @@ class GEMVHint:
         45.1 vs 44.8); from m=3 the tensor-core kernel wins by 2-4x (m=8: 15.5 vs 42.4, 49.2 vs
         136; m=16: 19.7 vs 77.3, 60.7 vs 265): 32 channels per block and 8 warps splitting K up to
         8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
-        a decoder that yields half pairs (int/uint 1/2/4-bit, nf4, fp4_e2m1, nvfp4) and sm_80+
+        a decoder that yields half pairs (every float-activation format) and sm_80+
         (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same shapes:
         from 4 rows (7 for 8-bit and group-scaled 4-bit codes) the m16n8k32 tensor-core kernel
         (gemv_mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the rows
@@ -139,7 +139,7 @@ class GEMVHint:
                 mma = cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
             else:
                 mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
-            if plan.float_acts and _mma_decodable(plan.w, plan.config.A_dtype):
+            if plan.float_acts and _mma_decodable(plan.w):
                 return mma
             # int8: m16n8k32 (gemv_mma_int8), same tiles (H200 N=K=8192, µs, tensor-core vs dp4a rows
             # kernel): m=16 w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8;
@@ -186,14 +186,18 @@ def _num_sms() -> int:
     return _SMS[0]
 
 
-def _vec_bytes(plan, want: int = 0) -> Optional[int]:
+def _vec_bytes(plan, want: int = 0, group_vectors: int = 1) -> Optional[int]:
+    """Weight bytes per lane vector (``want``, or the largest of 16 / 8 / 4 that fits): at least
+    one 16-byte activation load of values, K a multiple of the values, <= 64 values unless asked,
+    and with group scales ``group_vectors`` vectors inside one group (the int8 tensor-core GEMV: 4,
+    one mma k-step of a lane quad)."""
     c, b = plan.config, plan.w.bits
     vmin = 8 if plan.float_acts else 16      # values per 16-byte activation load
     for vb in ((want,) if want else (16, 8, 4)):
         v = vb * 8 // b
         if v < vmin or c.K % v or (not want and v > 64):   # <= 64 values per vector: registers
             continue
-        if plan.groups > 1 and c.group_size % v:
+        if plan.groups > 1 and c.group_size % (group_vectors * v):
             continue
         return vb
     return None
@@ -326,8 +330,9 @@ def _byte_floats(j: int, signed: bool, dst, decl: str = ""):
 
 
 def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pairs: bool = False):
-    """``half_pairs``: 8-bit codes (float16 only) decoded to half pairs like the narrower codes
-    (the tensor-core GEMV's operand), else the float32 path."""
+    """``half_pairs``: 8-bit codes decoded to half pairs like the narrower codes (the tensor-core
+    GEMV's operand; float16 through the magic number, bfloat16 through float32), else the float32
+    path of the rows kernel."""
     ctype, t2, magic, mant, magic_f = _ACT[act]
     src = _load_helpers(nw)
     if bits == 8 and not half_pairs:
@@ -457,11 +462,8 @@ def _kernel_script(plan, hint: GEMVHint):
     i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8), rows kernel only
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
-    if i8 and hint.mma:                     # int8 tensor cores: 4 vectors of a lane quad inside one group
-        from .gemv_mma_int8 import mma_i8_vec_bytes
-        VB = mma_i8_vec_bytes(plan, hint.vec_bytes)
-    else:
-        VB = _vec_bytes(plan, hint.vec_bytes)
+    # int8 tensor cores: the 4 vectors of a lane quad inside one group
+    VB = _vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.mma else 1)
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
@@ -810,9 +812,14 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
     if not plan.float_acts:
         return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
-    if not _mma_decodable(plan.w, plan.config.A_dtype):
+    if not _mma_decodable(plan.w):
         return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
                 "half pairs")
+    return mma_tile_unsupported(hint)
+
+
+def mma_tile_unsupported(hint: GEMVHint) -> Optional[str]:
+    """The tile limits both tensor-core GEMVs (float and int8 activations) share."""
     if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
         return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
     if hint.k_warps > 8:
@@ -820,7 +827,7 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     return None
 
 
-def _mma_decodable(w, act: str = "float16") -> bool:
+def _mma_decodable(w) -> bool:
     """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes): 8-bit codes
     through the float16 magic number (10-bit mantissa) or, for bfloat16, through float32."""
     dec = _decoder(w)

@@ -78,17 +78,8 @@ def _body_mma(plan, hint, add, e):
     KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     scaled = c.with_scaling or e["float_zeros"]
     sdt, zdt = e["sdt"], e["zdt"]
-    _device_entry(add, hint)
-    add(f"    bx = T.cta_id([{NBLK}])")
-    add(f"    tx = T.thread_id([{32 * KW}])")
-    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
-    if zdt:
-        add(f"    zr = T.alloc_local(({ST}, {U}, {R}, 2), {zdt!r})")
-    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
-    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt,
+               [f"    zr = T.alloc_local(({ST}, {U}, {R}, 2), {zdt!r})"] if zdt else [])
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), 'float32')")
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
@@ -139,6 +130,23 @@ def _mma_tiles(hint, e):
     U, NS = _steps(NIT, hint.unroll)
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
     return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
+
+
+def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, extra):
+    """Kernel entry, grid / block, and the registers both tensor-core GEMVs hold: ``ST`` slots of
+    weight words (and raw group scales, ``sdt``) per step, vector, tile and channel half, the
+    ``extra`` allocation lines, the raw and gathered activation words, the decoded words."""
+    _device_entry(add, hint)
+    add(f"    bx = T.cta_id([{NBLK}])")
+    add(f"    tx = T.thread_id([{32 * KW}])")
+    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
+    for ln in extra:
+        add(ln)
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
+    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
 
 
 def _mma_lanes(add, e, R, TT, KW, U, guard, adt):

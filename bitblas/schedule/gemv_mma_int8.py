@@ -46,18 +46,11 @@ __all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes"]
 
 
 def mma_i8_vec_bytes(plan, want: int = 0) -> Optional[int]:
-    """Weight bytes per lane vector of the int8 tensor-core GEMV: >= 16 values (one 16-byte
-    activation load), K a multiple of the values, <= 64 values unless asked, and with group scales
-    4 vectors (one mma k-range of the 4 lanes of a quad) inside one group."""
-    c, b = plan.config, plan.w.bits
-    for vb in ((want,) if want else (16, 8, 4)):
-        v = vb * 8 // b
-        if v < 16 or c.K % v or (not want and v > 64):
-            continue
-        if plan.groups > 1 and c.group_size % (4 * v):
-            continue
-        return vb
-    return None
+    """Weight bytes per lane vector of the int8 tensor-core GEMV: the GEMV's rule
+    (``cuda_gemv._vec_bytes``) with, for group scales, 4 vectors (one mma k-range of the 4 lanes
+    of a quad) inside one group."""
+    from .cuda_gemv import _vec_bytes
+    return _vec_bytes(plan, want, group_vectors=4)
 
 
 def mma_int8_unsupported(plan, hint) -> Optional[str]:
@@ -67,10 +60,10 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
         return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations"
     if plan.w.kind not in ("int", "uint") or plan.w.bits not in (1, 2, 4, 8):
         return f"W_dtype={c.W_dtype!r}: the int8 tensor-core GEMV takes int/uint 1/2/4/8-bit weights"
-    if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
-        return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
-    if hint.k_warps > 8:
-        return f"k_warps={hint.k_warps}: at most 8 warps split K"
+    from .cuda_gemv import mma_tile_unsupported
+    why = mma_tile_unsupported(hint)
+    if why:
+        return why
     if mma_i8_vec_bytes(plan, hint.vec_bytes) is None:
         vals = {vb: vb * 8 // plan.w.bits for vb in ((hint.vec_bytes,) if hint.vec_bytes else (16, 8, 4))}
         if plan.groups > 1:
@@ -125,8 +118,8 @@ def code_shift(plan) -> int:
 
 def _body_mma_int8(plan, hint, add, e):
     """The kernel body (see the module docstring); ``e``: cuda_gemv._kernel_script's locals."""
-    from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop
-    from .gemv_mma import _mma_lanes, _mma_store, _mma_tiles
+    from .cuda_gemv import _pdl_trigger, _step_loop
+    from .gemv_mma import _mma_entry, _mma_lanes, _mma_store, _mma_tiles
     why = mma_int8_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
@@ -141,16 +134,8 @@ def _body_mma_int8(plan, hint, add, e):
     KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
-    _device_entry(add, hint)
-    add(f"    bx = T.cta_id([{NBLK}])")
-    add(f"    tx = T.thread_id([{32 * KW}])")
-    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
-        add(f"    ip = T.alloc_local(({TT}, 8), 'int32')")
-    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
-    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt,
+               [f"    ip = T.alloc_local(({TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
     if KW > 1:
         add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")

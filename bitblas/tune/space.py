@@ -125,24 +125,19 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
     for R, warps in itertools.product((2, 4, 8), (1, 2)):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
-    if not plan.float_acts:                   # int8 activations: the rows kernel and tensor cores (m16n8k32)
-        if spec is None or spec.cc >= 80:
-            from ..schedule.gemv_mma_int8 import mma_int8_unsupported
-            for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):
-                hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)
-                if mma_int8_unsupported(plan, hint) is None:
-                    out.append(Candidate(bucket, hint))
-        return out
-    # the k-split variant: k_warps warps share K, persistent grid of a few blocks per SM
-    sms = spec.sm_count if spec is not None else 108
-    for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):
-        if R * bucket > 32 * kw:
-            continue
-        out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
-    if cuda_gemv._mma_decodable(plan.w, config.A_dtype) and (spec is None or spec.cc >= 80):
-        # the tensor-core kernel: 16-channel mma tiles, k_warps warps splitting K
+    if plan.float_acts:                       # the k-split variant (float activations only): k_warps warps
+        sms = spec.sm_count if spec is not None else 108     # share K, persistent grid of a few blocks per SM
+        for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):
+            if R * bucket > 32 * kw:
+                continue
+            out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
+    if spec is None or spec.cc >= 80:
+        # the tensor-core kernels (m16n8k16 for float activations, m16n8k32 for int8 ones): 16-channel
+        # mma tiles, k_warps warps splitting K; the ones the plan's format or group size refuses left out
         for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):
-            out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)))
+            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)
+            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+                out.append(Candidate(bucket, hint))
     return out
 
 

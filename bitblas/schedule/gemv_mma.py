@@ -68,7 +68,7 @@ def _body_mma(plan, hint, add, e):
     why = mma_gemv_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    m, NC, NW, NA = e["m"], e["NC"], e["NW"], e["NA"]
+    NW, NA = e["NW"], e["NA"]
     tag = e["tag"]
     hs = _mma_helpers(tag, c.A_dtype, NA)
 
@@ -85,21 +85,12 @@ def _body_mma(plan, hint, add, e):
     add("    cv = T.alloc_local((2,), 'float32')")
     add("    ov = T.alloc_local((2,), 'int32')")
     add("    asum = T.alloc_local((1,), 'float32')")
-    if KW > 1:
-        add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), 'float32', scope='shared')")
-    cexpr, cload, load = _mma_lanes(add, e, R, TT, KW, U, guard, "float32")
+    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, "float32")
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
         ind1 = ind + "    "
-        add(f"{ind1}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
-            add(ln)
-        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([t, 0])')}")
-        if guard:
-            add(f"{ind1}    if {cexpr(step)} >= {NC}:")
-            add(f"{ind1}        for v in T.unroll({NA}):")
-            add(f"{ind1}            ap[t, v] = T.uint32(0)")
+        acts(ind1, step, f"asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([t, 0])')}")
         add(f"{ind1}for r in T.unroll({R}):")
         add(f"{ind1}    for h in T.unroll(2):")
         for ln in e["scale_lines"](ind1 + "        ", cload(step), "h",
@@ -152,9 +143,13 @@ def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, extra):
 def _mma_lanes(add, e, R, TT, KW, U, guard, adt):
     """The lane layout of both tensor-core GEMVs (lane ``(g, q)``, warp ``kw``; channels ``g`` and
     ``g + 8`` of each 16-channel tile), zeroed ``adt`` accumulators; returns ``(cexpr, cload,
-    load)``: a step's vector index, the same clamped to K, and the emitter of a step's weight
-    (and raw scale / zero) loads into register slot ``slot``."""
-    N, NC = e["N"], e["NC"]
+    load, acts)``: a step's vector index, the same clamped to K, the emitter of a step's weight
+    (and raw scale / zero) loads into register slot ``slot``, and the emitter of a step's
+    activation words per token tile (``prep``: the line gathering ``ar`` into ``ap[t]``; words past
+    K zeroed). With ``KW > 1`` warps, also their shared reduction buffer ``red``."""
+    m, N, NC, NA = e["m"], e["N"], e["NC"], e["NA"]
+    if KW > 1:
+        add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")
     add("    lane = T.meta_var(tx % 32)")
     add("    g = T.meta_var(tx % 32 // 4)")
     add("    q = T.meta_var(tx % 4)")
@@ -175,7 +170,17 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt):
         add(f"{ind}    for r, h in T.grid({R}, 2):")
         for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h"):
             add(ln)
-    return cexpr, cload, load
+
+    def acts(ind, step, prep):
+        add(f"{ind}for t in T.unroll({TT}):")
+        for ln in e["lda_lines"](ind + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
+            add(ln)
+        add(f"{ind}    {prep}")
+        if guard:
+            add(f"{ind}    if {cexpr(step)} >= {NC}:")
+            add(f"{ind}        for v in T.unroll({NA}):")
+            add(f"{ind}            ap[t, v] = T.uint32(0)")
+    return cexpr, cload, load, acts
 
 
 def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):

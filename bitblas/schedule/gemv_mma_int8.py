@@ -123,7 +123,7 @@ def _body_mma_int8(plan, hint, add, e):
     why = mma_int8_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    m, NC, NW, NA = e["m"], e["NC"], e["NW"], e["NA"]
+    NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
     hs = _mma_i8_helpers(tag, plan.w.bits, plan.w.kind == "int", NW)
 
@@ -137,22 +137,13 @@ def _body_mma_int8(plan, hint, add, e):
     _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt,
                [f"    ip = T.alloc_local(({TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
-    if KW > 1:
-        add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")
-    cexpr, cload, load = _mma_lanes(add, e, R, TT, KW, U, guard, adt)
+    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
         ind1 = ind + "    "
-        add(f"{ind1}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
-            add(ln)
-        add(f"{ind1}    T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([t, 0]), "
-            f"source_code={hsrc(f'bb_mprep_{tag}')})")
-        if guard:
-            add(f"{ind1}    if {cexpr(step)} >= {NC}:")
-            add(f"{ind1}        for v in T.unroll({NA}):")
-            add(f"{ind1}            ap[t, v] = T.uint32(0)")
+        acts(ind1, step, f"T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([t, 0]), "
+                         f"source_code={hsrc(f'bb_mprep_{tag}')})")
         add(f"{ind1}for r in T.unroll({R}):")
         add(f"{ind1}    for h in T.unroll(2):")
         add(f"{ind1}        T.cuda.func_call('bb_mdec_{tag}', wq.ptr_to([{slot}, u, r, h, 0]), dq.ptr_to([h, 0]), "

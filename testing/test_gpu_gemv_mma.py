@@ -120,3 +120,14 @@ def test_gemv_mma_refused():
     assert "k_warps=16" in mma_gemv_unsupported(plan4, GEMVHint(rows_per_warp=16, k_warps=16, mma=True))
     with pytest.raises(ValueError, match="rows_per_warp=8"):
         cuda_source(plan4, cuda_target(TARGETS["sm_90"]), GEMVHint(rows_per_warp=8, mma=True))
+
+
+@pytest.mark.parametrize("name,at_store", [("i4-chan", True), ("u4", False), ("u4-zeros", False), ("nvfp4-bias", False)])
+def test_gemv_mma_scale_placement(name, at_store):
+    """A per-channel scale multiplies the float32 sum at the store (no hfma2 per decoded pair, no
+    scale registers per step); group scales and float zero points stay on the decoded pairs."""
+    cfg = MatmulConfig(N=1000, K=1536, **CONFIGS[name])
+    src = cuda_source(make_plan(cfg, "cuda", 4), cuda_target(TARGETS["sm_90"]), HINTS["r32k2u4s2"])
+    body = src.split("main_kernel(")[-1]
+    assert ("bb_scl_" in body) != at_store
+    assert ("sr_ptr" in body) != at_store

@@ -566,11 +566,11 @@ def _kernel_script(plan, hint: GEMVHint):
         return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
                 f"source_code={src(f'bb_ldw{NW}')})")
 
-    def load_lines(ind, nr, cidx, at):
+    def load_lines(ind, nr, cidx, at, scales=True):
         """Weight vector ``cidx`` of row ``nr`` into slot ``at`` (index text) of ``wq``, its raw
-        scale / zero element into ``sr`` / ``zr`` at the same index."""
+        scale (``scales``) / zero element into ``sr`` / ``zr`` at the same index."""
         out = [ldw_line(ind, nr, cidx, f"wq.ptr_to([{at}, 0])")]
-        if sdt:
+        if sdt and scales:
             out.append(f"{ind}sr[{at}] = scale[{nr}, {gidx(cidx)}]")
         if zdt:
             out.append(f"{ind}zr[{at}] = {zsrc(nr, cidx)}")

@@ -302,6 +302,23 @@ def test_gemv_launch_bounds():
     assert "__launch_bounds__(32, 4)" in cuda_source(plan, "sm_90", GEMVHint(4, 1, 2, stages=1, min_blocks=4))
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("w,rows,one_vector", [("uint4", 8, True), ("uint4", 4, False), ("nf4", 4, True),
+                                               ("int8", 8, True)])
+def test_gemv_interleaved_decode(w, rows, one_vector):
+    """8+ channels per warp and the nf4 table decoder decode one weight vector at a time and use it
+    at once (one decoded vector in registers; 8 channels of 4-bit codes spill without it), the
+    other float kernels decode the vectors of all channels of a step first."""
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    plan = make_plan(MatmulConfig(N=4096, K=8192, W_dtype=w, group_size=128 if w != "int8" else -1,
+                                  with_scaling=True), "cuda", 2)
+    src = cuda_source(plan, "sm_90", GEMVHint(rows, 2, 4, stages=2, min_blocks=8))
+    # one vector: 16 words of half pairs (4-bit codes) or 16 float32 values (8-bit codes)
+    assert ("dq_ptr[16];" in src) == one_vector, src[src.find("dq_ptr["):][:20]
+    if find_nvcc() is not None:
+        assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
+
+
 @pytest.mark.parametrize("m,kw,hint", [
     (1, dict(W_dtype="uint4", group_size=128, with_scaling=True), None),
     (1, dict(W_dtype="int2", group_size=128, with_scaling=True, with_zeros=True), GEMVHint(8, 1, 4, stages=3, pdl=True)),

@@ -689,12 +689,18 @@ def _step_loop(add, NS, ST, load, process):
         process(ind, cur, j)
 
 
-def _row_locals(add, e, R, m, WARPS, warp_var=False):
-    """The registers both rows kernels use beside their weight buffers, and zeroed accumulators."""
+def _row_locals(add, e, R, m, WARPS, warp_var=False, interleave=False):
+    """The registers both rows kernels use beside their weight buffers, and zeroed accumulators
+    (``interleave``: paired activations of every row, one decoded vector; see :func:`_row_dot_il`)."""
     NA = e["NA"]
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
-    add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
+    if interleave:
+        add(f"    ap = T.alloc_local(({m}, {e['ap_len']}), {e['ap_dtype']!r})")
+        add(f"    dq = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+        add(f"    asm_ = T.alloc_local(({m},), 'float32')")
+    else:
+        add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+        add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
     add(f"    acc = T.alloc_local(({R}, {m}), {e['acc_dtype']!r})")
     if e["i8"]:                               # group scales; asum: the dp4a chain's start
         if e["sdt"]:
@@ -730,6 +736,25 @@ def _row_dot(add, e, ind1, R, m, col):
         f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
 
 
+def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt):
+    """Float activations, interleaved: the paired activations of every row first, then each of the
+    ``R`` weight vectors decoded and used at once (one decoded vector live instead of ``R``: more
+    channels per warp fit the registers, and each activation load serves more of them)."""
+    add(f"{ind1}for i in T.unroll({m}):")
+    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
+        add(ln)
+    add(f"{ind1}    asm_[i] = {e['prep_expr']('ar', 'ap.ptr_to([i, 0])')}")
+    add(f"{ind1}for r in T.unroll({R}):")
+    for ln in e["scale_lines"](ind1 + "    ", step_cidx, "r", f"sr[{slot}, u, r]" if sdt else None,
+                               f"zr[{slot}, u, r]" if zdt else None):
+        add(ln)
+    add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([0])"))
+    add(f"{ind1}    for i in T.unroll({m}):")
+    tail = " + cv[r] * asm_[i]" if e["need_asum"] else ""
+    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+        f"{e['dot_expr']('dq.ptr_to([0])', 'ap.ptr_to([i, 0])')}{tail}")
+
+
 def _row_store(add, e, R, m, N):
     """Warp-reduce every (row, activation) accumulator; one lane each stores it."""
     add(f"    for r in T.unroll({R}):")
@@ -759,7 +784,12 @@ def _body_rows(plan, hint, add, e):
         add(f"    sr = T.alloc_local(({ST}, {U}, {R}), {sdt!r})")
     if zdt:
         add(f"    zr = T.alloc_local(({ST}, {U}, {R}), {zdt!r})")
-    _row_locals(add, e, R, m, WARPS)
+    # interleaved decode and dot (H200, m=1, µs): 8 channels per warp spill registers without it
+    # (N=28672: 30.1-30.3 with, default 4 channels 30.4); the nf4 table decoder gains (8192: 17.4
+    # -> 17.0, 28672 53.4 -> 53.3-53.4); W4A16 with 4 channels gains nothing (9.57 both; 28672
+    # 30.0 -> 30.2-30.7), so the default keeps the decoded vectors of all rows
+    il = not e["i8"] and (R >= 8 or e["dec"] == "lut4")
+    _row_locals(add, e, R, m, WARPS, interleave=il)
     nr = f"T.min(n0 + r, {N - 1})"
 
     def cexpr(step):
@@ -780,6 +810,9 @@ def _body_rows(plan, hint, add, e):
         if NC % 32:
             add(f"{ind1}if {cexpr(step)} < {NC}:")
             ind1 += "    "
+        if il:
+            _row_dot_il(add, e, ind1, R, m, cexpr(step), slot, cload(step), sdt, zdt)
+            return
         add(f"{ind1}for r in T.unroll({R}):")
         for ln in e["scale_lines"](ind1 + "    ", cload(step), "r", f"sr[{slot}, u, r]" if sdt else None,
                                    f"zr[{slot}, u, r]" if zdt else None):

@@ -171,7 +171,7 @@ def test_mma_int8_default_hint():
             assert GEMVHint.default(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True)
             assert GEMVHint.default(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
                                                                         pdl=True)
-            u = 2 if "group_size" in kw else 4     # group scales: unroll 2 (4-bit at 4 spills)
+            u = 2 if "group_size" in kw and not w.endswith("8") else 4   # group-scaled sub-byte: 4 spills
             assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=4, unroll=u, stages=2, mma=True)
             assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
                 GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)

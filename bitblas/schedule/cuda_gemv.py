@@ -699,7 +699,7 @@ def _row_locals(add, e, R, m, WARPS, warp_var=False, interleave=False):
     if interleave:
         add(f"    ap = T.alloc_local(({m}, {e['ap_len']}), {e['ap_dtype']!r})")
         add(f"    dq = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
-        add(f"    asm_ = T.alloc_local(({m},), 'float32')")
+        add(f"    asums = T.alloc_local(({m},), 'float32')")
     else:
         add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
         add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
@@ -738,6 +738,14 @@ def _row_dot(add, e, ind1, R, m, col):
         f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
 
 
+def _row_decode(add, e, ind, slot, cidx, sdt, zdt, dst):
+    """Scale / offset registers and the decode of weight vector r of register slot ``slot``."""
+    for ln in e["scale_lines"](ind, cidx, "r", f"sr[{slot}, u, r]" if sdt else None,
+                               f"zr[{slot}, u, r]" if zdt else None):
+        add(ln)
+    add(e["dec_line"](ind, f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", dst))
+
+
 def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt):
     """Float activations, interleaved: the paired activations of every row first, then each of the
     ``R`` weight vectors decoded and used at once (one decoded vector live instead of ``R``: more
@@ -745,14 +753,11 @@ def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt):
     add(f"{ind1}for i in T.unroll({m}):")
     for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
         add(ln)
-    add(f"{ind1}    asm_[i] = {e['prep_expr']('ar', 'ap.ptr_to([i, 0])')}")
+    add(f"{ind1}    asums[i] = {e['prep_expr']('ar', 'ap.ptr_to([i, 0])')}")
     add(f"{ind1}for r in T.unroll({R}):")
-    for ln in e["scale_lines"](ind1 + "    ", step_cidx, "r", f"sr[{slot}, u, r]" if sdt else None,
-                               f"zr[{slot}, u, r]" if zdt else None):
-        add(ln)
-    add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([0])"))
+    _row_decode(add, e, ind1 + "    ", slot, step_cidx, sdt, zdt, "dq.ptr_to([0])")
     add(f"{ind1}    for i in T.unroll({m}):")
-    tail = " + cv[r] * asm_[i]" if e["need_asum"] else ""
+    tail = " + cv[r] * asums[i]" if e["need_asum"] else ""
     add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
         f"{e['dot_expr']('dq.ptr_to([0])', 'ap.ptr_to([i, 0])')}{tail}")
 
@@ -816,10 +821,7 @@ def _body_rows(plan, hint, add, e):
             _row_dot_il(add, e, ind1, R, m, cexpr(step), slot, cload(step), sdt, zdt)
             return
         add(f"{ind1}for r in T.unroll({R}):")
-        for ln in e["scale_lines"](ind1 + "    ", cload(step), "r", f"sr[{slot}, u, r]" if sdt else None,
-                                   f"zr[{slot}, u, r]" if zdt else None):
-            add(ln)
-        add(e["dec_line"](ind1 + "    ", f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", "dq.ptr_to([r, 0])"))
+        _row_decode(add, e, ind1 + "    ", slot, cload(step), sdt, zdt, "dq.ptr_to([r, 0])")
         _row_dot(add, e, ind1, R, m, cexpr(step))
 
     _step_loop(add, NS, ST, load, process)

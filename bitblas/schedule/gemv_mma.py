@@ -62,8 +62,9 @@ def _body_mma(plan, hint, add, e):
     weights as the mma consumes them), a per-channel scale to the float32 sum at the store (H200
     N=K=8192, w8a16 per channel, m=4/8/16: 20.2/20.0/23.5 us vs 19.9/20.4/24.3 on the pairs; a
     fresh tile per group step promoted with the group scale, as the int8 kernel does, lost:
-    W4A16 g128 17.8/18.4/22.1 vs 14.7/15.1/19.2 us). Any decoder that yields half pairs works the same way: int/uint 1/2/4-bit,
-    fp4_e2m1 / nvfp4 (float8 scale bytes decoded per vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
+    W4A16 g128 17.8/18.4/22.1 vs 14.7/15.1/19.2 us). Any decoder that yields half pairs works the
+    same way: int/uint 1/2/4/8-bit, float8, fp4_e2m1 / nvfp4 (float8 scale bytes decoded per
+    vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
     shared memory; blocks own ``rows_per_warp`` channels (multiples of 16). Out-of-range rows are
     clamped on load and not stored; vectors past K are clamped on load and meet zeroed
     activations (the mma is executed by every lane, so nothing is predicated inside a warp)."""

@@ -636,12 +636,14 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
-def _device_entry(add, hint, trigger=False):
-    """Kernel entry. ``hint.pdl``: wait for the previous kernel in the stream before any memory
-    access (a plain launch's memory order holds), and let the next kernel launch here if
-    ``trigger`` (else the body calls :func:`_pdl_trigger` after its main loop: triggered at entry,
-    the next kernel's blocks take free slots early and unevenly; H200, 2-bit 1x8192^2 with 1-warp
-    blocks: 12.5 vs 9.8 us)."""
+def _device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False):
+    """Kernel entry, grid (``grid`` blocks of ``threads``) and the weight registers of every GEMV
+    kernel: ``wq`` words (``slots`` + ``NW`` words per vector), raw scales ``sr`` (``sdt``) and
+    zeros ``zr`` (``zdt``) per vector. ``hint.pdl``: wait for the previous kernel in the stream
+    before any memory access (a plain launch's memory order holds), and let the next kernel launch
+    here if ``trigger`` (else the body calls :func:`_pdl_trigger` after its main loop: triggered
+    at entry, the next kernel's blocks take free slots early and unevenly; H200, 2-bit 1x8192^2
+    with 1-warp blocks: 12.5 vs 9.8 us)."""
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
@@ -649,6 +651,14 @@ def _device_entry(add, hint, trigger=False):
         add("    T.ptx.griddepcontrol.wait()")
     if trigger:
         _pdl_trigger(add, hint)
+    add(f"    bx = T.cta_id([{grid}])")
+    add(f"    tx = T.thread_id([{threads}])")
+    sh = ", ".join(str(x) for x in slots)
+    add(f"    wq = T.alloc_local(({sh}, {NW}), 'uint32')")
+    if sdt:
+        add(f"    sr = T.alloc_local(({sh}), {sdt!r})")
+    if zdt:
+        add(f"    zr = T.alloc_local(({sh}), {zdt!r})")
 
 
 def _pdl_trigger(add, hint):
@@ -783,14 +793,7 @@ def _body_rows(plan, hint, add, e):
     ST = max(1, min(hint.stages, NS))
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
-    _device_entry(add, hint)
-    add(f"    bx = T.cta_id([{NBLK}])")
-    add(f"    tx = T.thread_id([{32 * WARPS}])")
-    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({ST}, {U}, {R}), {sdt!r})")
-    if zdt:
-        add(f"    zr = T.alloc_local(({ST}, {U}, {R}), {zdt!r})")
+    _device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
     # interleaved decode and dot (H200, m=1, µs): 8 channels per warp spill registers without it
     # (N=28672: 30.1-30.3 with, default 4 channels 30.4); the nf4 table decoder gains (8192: 17.4
     # -> 17.0, 28672 53.4 -> 53.3-53.4); W4A16 with 4 channels gains nothing (9.57 both; 28672

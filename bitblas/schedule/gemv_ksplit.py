@@ -21,14 +21,8 @@ def _body_ksplit(plan, hint, add, e):
     GRID = min(NB, hint.grid or NB)
     guard = NJ * 32 * WK != NC
     sdt, zdt = e["sdt"], e["zdt"]
-    _device_entry(add, hint, trigger=True)     # persistent: its stores are inside the batch loop
-    add(f"    bx = T.cta_id([{GRID}])")
-    add(f"    tx = T.thread_id([{32 * WK}])")
-    add(f"    wq = T.alloc_local((2, {R}, {NJ}, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local((2, {R}, {NJ}), {sdt!r})")
-    if zdt:
-        add(f"    zr = T.alloc_local((2, {R}, {NJ}), {zdt!r})")
+    # persistent: its stores are inside the batch loop, so the next kernel may launch at entry
+    _device_entry(add, hint, GRID, 32 * WK, (2, R, NJ), NW, sdt, zdt, trigger=True)
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
     add(f"    ap = T.alloc_local(({m}, {NJ}, {e['ap_len']}), {e['ap_dtype']!r})")
     add(f"    asum = T.alloc_local(({m}, {NJ}), 'float32')")

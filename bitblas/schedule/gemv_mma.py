@@ -83,8 +83,7 @@ def _body_mma(plan, hint, add, e):
     sdt, zdt = e["sdt"], e["zdt"]
     # the scale: one per channel at the store (float32, exact), else on the decoded pairs (hfma2)
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"] and not e["s_f8"]
-    extra = [f"    zr = T.alloc_local(({ST}, {U}, {R}, 2), {zdt!r})"] if zdt else []
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, extra)
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, zdt)
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), 'float32')")
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
@@ -136,16 +135,11 @@ def _mma_tiles(hint, e):
     return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
 
 
-def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, extra):
+def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
     """Kernel entry, grid / block, and the registers both tensor-core GEMVs hold: ``ST`` slots of
-    weight words (and raw group scales, ``sdt``) per step, vector, tile and channel half, the
-    ``extra`` allocation lines, the raw and gathered activation words, the decoded words."""
-    _device_entry(add, hint)
-    add(f"    bx = T.cta_id([{NBLK}])")
-    add(f"    tx = T.thread_id([{32 * KW}])")
-    add(f"    wq = T.alloc_local(({ST}, {U}, {R}, 2, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({ST}, {U}, {R}, 2), {sdt!r})")
+    weight words (raw group scales ``sdt``, zeros ``zdt``) per step, vector, tile and channel half,
+    the ``extra`` allocation lines, the raw and gathered activation words, the decoded words."""
+    _device_entry(add, hint, NBLK, 32 * KW, (ST, U, R, 2), NW, sdt, zdt)
     for ln in extra:
         add(ln)
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")

@@ -134,7 +134,7 @@ def _body_mma_int8(plan, hint, add, e):
     KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt,
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None,
                [f"    ip = T.alloc_local(({TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
     add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
     cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt)

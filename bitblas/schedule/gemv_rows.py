@@ -1,0 +1,143 @@
+"""The rows kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.k_warps == 0``,
+``mma=False``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors
+of packed weights (one warp pass over a row reads 512 contiguous bytes), ``unroll`` vectors per row
+per step. ``stages`` register slots of weights form a ring: the loads of ``stages - 1`` steps are
+in flight while a step is decoded (on the H200 the default, 2 slots of 4 vectors, beat every
+smaller step with a deeper ring: docs/benchmarks.md). Each lane's sums are warp-reduced and one
+lane stores each output. The decode, scale and store lines come from cuda_gemv's ``_kernel_script``
+(its locals, ``e``); the decode and the int8 (dp4a) path: cuda_gemv's docstring.
+"""
+from __future__ import annotations
+
+from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
+
+
+def _row_locals(add, e, R, m, WARPS, warp_var=False, interleave=False):
+    """The registers both rows kernels use beside their weight buffers, and zeroed accumulators
+    (``interleave``: paired activations of every row, one decoded vector; see :func:`_row_dot_il`)."""
+    NA = e["NA"]
+    add(f"    ar = T.alloc_local(({NA},), 'uint32')")
+    if interleave:
+        add(f"    ap = T.alloc_local(({m}, {e['ap_len']}), {e['ap_dtype']!r})")
+        add(f"    dq = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+        add(f"    asums = T.alloc_local(({m},), 'float32')")
+    else:
+        add(f"    ap = T.alloc_local(({e['ap_len']},), {e['ap_dtype']!r})")
+        add(f"    dq = T.alloc_local(({R}, {e['ap_len']}), {e['ap_dtype']!r})")
+    add(f"    acc = T.alloc_local(({R}, {m}), {e['acc_dtype']!r})")
+    if e["i8"]:                               # group scales; asum: the dp4a chain's start
+        if e["sdt"]:
+            add(f"    sv = T.alloc_local(({R},), 'float32')")
+        add("    asum = T.alloc_local((1,), 'int32')")
+    else:
+        add(f"    sv = T.alloc_local(({R},), 'float32')")
+        add(f"    cv = T.alloc_local(({R},), 'float32')")
+        add(f"    ov = T.alloc_local(({R},), 'int32')")
+        add("    asum = T.alloc_local((1,), 'float32')")
+    add("    lane = T.meta_var(tx % 32)")
+    if warp_var:
+        add("    wp = T.meta_var(tx // 32)")
+    add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
+    add(f"    for r, i in T.grid({R}, {m}):")
+    add(f"        acc[r, i] = T.{e['acc_dtype']}(0)")
+
+
+def _row_dot(add, e, ind1, R, m, col):
+    """Per activation row: load and pair the activations of vector ``col``, then accumulate the
+    dot products with the ``R`` decoded weight vectors."""
+    add(f"{ind1}for i in T.unroll({m}):")
+    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
+        add(ln)
+    add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
+    add(f"{ind1}    for r in T.unroll({R}):")
+    if e["i8"]:                               # exact int32 per vector; float32 with group scales
+        dot = e["idot_expr"]("dq.ptr_to([r, 0])", "ap.ptr_to([0])", "asum[0]")
+        add(f"{ind1}        acc[r, i] = acc[r, i] + " + (f"sv[r] * T.Cast('float32', {dot})" if e["sdt"] else dot))
+        return
+    tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
+    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+        f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+
+
+def _row_decode(add, e, ind, slot, cidx, sdt, zdt, dst):
+    """Scale / offset registers and the decode of weight vector r of register slot ``slot``."""
+    for ln in e["scale_lines"](ind, cidx, "r", f"sr[{slot}, u, r]" if sdt else None,
+                               f"zr[{slot}, u, r]" if zdt else None):
+        add(ln)
+    add(e["dec_line"](ind, f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", dst))
+
+
+def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt):
+    """Float activations, interleaved: the paired activations of every row first, then each of the
+    ``R`` weight vectors decoded and used at once (one decoded vector live instead of ``R``: more
+    channels per warp fit the registers, and each activation load serves more of them)."""
+    add(f"{ind1}for i in T.unroll({m}):")
+    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
+        add(ln)
+    add(f"{ind1}    asums[i] = {e['prep_expr']('ar', 'ap.ptr_to([i, 0])')}")
+    add(f"{ind1}for r in T.unroll({R}):")
+    _row_decode(add, e, ind1 + "    ", slot, step_cidx, sdt, zdt, "dq.ptr_to([0])")
+    add(f"{ind1}    for i in T.unroll({m}):")
+    tail = " + cv[r] * asums[i]" if e["need_asum"] else ""
+    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
+        f"{e['dot_expr']('dq.ptr_to([0])', 'ap.ptr_to([i, 0])')}{tail}")
+
+
+def _row_store(add, e, R, m, N):
+    """Warp-reduce every (row, activation) accumulator; one lane each stores it."""
+    add(f"    for r in T.unroll({R}):")
+    add(f"        for i in T.unroll({m}):")
+    add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
+    add(f"            if lane == (r * {m} + i) % 32 and n0 + r < {N}:")
+    add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
+
+
+def _body_rows(plan, hint, add, e):
+    """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
+    with ``stages=ST >= 2`` the packed weights and raw scales / zeros of steps s+1 .. s+ST-1 are
+    in flight while step s is decoded (``ST`` register slots). Activations are re-read (L1) for
+    every step."""
+    m, N, NC, NW = e["m"], e["N"], e["NC"], e["NW"]
+    NIT = -(-NC // 32)
+    U, NS = _steps(NIT, hint.unroll)
+    R, WARPS = hint.rows_per_warp, hint.warps
+    ST = max(1, min(hint.stages, NS))
+    NBLK = -(-N // (R * WARPS))
+    sdt, zdt = e["sdt"], e["zdt"]
+    _device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
+    # interleaved decode and dot (H200, m=1, µs): 8 channels per warp spill registers without it
+    # (N=28672: 30.1-30.3 with, default 4 channels 30.4); the nf4 table decoder gains (8192: 17.4
+    # -> 17.0, 28672 53.4 -> 53.3-53.4); W4A16 with 4 channels gains nothing (9.57 both; 28672
+    # 30.0 -> 30.2-30.7), so the default keeps the decoded vectors of all rows
+    il = not e["i8"] and (R >= 8 or e["dec"] == "lut4")
+    _row_locals(add, e, R, m, WARPS, interleave=il)
+    nr = f"T.min(n0 + r, {N - 1})"
+
+    def cexpr(step):
+        return f"((({step}) * {U} + u) * 32 + lane)"
+
+    def cload(step):
+        return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
+
+    def load(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        add(f"{ind}    for r in T.unroll({R}):")
+        for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r"):
+            add(ln)
+
+    def process(ind, step, slot):
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        if NC % 32:
+            add(f"{ind1}if {cexpr(step)} < {NC}:")
+            ind1 += "    "
+        if il:
+            _row_dot_il(add, e, ind1, R, m, cexpr(step), slot, cload(step), sdt, zdt)
+            return
+        add(f"{ind1}for r in T.unroll({R}):")
+        _row_decode(add, e, ind1 + "    ", slot, cload(step), sdt, zdt, "dq.ptr_to([r, 0])")
+        _row_dot(add, e, ind1, R, m, cexpr(step))
+
+    _step_loop(add, NS, ST, load, process)
+    _pdl_trigger(add, hint)
+    _row_store(add, e, R, m, N)

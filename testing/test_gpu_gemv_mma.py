@@ -78,6 +78,23 @@ def test_gemv_mma_hints(hint, k):
     assert not errors, f"{hint}:\n" + "\n".join(errors)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n,k", [(1000, 1536), (4104, 8192)], ids=["1000x1536", "4104x8192"])
+@gpu
+def test_gemv_mma_default_tiles(name, n, k):
+    """The default tiles (8 K warps, 4 vectors per step, launch bounds of 2 blocks per SM for 4- and
+    8-bit codes) at row counts inside both token tiles; K=1536 leaves lanes past K."""
+    cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
+    errors = []
+    for m in (5, 13):
+        plan = make_plan(cfg, "cuda", m)
+        hint = GEMVHint.default(plan, cuda_target())
+        assert hint.mma
+        errors.append(check_kernel(cfg, plan, build_plan(plan, cuda_target(), hint), m))
+    errors = [e for e in errors if e]
+    assert not errors, f"{cfg}:\n" + "\n".join(errors)
+
+
 @pytest.mark.parametrize("m", (4, 16))
 @gpu
 def test_gemv_mma_precision_long_k(m):
@@ -103,6 +120,57 @@ def test_gemv_mma_codegen(arch, name, m, hint):
     ab = "bf16" if cfg.A_dtype == "bfloat16" else "f16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in src
     assert nvcc_compile(src, arch)[:4] == b"\x7fELF"
+
+
+def test_gemv_mma_default_tile_choice():
+    """Float activations: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks per SM up to
+    8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9 rows take the
+    same without the next step in flight below N=16896; 1- and 2-bit codes keep the base tiles."""
+    t90 = cuda_target(TARGETS["sm_90"])
+
+    def tile(name, m, n=8192, **kw):
+        h = GEMVHint.default(make_plan(MatmulConfig(N=n, K=8192, **{**CONFIGS[name], **kw}), "cuda", m), t90)
+        assert h.mma and h.pdl
+        return h.rows_per_warp, h.k_warps, h.unroll, h.stages, h.min_blocks
+
+    for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan", "nf4", "bf16-fp4"):
+        assert tile(name, 3) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
+        assert tile(name, 9) == tile(name, 16) == (32, 8, 4, 1, 2), name
+        assert tile(name, 16, n=28672) == (64, 4, 2, 2, 0), name
+    assert tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
+    assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
+    assert tile("u4", 4, W_dtype="int8", group_size=-1) == (32, 8, 2, 2, 0)
+    assert tile("u4", 12, W_dtype="int8", group_size=-1) == (32, 8, 4, 1, 2)
+    for name in ("u2-rescale", "bf16-i2", "i1-zeros"):
+        assert tile(name, 4) == (32, 8, 2, 2, 0), name
+        assert tile(name, 16) == (32, 4, 4, 2, 0), name
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,m", [("u4", 4), ("u4-zeros", 8), ("nf4", 4), ("u4", 16), ("nf4", 12)])
+def test_gemv_mma_default_tile_registers(name, m):
+    """The default tiles fit 128 registers (2 blocks of 256 threads per SM) with at most a few
+    spilled words; over 128 an SM holds 8 warps and the kernel loses 20-35% (docs/benchmarks.md)."""
+    import re
+    import subprocess
+    import tempfile
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    cfg = MatmulConfig(N=8192, K=8192, **CONFIGS[name])
+    plan = make_plan(cfg, "cuda", m)
+    src = cuda_source(plan, cuda_target(TARGETS["sm_90"]))
+    assert "__launch_bounds__(256, 2)" in src
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/k.cu", "w") as f:
+            f.write(src)
+        r = subprocess.run([nvcc, "--resource-usage", "--cubin", "-O3", "-arch=sm_90", "-o", f"{d}/k.cubin",
+                            f"{d}/k.cu"], capture_output=True, text=True, timeout=300)
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-2000:]
+    regs = int(re.search(r"Used (\d+) registers", text).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", text).group(1))
+    assert regs <= 128 and spill <= 64, (regs, spill)
 
 
 def test_gemv_mma_refused():

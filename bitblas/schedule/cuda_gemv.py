@@ -139,7 +139,7 @@ class GEMVHint:
             else:
                 mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
             if plan.float_acts and _mma_decodable(plan.w):
-                return mma
+                return cls._float_mma_tile(plan, m, mma)
             # int8: m16n8k32 (gemv_mma_int8), same tiles (H200 N=K=8192, µs, tensor-core vs dp4a rows
             # kernel): m=16 w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8;
             # m=4 per-channel 4-bit 10.2 vs 11.9, 2-bit 8.6 vs 14.5; group-scaled 4-bit and 8-bit codes
@@ -168,6 +168,30 @@ class GEMVHint:
         if m <= 8:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
+
+
+    @classmethod
+    def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
+        """The float tensor-core GEMV's tile. 256-thread blocks (8 K warps) over 128 registers
+        hold one block per SM; launch bounds of 2 blocks per SM keep 16 warps resident, and 4
+        vectors per step then fit (ptxas, sm_90: W4A16 m=4 131 -> 106 registers, m=16 234 ->
+        128 with 4 bytes of spills). H200, N=K=8192, µs, default before -> now (one run, 7th
+        session, docs/benchmarks.md): 4-bit codes at m=4/8: uint4 g128 14.8/15.2 -> 11.8/12.3,
+        int4 14.7/14.9 -> 11.9/12.3, zeros 19.1/19.5 -> 12.9/13.8, quantized zeros 17.9/18.4 ->
+        11.5/12.4, nf4 23.1/23.2 -> 17.0/17.1, fp4 18.9/19.3 -> 13.9/14.4 (28672: 43.8/48.5 ->
+        40.9/43.2); nvfp4's float8 scales spill (168 bytes) and keep ``base``. At m=9/16 with
+        N < 16896, 4- and 8-bit codes without the next step in flight: uint4 17.8/19.3 ->
+        15.8/17.3, int4 17.9/19.2 -> 15.2/17.2, nf4 26.8/25.9 -> 19.5/20.6, fp4 21.4/21.1 ->
+        17.3/17.7, nvfp4 24.0/23.8 -> 18.7/19.1, w8a16 23.6/23.9 -> 21.8/21.8, fp8 weights
+        25.2/25.0 -> 20.0/19.9 (at 28672 the 64-channel tile stays: 60.0/60.4 vs 57.3/64.6);
+        1- and 2-bit codes spill 450+ bytes under the bound and keep ``base``."""
+        c, b = plan.config, plan.w.bits
+        f8_scales = c.with_scaling and plan.scale_dtype != c.A_dtype
+        if m <= 8 and b == 4 and not f8_scales:
+            return cls(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
+        if m > 8 and c.N < 16896 and b in (4, 8):
+            return cls(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
+        return base
 
 
 _SMS = []

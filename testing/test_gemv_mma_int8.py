@@ -162,17 +162,19 @@ def test_mma_int8_vec_bytes_and_shift():
 
 
 def test_mma_int8_default_hint():
-    """From 7 rows (8-bit and group-scaled 4-bit codes; 4 rows otherwise) the float path's
-    tensor-core tiles (sm_80+; pdl on sm_90); fewer rows, sm_75 and groups too small for 4 vectors
-    keep the rows kernel."""
+    """From 7 rows (8-bit and group-scaled 4-bit codes; 4 rows otherwise) the tensor-core kernel
+    (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM, from 9 rows below
+    N=16896 8 K warps x 4 vectors; fewer rows, sm_75 and groups too small for 4 vectors keep the
+    rows kernel."""
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):
-            assert GEMVHint.default(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True)
+            assert GEMVHint.default(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
+                                                                        min_blocks=2)
             assert GEMVHint.default(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
-                                                                        pdl=True)
-            u = 2 if "group_size" in kw and not w.endswith("8") else 4   # group-scaled sub-byte: 4 spills
-            assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=4, unroll=u, stages=2, mma=True)
+                                                                        min_blocks=2, pdl=True)
+            assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True,
+                                                                         min_blocks=2)
             assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
                 GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)
             assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma

@@ -147,12 +147,9 @@ class GEMVHint:
             first = 7 if plan.w.bits == 8 or (plan.groups > 1 and plan.w.bits >= 4) else 4
             if not plan.float_acts and m >= first:
                 from .gemv_mma_int8 import mma_int8_unsupported
-                # group-scaled sub-byte codes at 16 rows: 255 registers + spills with 4 vectors per
-                # step; 8-bit codes fit (252) and gain (w8a8-g128 16x8192^2: 24.0 vs 26.0 us)
-                if plan.groups > 1 and mma.unroll == 4 and plan.w.bits < 8:
-                    mma = dataclasses.replace(mma, unroll=2)
-                if mma_int8_unsupported(plan, mma) is None:
-                    return mma
+                tile = cls._int8_mma_tile(plan, m, mma)
+                if mma_int8_unsupported(plan, tile) is None:
+                    return tile
         if m <= 2 and _decoder(plan.w) != "lut4":
             # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
             # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
@@ -190,10 +187,24 @@ class GEMVHint:
         if m <= 8 and b == 4 and not f8_scales:
             return cls(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
         if m > 8 and c.N < 16896 and b in (4, 8):
-            return cls(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
+            return _MMA_9_16
         return base
 
+    @classmethod
+    def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
+        """The int8 tensor-core GEMV's tile: the float path's base tiles under launch bounds of 2
+        blocks per SM, and from 9 rows below N=16896 8 K warps x 4 vectors without the next step
+        in flight (the old 4-warp tile took 134-252 registers: 8 warps per SM). H200, N=K=8192,
+        µs, base -> now (7th session): m=8 w2a8-g128 8.76 -> 8.37, w4a8 per channel 10.22 ->
+        10.28, w4a8-g128 14.35 -> 10.81, w8a8 22.33 -> 19.99, w8a8-g128 20.51 -> 19.37; m=16
+        13.76 -> 10.72, 12.49 -> 11.69, 16.34 -> 11.79, 22.43 -> 20.06, 23.60 -> 19.67."""
+        if m <= 8:
+            return dataclasses.replace(base, min_blocks=2)
+        return _MMA_9_16 if plan.config.N < 16896 else base
 
+
+# the tensor-core tile from 9 rows below N=16896: 8 K warps x 4 vectors, no step in flight, 2 blocks per SM
+_MMA_9_16 = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
 _SMS = []
 
 

@@ -122,13 +122,13 @@ class GEMVHint:
         copies; docs/benchmarks.md): at m=1 one-warp blocks of 4 rows with the next step in flight
         (11.0 / 32.6 µs; the tensor-core kernel: 14.5 / 42.6); at m=2 both kinds tie (15.8 vs 15.4,
         45.1 vs 44.8); from m=3 the tensor-core kernel wins by 2-4x (m=8: 15.5 vs 42.4, 49.2 vs
-        136; m=16: 19.7 vs 77.3, 60.7 vs 265): 32 channels per block and 8 warps splitting K up to
-        8 rows, 4 warps and 32 (N < 16896) or 64 channels above. The tensor-core kernel needs
-        a decoder that yields half pairs (every float-activation format) and sm_80+
-        (``target``: the CUDA Target, None = assume sm_80+). int8 activations take the same shapes:
-        from 4 rows (7 for 8-bit and group-scaled 4-bit codes) the m16n8k32 tensor-core kernel
-        (gemv_mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the rows
-        kernel."""
+        136; m=16: 19.7 vs 77.3, 60.7 vs 265). Base tiles: 32 channels per block and 8 warps
+        splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64 channels above;
+        :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. The tensor-core kernel needs
+        a decoder that yields half pairs (every float-activation format) and sm_80+ (``target``: the
+        CUDA Target, None = assume sm_80+). int8 activations: from 4 rows (7 for 8-bit and
+        group-scaled 4-bit codes) the m16n8k32 tensor-core kernel (gemv_mma_int8) where it takes
+        the plan (group sizes holding 4 weight vectors), else the rows kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
         if m >= 3 and (sm is None or sm >= 80):
@@ -140,10 +140,11 @@ class GEMVHint:
                 mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
             if plan.float_acts and _mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
-            # int8: m16n8k32 (gemv_mma_int8), same tiles (H200 N=K=8192, µs, tensor-core vs dp4a rows
-            # kernel): m=16 w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8;
-            # m=4 per-channel 4-bit 10.2 vs 11.9, 2-bit 8.6 vs 14.5; group-scaled 4-bit and 8-bit codes
-            # lose at m=5 (14.6 vs 14.0, 23.3 vs 18.9) and win at m=8 (14.4 vs 18.9, 22.6 vs 25.8)
+            # int8: m16n8k32 (gemv_mma_int8) on the base tiles vs the dp4a rows kernel (H200 N=K=8192,
+            # µs, 5th session; the crossover is not re-measured with the 2-blocks-per-SM tiles): m=16
+            # w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8; m=4 per-channel
+            # 4-bit 10.2 vs 11.9, 2-bit 8.6 vs 14.5; group-scaled 4-bit and 8-bit codes lose at m=5
+            # (14.6 vs 14.0, 23.3 vs 18.9) and win at m=8 (14.4 vs 18.9, 22.6 vs 25.8)
             first = 7 if plan.w.bits == 8 or (plan.groups > 1 and plan.w.bits >= 4) else 4
             if not plan.float_acts and m >= first:
                 from .gemv_mma_int8 import mma_int8_unsupported
@@ -166,22 +167,17 @@ class GEMVHint:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
 
-
     @classmethod
     def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
         """The float tensor-core GEMV's tile. 256-thread blocks (8 K warps) over 128 registers
-        hold one block per SM; launch bounds of 2 blocks per SM keep 16 warps resident, and 4
-        vectors per step then fit (ptxas, sm_90: W4A16 m=4 131 -> 106 registers, m=16 234 ->
-        128 with 4 bytes of spills). H200, N=K=8192, µs, default before -> now (one run, 7th
-        session, docs/benchmarks.md): 4-bit codes at m=4/8: uint4 g128 14.8/15.2 -> 11.8/12.3,
-        int4 14.7/14.9 -> 11.9/12.3, zeros 19.1/19.5 -> 12.9/13.8, quantized zeros 17.9/18.4 ->
-        11.5/12.4, nf4 23.1/23.2 -> 17.0/17.1, fp4 18.9/19.3 -> 13.9/14.4 (28672: 43.8/48.5 ->
-        40.9/43.2); nvfp4's float8 scales spill (168 bytes) and keep ``base``. At m=9/16 with
-        N < 16896, 4- and 8-bit codes without the next step in flight: uint4 17.8/19.3 ->
-        15.8/17.3, int4 17.9/19.2 -> 15.2/17.2, nf4 26.8/25.9 -> 19.5/20.6, fp4 21.4/21.1 ->
-        17.3/17.7, nvfp4 24.0/23.8 -> 18.7/19.1, w8a16 23.6/23.9 -> 21.8/21.8, fp8 weights
-        25.2/25.0 -> 20.0/19.9 (at 28672 the 64-channel tile stays: 60.0/60.4 vs 57.3/64.6);
-        1- and 2-bit codes spill 450+ bytes under the bound and keep ``base``."""
+        hold one block per SM; launch bounds of 2 blocks per SM keep 16 warps resident and 4
+        vectors per step fit (sm_90 ptxas: W4A16 m=4 131 -> 106 registers, m=16 234 -> 128, 4
+        bytes spilled). H200, N=K=8192 (7th session, docs/benchmarks.md): 4-bit codes at m=4/8
+        gain 19-36% (uint4 g128 14.8 -> 11.8 µs, nf4 23.1 -> 17.0; N=28672 43.8 -> 40.9); 4- and
+        8-bit codes at m=9/16 below N=16896, without the next step in flight, gain 7-27% (uint4
+        19.3 -> 17.3, fp8 weights 25.0 -> 19.9; at 28672 the 64-channel tile stays: 60.4 vs
+        64.6). nvfp4's float8 scales (168 bytes spilled at m <= 8) and 1-/2-bit codes (450+) keep
+        ``base``."""
         c, b = plan.config, plan.w.bits
         f8_scales = c.with_scaling and plan.scale_dtype != c.A_dtype
         if m <= 8 and b == 4 and not f8_scales:

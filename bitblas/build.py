@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,7 +23,7 @@ from .schedule import default_hint, ir_options, schedule
 logger = logging.getLogger(__name__)
 
 __all__ = ["cpu_target", "cuda_target", "build_plan", "compile_plan", "lower_plan", "cuda_source", "nvcc_compile",
-           "find_nvcc", "PASS_CONFIG"]
+           "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
 PASS_CONFIG = {"tirx.use_async_copy": True}
 
@@ -128,6 +129,21 @@ def nvcc_compile(source: str, arch: str = "sm_90", timeout: float = 300.0) -> by
     """Compile generated CUDA source to a cubin with nvcc; RuntimeError with nvcc's message on failure.
     Hopper kernels (wgmma, setmaxnreg: the sm_90a feature set) are compiled for sm_90a when
     ``arch`` is sm_90."""
+    return _nvcc(source, arch, timeout)[0]
+
+
+def nvcc_resources(source: str, arch: str = "sm_90", timeout: float = 300.0) -> dict:
+    """ptxas's resource report of the kernel in ``source``: ``registers`` per thread and
+    ``spill_stores`` (bytes), as compiled by :func:`nvcc_compile`."""
+    text = _nvcc(source, arch, timeout, ["--resource-usage"])[1]
+    regs, spill = re.search(r"Used (\d+) registers", text), re.search(r"(\d+) bytes spill stores", text)
+    if regs is None or spill is None:
+        raise RuntimeError(f"no resource report in nvcc's output:\n{text[-2000:]}")
+    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1))}
+
+
+def _nvcc(source: str, arch: str, timeout: float, extra=()):
+    """(cubin bytes, nvcc's stdout + stderr)."""
     if arch == "sm_90" and ("wgmma." in source or "setmaxnreg." in source):
         arch = "sm_90a"
     nvcc = find_nvcc()
@@ -137,9 +153,9 @@ def nvcc_compile(source: str, arch: str = "sm_90", timeout: float = 300.0) -> by
         src, out = os.path.join(d, "k.cu"), os.path.join(d, "k.cubin")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-lineinfo", "-o", out, src]
+        cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-lineinfo", *extra, "-o", out, src]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
         with open(out, "rb") as f:
-            return f.read()
+            return f.read(), r.stdout + r.stderr

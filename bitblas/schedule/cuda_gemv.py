@@ -169,38 +169,39 @@ class GEMVHint:
 
     @classmethod
     def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
-        """The float tensor-core GEMV's tile. 256-thread blocks (8 K warps) over 128 registers
-        hold one block per SM; launch bounds of 2 blocks per SM keep 16 warps resident and 4
-        vectors per step fit (sm_90 ptxas: W4A16 m=4 131 -> 106 registers, m=16 234 -> 128, 4
-        bytes spilled). H200, N=K=8192 (7th session, docs/benchmarks.md): 4-bit codes at m=4/8
-        gain 19-36% (uint4 g128 14.8 -> 11.8 µs, nf4 23.1 -> 17.0; N=28672 43.8 -> 40.9); 4- and
-        8-bit codes at m=9/16 below N=16896, without the next step in flight, gain 7-27% (uint4
-        19.3 -> 17.3, fp8 weights 25.0 -> 19.9; at 28672 the 64-channel tile stays: 60.4 vs
-        64.6). nvfp4's float8 scales (168 bytes spilled at m <= 8) and 1-/2-bit codes (450+) keep
-        ``base``."""
-        c, b = plan.config, plan.w.bits
-        f8_scales = c.with_scaling and plan.scale_dtype != c.A_dtype
-        if m <= 8 and b == 4 and not f8_scales:
-            return cls(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
-        if m > 8 and c.N < 16896 and b in (4, 8):
-            return _MMA_9_16
+        """The float tensor-core GEMV's tile. Over 128 registers a 256-thread block (8 K warps)
+        is alone on its SM; the wide tile under 2 blocks per SM fits (sm_90: W4A16 m=4 131 -> 106
+        registers). H200, N=K=8192 (7th session, docs/benchmarks.md): 4-bit codes at m=4/8 gain
+        19-36% (uint4 g128 14.8 -> 11.8 µs, nf4 23.1 -> 17.0), 4- and 8-bit codes at m=9/16 below
+        N=16896 without the next step in flight 7-27% (fp8 weights 25.0 -> 19.9); nvfp4's float8
+        scales and 1-/2-bit codes spill under the bound and keep ``base``."""
+        b = plan.w.bits
+        if m <= 8 and b == 4 and not _f8_scales(plan):
+            return _MMA_WIDE
+        if m > 8 and plan.config.N < 16896 and b in (4, 8):
+            return dataclasses.replace(_MMA_WIDE, stages=1)
         return base
 
     @classmethod
     def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
-        """The int8 tensor-core GEMV's tile: the float path's base tiles under launch bounds of 2
-        blocks per SM, and from 9 rows below N=16896 8 K warps x 4 vectors without the next step
-        in flight (the old 4-warp tile took 134-252 registers: 8 warps per SM). H200, N=K=8192,
-        µs, base -> now (7th session): m=8 w2a8-g128 8.76 -> 8.37, w4a8 per channel 10.22 ->
-        10.28, w4a8-g128 14.35 -> 10.81, w8a8 22.33 -> 19.99, w8a8-g128 20.51 -> 19.37; m=16
-        13.76 -> 10.72, 12.49 -> 11.69, 16.34 -> 11.79, 22.43 -> 20.06, 23.60 -> 19.67."""
+        """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
+        N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
+        registers). H200, N=K=8192 (7th session): m=8 w4a8-g128 14.35 -> 10.81 µs, w8a8 22.33 ->
+        19.99; m=16 w4a8-g128 16.34 -> 11.79, w2a8-g128 13.76 -> 10.72, w8a8-g128 23.60 -> 19.67."""
         if m <= 8:
             return dataclasses.replace(base, min_blocks=2)
-        return _MMA_9_16 if plan.config.N < 16896 else base
+        return dataclasses.replace(_MMA_WIDE, stages=1) if plan.config.N < 16896 else base
 
 
-# the tensor-core tile from 9 rows below N=16896: 8 K warps x 4 vectors, no step in flight, 2 blocks per SM
-_MMA_9_16 = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
+# the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
+_MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
+
+
+def _f8_scales(plan) -> bool:
+    """Float activations with float8_e4m3 scale bytes (nvfp4), decoded per vector."""
+    return plan.config.A_dtype != "int8" and plan.config.with_scaling and plan.scale_dtype != plan.config.A_dtype
+
+
 _SMS = []
 
 
@@ -491,7 +492,7 @@ def _fmt_float(x: float) -> str:
 def _kernel_script(plan, hint: GEMVHint):
     c, w = plan.config, plan.w
     act = c.A_dtype
-    i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8), rows kernel only
+    i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8) or m16n8k32 (gemv_mma_int8)
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # int8 tensor cores: the 4 vectors of a lane quad inside one group
@@ -513,7 +514,7 @@ def _kernel_script(plan, hint: GEMVHint):
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
     f32_path = b == 8 and not i8 and not hint.mma     # the tensor-core kernel takes 8-bit codes as half pairs
     helpers = _helpers(tag, act, b, signed, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
-    s_f8 = not i8 and c.with_scaling and plan.scale_dtype != act        # float8_e4m3 scale bytes (nvfp4)
+    s_f8 = _f8_scales(plan)
     dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
     off_max = (1 << b) - 1 + x_shift

@@ -12,8 +12,8 @@ from __future__ import annotations
 from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
 
 
-def _row_locals(add, e, R, m, WARPS, warp_var=False, interleave=False):
-    """The registers both rows kernels use beside their weight buffers, and zeroed accumulators
+def _row_locals(add, e, R, m, WARPS, interleave=False):
+    """The registers of the rows kernel beside its weight buffers, and zeroed accumulators
     (``interleave``: paired activations of every row, one decoded vector; see :func:`_row_dot_il`)."""
     NA = e["NA"]
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
@@ -35,8 +35,6 @@ def _row_locals(add, e, R, m, WARPS, warp_var=False, interleave=False):
         add(f"    ov = T.alloc_local(({R},), 'int32')")
         add("    asum = T.alloc_local((1,), 'float32')")
     add("    lane = T.meta_var(tx % 32)")
-    if warp_var:
-        add("    wp = T.meta_var(tx // 32)")
     add(f"    n0 = T.meta_var((bx * {WARPS} + tx // 32) * {R})")
     add(f"    for r, i in T.grid({R}, {m}):")
     add(f"        acc[r, i] = T.{e['acc_dtype']}(0)")

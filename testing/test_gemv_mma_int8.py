@@ -204,7 +204,12 @@ def test_mma_int8_tuner_candidates():
     cands = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4",
                                                      with_scaling=True), "cuda", 8)]
     mma = [h for h in cands if isinstance(h, GEMVHint) and h.mma]
-    assert len(mma) == 24 and all(h.rows_per_warp % 16 == 0 for h in mma)
+    # 3 tile widths x 4 K-warp counts x 2 unrolls, each with and without the next step in flight and
+    # under launch bounds of 2 blocks per SM or none
+    assert len(mma) == 96 and all(h.rows_per_warp % 16 == 0 for h in mma)
+    assert {(h.stages, h.min_blocks) for h in mma} == {(1, 0), (1, 2), (2, 0), (2, 2)}
+    plan = _plan("int4", 8, with_scaling=True)
+    assert GEMVHint.default(plan, cuda_target(TARGETS["sm_80"])) in mma
     assert not any(isinstance(h, GEMVHint) and h.k_warps and not h.mma for h in cands)
     g64 = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int1", group_size=64,
                                                    with_scaling=True), "cuda", 8)]

@@ -197,7 +197,8 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         tiles, tt, U = R // 16, (1 if m <= 8 else 2), hint.unroll
         warps = max(1, kw)
         loads = 2 * tiles * U
-        regs = 48 + 2 * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
+        slots = 2 if hint.stages >= 2 else 1          # register slots of weights (the next step in flight)
+        regs = 48 + slots * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
         blocks = math.ceil(N / R)
         sync_clk = 200 if warps > 1 else 0
     elif kw:
@@ -217,6 +218,13 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         blocks = math.ceil(N / rows_per_block)
         sync_clk = 0
     threads = 32 * warps
+    if hint.min_blocks:
+        # launch bounds: ptxas fits the registers of min_blocks blocks per SM (fewer loads held at
+        # once beyond that; spills not modelled)
+        cap = spec.regs_per_sm // (hint.min_blocks * threads)
+        if regs > cap:
+            loads = max(1, loads * cap // regs)
+            regs = cap
     if regs > 255 or threads > 1024:
         return math.inf
     regs = 8 * math.ceil(regs / 8)

@@ -133,9 +133,11 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
             out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
     if spec is None or spec.cc >= 80:
         # the tensor-core kernels (m16n8k16 for float activations, m16n8k32 for int8 ones): 16-channel
-        # mma tiles, k_warps warps splitting K; the ones the plan's format or group size refuses left out
-        for R, kw, unroll in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4)):
-            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=2, mma=True)
+        # mma tiles, k_warps warps splitting K; the ones the plan's format or group size refuses left out.
+        # Each with the next step in flight or not, and under launch bounds of 2 blocks per SM or
+        # none (the default tiles are such variants: GEMVHint._float_mma_tile / _int8_mma_tile)
+        for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):
+            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
             if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
     return out

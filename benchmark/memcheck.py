@@ -36,7 +36,10 @@ FAMILIES = {
                  (C(M=3, N=1000, K=1056, W_dtype="int2", group_size=32, with_scaling=True), 3,
                   lambda p, t: GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True)),
                  (C(M=16, N=1000, K=1536, A_dtype="bfloat16", W_dtype="int4", group_size=G, with_scaling=True,
-                    out_dtype="bfloat16"), 16, None)],
+                    out_dtype="bfloat16"), 16, None),
+                 # the default tiles from 2 rows: 8 K warps under 2 blocks per SM (4-bit), the base tile (2-bit)
+                 (C(M=2, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 2, None),
+                 (C(M=2, N=1000, K=1056, W_dtype="uint2", group_size=32, with_scaling=True, with_zeros=True), 2, None)],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

@@ -162,8 +162,8 @@ def test_mma_int8_vec_bytes_and_shift():
 
 
 def test_mma_int8_default_hint():
-    """From 7 rows (8-bit and group-scaled 4-bit codes; 4 rows otherwise) the tensor-core kernel
-    (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM, from 9 rows below
+    """From 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6 without)
+    the tensor-core kernel (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM, from 9 rows below
     N=16896 8 K warps x 4 vectors; fewer rows, sm_75 and groups too small for 4 vectors keep the
     rows kernel."""
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
@@ -178,9 +178,14 @@ def test_mma_int8_default_hint():
             assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
                 GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)
             assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma
-            first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
-            assert GEMVHint.default(_plan(w, first - 1, **kw), t80).mma is False
+            grouped = "group_size" in kw
+            first = (5 if grouped else 6) if w.endswith("8") else 4 if grouped and w.endswith("4") else 3
+            below = GEMVHint.default(_plan(w, first - 1, **kw), t80)
+            assert below.mma is False
             assert GEMVHint.default(_plan(w, first, **kw), t80).mma is True
+            if first - 1 >= 3:                # the rows kernel there; per-channel 8-bit codes without a ring
+                assert below.stages == (1 if w.endswith("8") and not grouped and first - 1 <= 4 else
+                                        2 if first - 1 <= 4 else 1), (w, kw)
     assert not GEMVHint.default(_plan("int1", 8, group_size=64, with_scaling=True), t80).mma
 
 

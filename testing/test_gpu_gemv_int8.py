@@ -246,20 +246,19 @@ def test_gemv_int8_selection(w, arch):
 
 def test_gemv_int8_default_hint():
     """The float rule's shapes: m <= 2 the rows kernel with launch bounds (2-bit and 1-bit: 8 channels
-    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), then the rows kernel up to 3 rows (6 for
-    8-bit and group-scaled 4-bit codes) and the tensor-core kernel above (2 blocks per SM; from 9 rows
-    8 K warps x 4 vectors); PDL on sm_90."""
+    per warp, 8-bit: 2, 4-bit: 4, all in 2-warp blocks), then the rows kernel up to 2 rows (3 for
+    group-scaled 4-bit codes, 4 for group-scaled 8-bit) and the tensor-core kernel above (2 blocks
+    per SM; from 9 rows 8 K warps x 4 vectors); PDL on sm_90."""
     def hint(w, m):
         return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
     assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
-    assert hint("int4", 6) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=1, pdl=True)
-    assert hint("int4", 7) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2,
-                                       pdl=True)
-    assert hint("int2", 4) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2,
-                                       pdl=True)
+    assert hint("int4", 3) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
+    assert hint("int8", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
+    assert hint("int4", 4) == hint("int8", 5) == hint("int2", 3) == \
+        GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2, pdl=True)
     assert hint("int4", 16) == GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2,
                                         pdl=True)
 

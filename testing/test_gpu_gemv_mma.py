@@ -83,10 +83,10 @@ def test_gemv_mma_hints(hint, k):
 @gpu
 def test_gemv_mma_default_tiles(name, n, k):
     """The default tiles (8 K warps, 4 vectors per step, launch bounds of 2 blocks per SM for 4- and
-    8-bit codes) at row counts inside both token tiles; K=1536 leaves lanes past K."""
+    8-bit codes) from 2 rows, at row counts inside both token tiles; K=1536 leaves lanes past K."""
     cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
     errors = []
-    for m in (5, 13):
+    for m in (2, 5, 13):
         plan = make_plan(cfg, "cuda", m)
         hint = GEMVHint.default(plan, cuda_target())
         assert hint.mma
@@ -123,8 +123,8 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 
 
 def test_gemv_mma_default_tile_choice():
-    """Float activations: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks per SM up to
-    8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9 rows take the
+    """Float activations from 2 rows: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks
+    per SM up to 8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9 rows take the
     same without the next step in flight below N=16896; 1- and 2-bit codes keep the base tiles."""
     t90 = cuda_target(TARGETS["sm_90"])
 
@@ -134,16 +134,21 @@ def test_gemv_mma_default_tile_choice():
         return h.rows_per_warp, h.k_warps, h.unroll, h.stages, h.min_blocks
 
     for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan", "nf4", "bf16-fp4"):
-        assert tile(name, 3) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
+        assert tile(name, 2) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
         assert tile(name, 9) == tile(name, 16) == (32, 8, 4, 1, 2), name
         assert tile(name, 16, n=28672) == (64, 4, 2, 2, 0), name
-    assert tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
+    assert tile("nvfp4-bias", 2) == tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
     assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
-    assert tile("u4", 4, W_dtype="int8", group_size=-1) == (32, 8, 2, 2, 0)
+    assert tile("u4", 2, W_dtype="int8", group_size=-1) == tile("u4", 4, W_dtype="int8", group_size=-1) \
+        == (32, 8, 2, 2, 0)
     assert tile("u4", 12, W_dtype="int8", group_size=-1) == (32, 8, 4, 1, 2)
     for name in ("u2-rescale", "bf16-i2", "i1-zeros"):
-        assert tile(name, 4) == (32, 8, 2, 2, 0), name
+        assert tile(name, 2) == tile(name, 4) == (32, 8, 2, 2, 0), name
         assert tile(name, 16) == (32, 4, 4, 2, 0), name
+    # one row: the rows kernel; before sm_80 (no mma.sync m16n8k16 path here): the rows kernel
+    assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
+    t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
+    assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
 
 
 @pytest.mark.nvcc

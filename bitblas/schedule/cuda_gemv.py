@@ -58,18 +58,18 @@ scale stays a float32 multiply after the dot product, as for int codes:
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
   result before the bias.
 
-int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 4
-rows (7 for 8-bit and group-scaled 4-bit codes) the m16n8k32 tensor-core kernel of
-gemv_mma_int8.py; the k-split kernel refuses them; the helpers live in gemv_int8.py): a 16-byte
-activation load holds 16 values; the codes of a weight vector become bytes, four per word (one
-shift and one ``lop3`` per field of a word; signed codes come out offset by 2**(b-1), taken back
-by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are permuted (``prmt``) into
-the same K order once per vector and row, shared by the warp's weight rows, and ``dp4a`` sums
-exactly in int32. Without group scales the int32 sums go through the warp reduction to the
-store: out = sum * scale[n] * a_scale[m] + bias[n], the TensorIR's order (int32 output: sum +
-bias); group scales take each vector's int32 sum to float32 (``acc += s * float(isum)``, a
-vector lies inside one group; a lane's consecutive vectors are 32 vectors apart, so summing a
-whole group in int32 first would need groups of >= 32 vectors).
+int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3 rows
+(4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
+tensor-core kernel of gemv_mma_int8.py; the k-split kernel refuses them; the helpers live in
+gemv_int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
+bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes come out offset
+by 2**(b-1), taken back by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are
+permuted (``prmt``) into the same K order once per vector and row, shared by the warp's weight
+rows, and ``dp4a`` sums exactly in int32. Without group scales the int32 sums go through the warp
+reduction to the store: out = sum * scale[n] * a_scale[m] + bias[n], the TensorIR's order (int32
+output: sum + bias); group scales take each vector's int32 sum to float32 (``acc += s *
+float(isum)``, a vector lies inside one group; a lane's consecutive vectors are 32 vectors apart,
+so summing a whole group in int32 first would need groups of >= 32 vectors).
 
 :func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
 tensor-core) schedule.
@@ -120,18 +120,21 @@ class GEMVHint:
     def _default_shape(cls, plan, target=None) -> "GEMVHint":
         """Measured on the H200 (W4A16 uint4 g128, N=8192/28672, K=8192, CUDA graphs over weight
         copies; docs/benchmarks.md): at m=1 one-warp blocks of 4 rows with the next step in flight
-        (11.0 / 32.6 µs; the tensor-core kernel: 14.5 / 42.6); at m=2 both kinds tie (15.8 vs 15.4,
-        45.1 vs 44.8); from m=3 the tensor-core kernel wins by 2-4x (m=8: 15.5 vs 42.4, 49.2 vs
-        136; m=16: 19.7 vs 77.3, 60.7 vs 265). Base tiles: 32 channels per block and 8 warps
+        (11.0 / 32.6 µs; the tensor-core kernel: 14.5 / 42.6; 8th session, with the 2-blocks-per-SM
+        tiles: 9.67 / 30.74 vs 11.31 / 38.73); from m=2 the tensor-core kernel wins (8th session,
+        m=2: 11.91 vs 13.22, 39.36 vs 42.96; 1-, 2-bit, nf4, fp4, nvfp4 and bfloat16 zero points
+        13-42% faster; 8-bit codes within 4% either way), from m=3 by 2-4x (m=8: 15.5 vs 42.4, 49.2
+        vs 136; m=16: 19.7 vs 77.3, 60.7 vs 265). Base tiles: 32 channels per block and 8 warps
         splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64 channels above;
         :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. The tensor-core kernel needs
         a decoder that yields half pairs (every float-activation format) and sm_80+ (``target``: the
-        CUDA Target, None = assume sm_80+). int8 activations: from 4 rows (7 for 8-bit and
-        group-scaled 4-bit codes) the m16n8k32 tensor-core kernel (gemv_mma_int8) where it takes
-        the plan (group sizes holding 4 weight vectors), else the rows kernel."""
+        CUDA Target, None = assume sm_80+). int8 activations: from 3 rows (group-scaled 4-bit codes
+        4, 8-bit codes 5 with group scales and 6 without) the m16n8k32 tensor-core kernel
+        (gemv_mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the
+        rows kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
-        if m >= 3 and (sm is None or sm >= 80):
+        if m >= 2 and (sm is None or sm >= 80):
             if m <= 8:
                 mma = cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
             elif plan.config.N >= 16896:
@@ -140,12 +143,16 @@ class GEMVHint:
                 mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
             if plan.float_acts and _mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
-            # int8: m16n8k32 (gemv_mma_int8) on the base tiles vs the dp4a rows kernel (H200 N=K=8192,
-            # µs, 5th session; the crossover is not re-measured with the 2-blocks-per-SM tiles): m=16
-            # w4a8-g128 16.3 vs 35.4, per-channel 12.5 vs 47.1, w2a8-g128 13.6 vs 45.8; m=4 per-channel
-            # 4-bit 10.2 vs 11.9, 2-bit 8.6 vs 14.5; group-scaled 4-bit and 8-bit codes lose at m=5
-            # (14.6 vs 14.0, 23.3 vs 18.9) and win at m=8 (14.4 vs 18.9, 22.6 vs 25.8)
-            first = 7 if plan.w.bits == 8 or (plan.groups > 1 and plan.w.bits >= 4) else 4
+            # int8: m16n8k32 (gemv_mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
+            # K=8192, N=8192 / 28672, µs, 8th session, docs/benchmarks.md): 1-, 2-bit and per-channel
+            # 4-bit codes from 3 rows (w2a8-g128 m=3 8.1 vs 12.6, 27.9 vs 32.2; w4a8-chan 10.5 vs 11.4,
+            # 32.9 vs 33.5), group-scaled 4-bit from 4 (m=3 11.0 vs 10.7; m=4 10.9 vs 12.2, 35.5 vs
+            # 38.4), group-scaled 8-bit from 5 (m=5 19.3 vs 26.6, 64.4 vs 63.6), per-channel 8-bit
+            # from 6 (m=5 20.0 vs 18.9, 65.0 vs 57.9; m=6 20.1 vs 25.7, 64.6 vs 60.6)
+            if plan.w.bits == 8:
+                first = 5 if plan.groups > 1 else 6
+            else:
+                first = 4 if plan.groups > 1 and plan.w.bits == 4 else 3
             if not plan.float_acts and m >= first:
                 from .gemv_mma_int8 import mma_int8_unsupported
                 tile = cls._int8_mma_tile(plan, m, mma)
@@ -162,7 +169,10 @@ class GEMVHint:
                 return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
             return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
         if m <= 4:
-            return cls(rows_per_warp=4, warps=1, unroll=4, stages=2)
+            # int8 x per-channel 8-bit codes without the next step in flight (H200, m=3/4: 21.1 ->
+            # 18.5, 22.8 -> 18.6 µs; N=28672: 59.1 -> 55.2, 61.1 -> 55.8)
+            i8_chan8 = not plan.float_acts and plan.w.bits == 8 and plan.groups == 1
+            return cls(rows_per_warp=4, warps=1, unroll=4, stages=1 if i8_chan8 else 2)
         if m <= 8:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)

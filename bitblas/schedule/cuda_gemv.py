@@ -51,7 +51,7 @@ scale stays a float32 multiply after the dot product, as for int codes:
   for bfloat16 activations), one FFMA each. ~1.5 (e5m2) and ~3 (e4m3) instructions per weight
   including the conversion. e4m3fn's NaN codes 0x7f / 0xff decode to +-480 (the quantizers
   never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights.
-  The tensor-core kernel (3..16 rows) takes float8 and int/uint 8-bit codes as half pairs
+  The tensor-core kernel (2..16 rows) takes float8 and int/uint 8-bit codes as half pairs
   instead (fp32 accumulation in the mma): float8 as above with the 2**8 applied to the pair,
   8-bit ints through the 1024 magic (float16) or through float32 (bfloat16);
 * nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is

@@ -162,10 +162,10 @@ def test_mma_int8_vec_bytes_and_shift():
 
 
 def test_mma_int8_default_hint():
-    """From 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6 without)
-    the tensor-core kernel (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM, from 9 rows below
-    N=16896 8 K warps x 4 vectors; fewer rows, sm_75 and groups too small for 4 vectors keep the
-    rows kernel."""
+    """From 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6 without) the
+    tensor-core kernel (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM,
+    from 9 rows below N=16896 8 K warps x 4 vectors; fewer rows, sm_75 and groups too small for 4
+    vectors keep the rows kernel."""
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):

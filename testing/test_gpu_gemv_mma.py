@@ -124,8 +124,9 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 
 def test_gemv_mma_default_tile_choice():
     """Float activations from 2 rows: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks
-    per SM up to 8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9 rows take the
-    same without the next step in flight below N=16896; 1- and 2-bit codes keep the base tiles."""
+    per SM up to 8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9
+    rows take the same without the next step in flight below N=16896; 1- and 2-bit codes keep the
+    base tiles."""
     t90 = cuda_target(TARGETS["sm_90"])
 
     def tile(name, m, n=8192, **kw):

@@ -53,7 +53,8 @@ FAMILIES = {
                   # the m16n8k32 tensor-core GEMV (int8 x int8 at 5 rows forced: its default there is the rows kernel)
                   (C(M=9, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 9, None),
                   (C(M=16, N=1000, K=1664, W_dtype="uint2", **S8), 16, None),
-                  (C(M=5, N=1000, K=1536, W_dtype="int8", **S8), 5, lambda p, t: GEMVHint.default(p, t))],
+                  (C(M=5, N=1000, K=1536, W_dtype="int8", **S8), 5,
+                   lambda p, t: GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2))],
     # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
     # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
     "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),

@@ -21,21 +21,28 @@ from typing import Optional, Sequence, Tuple
 
 from .config import MatmulConfig
 
-__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows"]
+__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows", "gemv_rows"]
 
 DEFAULT_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def default_rows(config: MatmulConfig, kind: str, rows: int) -> Optional[int]:
-    """Rows the *untuned* kernel for ``rows`` is specialised to (None: symbolic in M): the config's
-    int M when ``rows`` equals it; on CUDA, ``rows`` itself for 1..16 rows where the GEMV template
-    applies."""
+def gemv_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> bool:
+    """Whether the *untuned* kernel for ``rows`` is a GEMV kernel for exactly that many rows (CUDA,
+    1..64 rows where the template takes the plan and wins: ``cuda_gemv.gemv_default_takes``;
+    ``target``: the CUDA Target, None = assume sm_80+)."""
     from .plan import make_plan
-    from .schedule.cuda_gemv import GEMV_MAX_ROWS, gemv_unsupported
-    static = config.M if isinstance(config.M, int) and rows == config.M else None
-    if kind == "cuda" and 1 <= rows <= GEMV_MAX_ROWS and gemv_unsupported(make_plan(config, kind, rows)) is None:
+    from .schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, gemv_default_takes
+    return (kind == "cuda" and 1 <= rows <= GEMV_MMA_MAX_ROWS
+            and gemv_default_takes(make_plan(config, kind, rows), target))
+
+
+def default_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> Optional[int]:
+    """Rows the *untuned* kernel for ``rows`` is specialised to (None: symbolic in M): ``rows``
+    itself where a GEMV kernel serves them (:func:`gemv_rows`), else the config's int M when
+    ``rows`` equals it."""
+    if gemv_rows(config, kind, rows, target):
         return rows
-    return static
+    return config.M if isinstance(config.M, int) and rows == config.M else None
 
 
 def buckets_of(config: MatmulConfig) -> Tuple[int, ...]:

@@ -14,6 +14,7 @@ from bitblas.ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dense_config, dequan
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
+from bitblas.schedule.cuda_gemv import GEMV_MMA_MAX_ROWS
 from kernel_helpers import TARGETS
 
 C = MatmulConfig
@@ -54,6 +55,13 @@ def test_dispatch_on_sm90(fmt):
     m, choice = op._choose("cuda", 4096)
     assert m is None and choice[0] == "dequant-gemm" and isinstance(choice.gemm, WGMMAHint)
     assert op._choose("cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1] is None       # fewer rows: the fused kernels
+    # 17..64 rows: the tensor-core GEMV (static rows) where it takes the plan, else this path
+    for rows in (DEQUANT_GEMM_MIN_ROWS, GEMV_MMA_MAX_ROWS):
+        expect = (rows, None) if op._gemv_serves(rows) else None
+        got = op._choose("cuda", rows)
+        assert got == expect if expect else got[1][0] == "dequant-gemm", (rows, got)
+    m, choice = op._choose("cuda", GEMV_MMA_MAX_ROWS + 1)
+    assert m is None and choice[0] == "dequant-gemm"
 
 
 @pytest.mark.parametrize("target", [TARGETS["sm_80"], TARGETS["sm_89"], "sm_90"], ids=["sm80", "sm89", "sm90-48KB"])
@@ -118,7 +126,7 @@ def test_gpu_matmul(fmt, NK):
     N, K = NK
     cfg = C(N=N, K=K, **FORMATS[fmt])
     op = bitblas.Matmul(cfg)
-    for rows in (DEQUANT_GEMM_MIN_ROWS, 300, 1024, 2049):
+    for rows in (GEMV_MMA_MAX_ROWS + 1, 300, 1024, 2049):     # fewer: the GEMV (test_gpu_gemv_mma)
         inputs = random_inputs(cfg, rows, device="cuda", seed=rows)
         out = torch.full((rows, N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
         op(**inputs, output=out)
@@ -140,3 +148,6 @@ def test_static_m_takes_the_path_too():
     small = C(M=8, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])
     assert bitblas.Matmul(small, target=TARGETS["sm_90"])._choose("cuda", 8) == (8, None)      # GEMV
     assert composite_serves(small, "cuda", 8, TARGETS["sm_90"]) is None
+    mid = C(M=48, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])       # 17..64 rows: the tensor-core GEMV
+    assert bitblas.Matmul(mid, target=TARGETS["sm_90"])._choose("cuda", 48) == (48, None)
+    assert composite_serves(mid, "cuda", 48, TARGETS["sm_90"]) is None

@@ -10,6 +10,7 @@ import torch
 import bitblas
 from bitblas import MatmulConfig
 from bitblas.dispatch import DEFAULT_BUCKETS, BucketTable, buckets_of, default_rows
+from bitblas.build import cuda_target
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import GEMVHint
 
@@ -46,7 +47,17 @@ def test_bucket_table():
 def test_default_rows_rule():
     cfg = MatmulConfig(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
     assert default_rows(cfg, "cuda", 5) == 5           # GEMV: static rows
-    assert default_rows(cfg, "cuda", 17) is None       # tensor cores: symbolic
+    assert default_rows(cfg, "cuda", 17) == 17         # the tensor-core GEMV in chunks of 16 rows
+    assert default_rows(cfg, "cuda", 64) == 64
+    assert default_rows(cfg, "cuda", 65) is None       # tensor cores: symbolic
+    assert default_rows(cfg, "cuda", 17, cuda_target("sm_75")) is None      # the tensor-core GEMV needs sm_80
+    assert default_rows(cfg, "cuda", 16, cuda_target("sm_75")) == 16        # the rows kernel does not
+    i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
+                      with_act_scaling=True, out_dtype="float16")
+    assert default_rows(i8, "cuda", 32) == 32 and default_rows(i8, "cuda", 33) is None   # int8 x int8: wgmma above 32
+    assert default_rows(i8.replace(W_dtype="int4"), "cuda", 64) == 64
+    assert default_rows(i8.replace(group_size=128), "cuda", 16) == 16
+    assert default_rows(i8.replace(group_size=128), "cuda", 17) is None       # group-scaled int8 x int8: wgmma
     assert default_rows(cfg, "cpu", 5) is None
     assert default_rows(cfg.replace(M=40), "cuda", 40) == 40
     assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) == 5        # GEMV takes table formats too
@@ -92,7 +103,8 @@ def test_gemv_bucket_dispatch_rule(db_path):
     assert op._choose("cuda", 5) == (5, h)             # rows 2..8: static GEMV kernels, tuned hint
     assert op._choose("cuda", 8) == (8, h)
     assert op._choose("cuda", 9) == (9, None)          # beyond the last bucket: the default (GEMV rows 9)
-    assert op._choose("cuda", 40) == (None, None)      # default tensor-core kernel, symbolic
+    assert op._choose("cuda", 40) == (40, None)        # the default GEMV (tensor cores, chunks of 16 rows)
+    assert op._choose("cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
 
 
 def test_gemv_bucket_rows_are_built_ahead():

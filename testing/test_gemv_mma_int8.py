@@ -238,7 +238,7 @@ def test_mma_int8_codegen(w, arch):
     tgt = cuda_target(TARGETS[arch])
     at = "s8" if w.startswith("int") else "u8"
     i = 0
-    for m in (3, 8, 9, 16):
+    for m in (3, 8, 9, 16, 40):               # 40 rows: 3 chunks of 16
         for v, kw in VARIANTS.items():
             n, k = ((1000, 1536), (256, 512))[i % 2]
             i += 1

@@ -19,7 +19,7 @@ from bitblas.reference import random_inputs, reference_matmul, relative_error, t
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-M_LIST = (1, 16, 17, 128, 1024)
+M_LIST = (1, 16, 17, 64, 128, 1024)      # 17 and 64: the tensor-core GEMV in chunks of 16 rows
 SHAPES = ((256, 512), (1000, 1536))          # (N, K); 1000 is no multiple of any tile
 G = 128
 

@@ -253,12 +253,18 @@ def test_gemv_selection():
     cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True)
     assert gemv_unsupported(make_plan(cfg, "cuda", 1)) is None
     assert gemv_unsupported(make_plan(cfg, "cuda", 16)) is None
-    assert gemv_unsupported(make_plan(cfg, "cuda", 17))
+    assert gemv_unsupported(make_plan(cfg, "cuda", 64)) is None          # the tensor-core kernel, 16-row chunks
+    assert "1..64" in gemv_unsupported(make_plan(cfg, "cuda", 65))
     assert gemv_unsupported(make_plan(cfg, "cuda", None))
     assert gemv_unsupported(make_plan(cfg, "cpu", 1))
     assert isinstance(default_hint(make_plan(cfg, "cuda", 4)), GEMVHint)
+    assert default_hint(make_plan(cfg, "cuda", 40)).mma
+    # the rows kernel stops at 16 rows, naming the field
+    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+    assert "mma=True" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
     op = bitblas.Matmul(cfg)
-    assert op._kernel_m("cuda", 7) == 7 and op._kernel_m("cuda", 17) is None and op._kernel_m("cpu", 7) is None
+    assert op._kernel_m("cuda", 7) == 7 and op._kernel_m("cuda", 17) == 17 and op._kernel_m("cpu", 7) is None
+    assert op._kernel_m("cuda", 65) is None
     for kw in TABLE_FORMATS.values():                 # table formats: GEMV at 1..16 rows as well
         tcfg = MatmulConfig(N=1000, K=1536, **kw)
         assert gemv_unsupported(make_plan(tcfg, "cuda", 1)) is None, kw

@@ -168,7 +168,7 @@ def test_gemv_int8_misaligned_views():
     assert relative_error(out.cpu(), reference_matmul(cfg, **cpu)) <= tolerance(cfg)
 
 
-MMA_ROWS = (3, 9, 16)
+MMA_ROWS = (3, 9, 16, 17, 40, 64)      # 17..64: chunks of 16 rows, one block per chunk and channel tile
 
 
 @pytest.mark.parametrize("m", MMA_ROWS, ids=[f"m{m}" for m in MMA_ROWS])
@@ -177,11 +177,15 @@ MMA_ROWS = (3, 9, 16)
 @gpu
 def test_gemv_int8_mma(name, n, k, m):
     """The m16n8k32 tensor-core GEMV (gemv_mma_int8) by its default hint, every format x scale mode,
-    fresh random inputs into a poisoned output (int32 outputs exactly)."""
+    at 3..16 rows and at 17..64 in chunks of 16 (40 rows by the 3..8-row tile; plans the chunked
+    kernel refuses go elsewhere), fresh random inputs into a poisoned output (int32 outputs exactly)."""
     cfg = _cfg(name, n, k)
     plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
+    if m > 16 and gemv_unsupported(plan):
+        assert "tensor-core kernel takes more than 16 rows" in gemv_unsupported(plan)
+        pytest.skip(gemv_unsupported(plan))
     hint = GEMVHint.default(plan, tgt)
-    if not hint.mma:                          # few rows default to the rows kernel: the 3..8-row tile
+    if not hint.mma or m == 40:               # few rows default to the rows kernel: the 3..8-row tile
         from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
         hint = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, pdl=hint.pdl)
         why = mma_int8_unsupported(plan, hint)
@@ -224,8 +228,9 @@ def test_gemv_int8_mma_hints(name, hint, k):
 @pytest.mark.parametrize("w", WEIGHTS)
 def test_gemv_int8_selection(w, arch):
     """int8 activations at 1..16 static rows: the GEMV template (rows kernel at 1..2 rows, the
-    m16n8k32 tensor-core GEMV from 3; int8 x int8 on sm_90: up to 8 rows, then wgmma); above 16
-    rows or a symbolic M the tensor-core / simple schedules."""
+    m16n8k32 tensor-core GEMV from 3); at 17..64 rows the tensor-core GEMV in chunks of 16 rows
+    where it takes the plan (8-bit codes: per channel up to 32 rows, with group scales not); above,
+    or a symbolic M, the tensor-core / simple schedules."""
     target = cuda_target(TARGETS[arch])
     for kw in VARIANTS.values():
         cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype=w, **kw)
@@ -236,12 +241,19 @@ def test_gemv_int8_selection(w, arch):
             first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
             assert isinstance(hint, GEMVHint) and hint.mma == (m >= first), (w, kw, m, hint)   # m16n8k32
         assert bitblas.Matmul(cfg)._kernel_m("cuda", 7) == 7
-        for m in (17, None):
+        for m in (17, 33, 64):                # the m16n8k32 GEMV in chunks of 16 rows (8-bit codes up to 32)
+            plan = make_plan(cfg, "cuda", m)
+            hint = default_hint(plan, target)
+            gemv = gemv_unsupported(plan) is None and (w[-1] != "8" or (m <= 32 and "group_size" not in kw))
+            assert isinstance(hint, GEMVHint) == gemv and (not gemv or hint.mma), (w, kw, m, hint)
+        for m in (65, None):
             hint = default_hint(make_plan(cfg, "cuda", m), target)
             assert isinstance(hint, (MMAHint, WGMMAHint, SimpleCUDAHint)), (w, kw, m, hint)
     cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True)
-    assert isinstance(default_hint(make_plan(cfg, "cuda", 17), cuda_target(TARGETS["sm_90"])), WGMMAHint)
-    assert isinstance(default_hint(make_plan(cfg, "cuda", 17), cuda_target(TARGETS["sm_80"])), MMAHint)
+    assert isinstance(default_hint(make_plan(cfg, "cuda", 33), cuda_target(TARGETS["sm_90"])), WGMMAHint)
+    assert isinstance(default_hint(make_plan(cfg, "cuda", 33), cuda_target(TARGETS["sm_80"])), MMAHint)
+    assert default_hint(make_plan(cfg, "cuda", 32), cuda_target(TARGETS["sm_90"])) == GEMVHint(
+        rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True, pdl=True)
 
 
 def test_gemv_int8_default_hint():
@@ -297,6 +309,13 @@ def test_gemv_int8_tuner_candidates():
     assert math.isfinite(estimate(plan, GEMVHint(4, 1, 4), 4, H200_SPEC))
     assert math.isinf(estimate(plan, GEMVHint(4, k_warps=4), 4, H200_SPEC))
     assert math.isfinite(estimate(plan, GEMVHint(32, k_warps=4, mma=True), 4, H200_SPEC))
+    # 17..64 rows: only the tensor-core kernel (chunks of 16 rows); its cost grows with the chunks
+    gemv32 = [c for c in candidates(cfg, "cuda", 32, H200_SPEC) if isinstance(c.hint, GEMVHint)]
+    assert gemv32 and all(c.hint.mma and c.plan_m == 32 for c in gemv32)
+    assert not [c for c in candidates(cfg, "cuda", 128, H200_SPEC) if isinstance(c.hint, GEMVHint)]
+    tile = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
+    cost = [estimate(make_plan(cfg, "cuda", m), tile, m, H200_SPEC) for m in (16, 32, 64)]
+    assert cost[0] < cost[1] < cost[2], cost
 
 
 # nvcc: every weight format x (scale mode, a_scale, bias, output dtype) x rows 1 / 3 / 16

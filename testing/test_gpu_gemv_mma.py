@@ -1,9 +1,10 @@
 """The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv_mma.py
-``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand.
+``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
+(17..64 rows: one block per chunk of 16 rows).
 
 GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,
 bias, float32 out, bfloat16) and the 4-bit table formats (nf4, fp4_e2m1, nvfp4 with its float8
-scales and global scale) at row counts 1..16 that are no multiple of 8, N no multiple of 16,
+scales and global scale) at row counts 1..64 that are no multiple of 8, N no multiple of 16,
 and hints that split K unevenly (vectors past K meet zeroed activations). CPU: code generation
 through nvcc for sm_80 / sm_90, and the hint checks.
 
@@ -95,7 +96,27 @@ def test_gemv_mma_default_tiles(name, n, k):
     assert not errors, f"{cfg}:\n" + "\n".join(errors)
 
 
-@pytest.mark.parametrize("m", (4, 16))
+CHUNK_ROWS = (17, 31, 40, 64)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n,k", [(1000, 1536), (4104, 8192)], ids=["1000x1536", "4104x8192"])
+@gpu
+def test_gemv_mma_row_chunks(name, n, k):
+    """17..64 rows: chunks of 16 rows, one block per chunk and channel tile (the last chunk partly
+    past m), by the default tile and (40 rows) by a k-split hint that leaves lanes past K."""
+    cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
+    errors = []
+    for m in CHUNK_ROWS:
+        plan = make_plan(cfg, "cuda", m)
+        hint = HINTS["r48k3u3s2"] if m == 40 else GEMVHint.default(plan, cuda_target())
+        assert hint.mma
+        errors.append(check_kernel(cfg, plan, build_plan(plan, cuda_target(), hint), m))
+    errors = [e for e in errors if e]
+    assert not errors, f"{cfg}:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize("m", (4, 16, 64))
 @gpu
 def test_gemv_mma_precision_long_k(m):
     cfg = MatmulConfig(N=2048, K=16384, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True)
@@ -111,7 +132,7 @@ def test_gemv_mma_precision_long_k(m):
 @pytest.mark.parametrize("name,m,hint", [("u4-zeros", 4, "r32k2u4s2"), ("bf16-i2", 9, "r16k1u1s1"),
                                          ("i1-zeros", 16, "r48k3u3s2"), ("u4-noscale", 1, "r16k4u2s2"),
                                          ("nf4", 5, "r32k2u4s2"), ("bf16-fp4", 12, "r16k1u1s1"),
-                                         ("nvfp4-bias", 7, "r32k2u4s2")])
+                                         ("nvfp4-bias", 7, "r32k2u4s2"), ("u4-zeros", 40, "r48k3u3s2")])
 def test_gemv_mma_codegen(arch, name, m, hint):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
@@ -150,6 +171,14 @@ def test_gemv_mma_default_tile_choice():
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
     t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
+    # 17..64 rows (chunks of 16): 64 channels x 4 K warps for int/uint 4-bit codes, the wide tile
+    # without the next step in flight for nf4, the 16-row tiles for the rest
+    for m in (17, 64):
+        for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan"):
+            assert tile(name, m) == tile(name, m, n=28672) == (64, 4, 2, 2, 0), (name, m)
+        assert tile("nf4", m) == tile("nf4", m, n=28672) == (32, 8, 4, 1, 2)
+        assert tile("bf16-fp4", m) == tile("bf16-fp4", 16) and tile("u2-rescale", m) == tile("u2-rescale", 16)
+        assert tile("nvfp4-bias", m) == tile("nvfp4-bias", 16)
 
 
 @pytest.mark.nvcc

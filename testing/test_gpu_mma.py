@@ -37,17 +37,17 @@ def _plan(cfg, m=None):
     (C(M=None, N=1000, K=512), WGMMAHint),                         # sm_90: wgmma (test_wgmma)
     (C(M=17, N=256, K=512), WGMMAHint),
     (C(M=16, N=256, K=512), WGMMAHint),
-    (C(M=17, N=256, K=512, W_dtype="uint4", group_size=G, with_scaling=True), MMAHint),
+    (C(M=65, N=256, K=512, W_dtype="uint4", group_size=G, with_scaling=True), MMAHint),   # past the GEMV
     (C(M=16, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), GEMVHint),  # small M: GEMV dp4a
     (C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, W_dtype="nvfp4", group_size=16, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), WGMMAHint),       # sm_90: wgmma (test_wgmma)
-    (C(M=17, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), MMAHint),  # int8 path
+    (C(M=65, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), MMAHint),  # int8 path past the GEMV
     (C(M=None, N=256, K=512, A_dtype="float32", W_dtype="float16", out_dtype="float32"), SimpleCUDAHint),
     (C(M=None, N=256, K=512, layout="nn"), SimpleCUDAHint),
     (C(M=None, N=256, K=36), SimpleCUDAHint),                       # rows of A not 16-byte aligned
     (C(M=None, N=256, K=520, W_dtype="uint1", with_scaling=True), SimpleCUDAHint),   # 65-byte W rows
-], ids=["f16-dyn", "f16-M17", "f16-M16", "u4-M17", "w4a8-M16", "bf16-nf4", "nvfp4", "int8", "w4a8-M17", "f32", "nn", "K36", "uint1-K520"])
+], ids=["f16-dyn", "f16-M17", "f16-M16", "u4-M65", "w4a8-M16", "bf16-nf4", "nvfp4", "int8", "w4a8-M65", "f32", "nn", "K36", "uint1-K520"])
 def test_dispatch(cfg, expect):
     assert type(default_hint(_plan(cfg), cuda_target(TARGETS["sm_90"]))) is expect
 

@@ -49,8 +49,8 @@ def test_tuned_dynamic_operator_every_m(tuned):
     cfg, op, res = tuned
     assert set(res) == {1, 16, 48, 256}
     for b, r in res.items():
-        if r.skipped:                       # sm_90: rows >= 17 run as decode + wgmma GEMM, left untuned
-            assert torch.cuda.get_device_capability() == (9, 0) and b >= 17 and "decode" in r.skipped
+        if r.skipped:                       # sm_90: rows past the GEMV's 64 run as decode + wgmma GEMM, left untuned
+            assert torch.cuda.get_device_capability() == (9, 0) and b > 64 and "decode" in r.skipped
             continue
         assert r.latency_ms > 0 and r.default_latency_ms > 0
         assert r.latency_ms <= r.default_latency_ms * 1.10     # the default is among the measured
@@ -105,7 +105,7 @@ def test_untuned_cuda_kernels_are_cached_on_disk(db_path):
     from bitblas.cache import kernels
     cfg = MatmulConfig(M=None, N=512, K=1024, **W4A16)
     op = bitblas.Matmul(cfg)
-    inp = random_inputs(cfg, 40, device="cuda")
+    inp = random_inputs(cfg, 100, device="cuda")     # past the GEMV's rows: a kernel symbolic in M
     op(**inp)
     recs = [e for e in bitblas.cache.list_entries("kernel") if e["config"]["N"] == 512 and e["m"] is None]
     assert recs, "the default CUDA kernel was not written to the database"

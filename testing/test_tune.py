@@ -67,14 +67,17 @@ def test_candidate_families_by_bucket():
     kinds = lambda b: {type(c.hint).__name__ for c in candidates(cfg, "cuda", b, H200)}  # noqa: E731
     assert kinds(1) == {"GEMVHint", "MMAHint"}          # small buckets: GEMV vs tensor cores
     assert kinds(16) == {"GEMVHint", "MMAHint"}
-    assert kinds(17) == {"MMAHint"}
+    assert kinds(17) == kinds(64) == {"GEMVHint", "MMAHint"}     # 17..64: the tensor-core GEMV (16-row chunks)
+    assert all(c.hint.mma for c in candidates(cfg, "cuda", 40, H200) if isinstance(c.hint, GEMVHint))
+    assert kinds(65) == {"MMAHint"}
     gemv = [c for c in candidates(cfg, "cuda", 4, H200) if isinstance(c.hint, GEMVHint)]
     assert all(c.plan_m == 4 for c in gemv)              # GEMV kernels are static in M
     if "k_warps" in GEMVHint.__dataclass_fields__:
         assert any(c.hint.k_warps for c in gemv) and any(c.hint.grid == 4 * 132 for c in gemv if c.hint.k_warps)
-    # int8 activations: the int8 tensor-core paths (k32 mma: BK a multiple of 32; wgmma on sm_90), no GEMV
+    # int8 activations past the GEMV's rows: the int8 tensor-core paths (k32 mma: BK a multiple of 32;
+    # wgmma on sm_90), no GEMV
     i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8")
-    all_i8 = candidates(i8, "cuda", 64, H200)
+    all_i8 = candidates(i8, "cuda", 128, H200)
     assert {type(c.hint) for c in all_i8} == {MMAHint, WGMMAHint}     # wgmma: see test_tune_wgmma.py
     i8_cands = [c for c in all_i8 if isinstance(c.hint, MMAHint)]
     assert len(i8_cands) > 50
@@ -105,7 +108,7 @@ def test_cost_model_prefers_big_tiles_for_big_m_and_few_blocks_waste_sms():
     # m=4096: a 16x32 tile re-decodes the weights 256x and reads A from L2 128x
     assert estimate(plan, big, 4096, H200) < estimate(plan, tiny, 4096, H200) / 2
     # m=32: a 128-row tile wastes 3/4 of its tensor-core work and leaves most SMs idle
-    best32 = _ranked(cfg, 32, H200)[0].hint
+    best32 = next(c.hint for c in _ranked(cfg, 32, H200) if isinstance(c.hint, MMAHint))
     assert best32.BM <= 64
     # wave quantisation: with one block per SM, 133 blocks take two waves on 132 SMs, 132 blocks one
     narrow = make_plan(cfg.replace(N=128), "cuda", None)

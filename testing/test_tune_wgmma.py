@@ -202,7 +202,7 @@ def test_composite_buckets_match_untuned_dispatch(target, fmt):
         skip = tuner.composite_serves(cfg, "cuda", b, op.target)
         composite = op._choose("cuda", b)[1]
         assert (skip is not None) == isinstance(composite, _DequantGemmChoice), (b, skip, composite)
-        assert (skip is not None) == (target == "sm_90" and fmt != "f16" and b >= 17), b
+        assert (skip is not None) == (target == "sm_90" and fmt != "f16" and b > 64), b   # <= 64: the GEMV
     # a static M above the GEMV's rows takes the same path (test_dequant_gemm), so is skipped alike
     static = cfg.replace(M=256)
     assert (tuner.composite_serves(static, "cuda", 256, op.target) is not None) == (target == "sm_90" and fmt != "f16")
@@ -210,17 +210,19 @@ def test_composite_buckets_match_untuned_dispatch(target, fmt):
 
 
 def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypatch):
-    """On sm_90 a W4A16 operator with buckets (1, 16, 48, 256): 1 and 16 are tuned; 48 and 256 are
-    reported skipped, get no tuned entry, and keep decode + wgmma GEMM for their rows."""
+    """On sm_90 a W4A16 operator with buckets (1, 16, 48, 256): 1, 16 and 48 (the GEMV's rows, its
+    tensor-core kernel in chunks of 16 above 16 rows) are tuned; 256 is reported skipped, gets no
+    tuned entry, and keeps decode + wgmma GEMM for its rows."""
     import torch
     import bitblas.hardware
     cfg = MatmulConfig(M=[1, 16, 48, 256], N=1024, K=1024, **W4A16)
     h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
+    hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
     tuned_buckets = []
 
     def fake_tune_bucket(config, kind, bucket, *a, **k):
         tuned_buckets.append(bucket)
-        return tuner.TuneResult(bucket, bucket, h, 0.01, 0.02, 0.0, False)
+        return tuner.TuneResult(bucket, bucket, h if bucket <= 16 else hm, 0.01, 0.02, 0.0, False)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bitblas.hardware, "query_device", lambda *a: H200)
@@ -231,14 +233,15 @@ def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypa
     loaded = []
     monkeypatch.setattr(op, "_kernel", lambda kind, rows: loaded.append(rows))
     res = op.hardware_aware_finetune(kind="cuda", progress=False)
-    assert sorted(res) == [1, 16, 48, 256] and tuned_buckets == [1, 16] and sorted(loaded) == [1, 16]
-    for b in (48, 256):
-        assert res[b].skipped and "decode" in res[b].skipped and res[b].hint is None
-        assert res[b].latency_ms is None and res[b].speedup is None
-    assert res[1].skipped is None and res[16].skipped is None
-    assert set(op._tuned["cuda"]) == {1, 16}
+    assert sorted(res) == [1, 16, 48, 256] and tuned_buckets == [1, 16, 48] and sorted(loaded) == [1, 16, 48]
+    assert res[256].skipped and "decode" in res[256].skipped and res[256].hint is None
+    assert res[256].latency_ms is None and res[256].speedup is None
+    assert res[1].skipped is None and res[16].skipped is None and res[48].skipped is None
+    assert set(op._tuned["cuda"]) == {1, 16, 48}
     assert op._choose("cuda", 16) == (16, h) and op._choose("cuda", 5) == (5, h)
-    for rows in (17, 48, 100, 256, 5000):
+    assert op._choose("cuda", 17) == (17, hm) and op._choose("cuda", 48) == (48, hm)
+    assert op._choose("cuda", 64) == (64, None)          # past the last GEMV bucket: the default GEMV
+    for rows in (65, 100, 256, 5000):
         m, choice = op._choose("cuda", rows)
         assert m is None and isinstance(choice, _DequantGemmChoice), rows
     # on an A100 nothing is skipped (no wgmma)

@@ -59,8 +59,9 @@ def _h200():
 def test_default_on_sm90(fam, M):
     plan = _plan(C(M=M, N=1000, K=512, **FAMILIES[fam]))
     hint = default_hint(plan, _h200())
-    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and M <= 8:
-        from bitblas.schedule import GEMVHint        # int8 x int8 at 1..16 rows: the dp4a GEMV
+    per_channel = FAMILIES[fam].get("group_size", -1) == -1
+    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and (M <= 16 or (M <= 32 and per_channel)):
+        from bitblas.schedule import GEMVHint        # int8 x int8: the GEMV (per channel up to 32 rows)
         assert isinstance(hint, GEMVHint), hint
         hint = WGMMAHint.default(plan, _h200())      # wgmma still takes it when asked
     assert isinstance(hint, WGMMAHint), hint
@@ -86,22 +87,24 @@ def test_tiles_fill_the_sms(M, expect, monkeypatch):
     assert (h.BM, h.BN) == expect
 
 
-@pytest.mark.parametrize("M,kind", [(1, GEMVHint), (8, GEMVHint), (9, GEMVHint), (16, GEMVHint), (17, WGMMAHint)])
+@pytest.mark.parametrize("M,kind", [(1, GEMVHint), (8, GEMVHint), (9, GEMVHint), (16, GEMVHint), (17, WGMMAHint),
+                                    (65, WGMMAHint)])
 def test_int8_rows_gemv_then_wgmma(M, kind):
-    """int8 x int8: the GEMV (dp4a rows kernel, from 7 rows the m16n8k32 one, faster than the
-    64 x 64 wgmma tile on the H200) for 1..16 rows, wgmma from 17; int8 x int4 the same."""
+    """int8 x int8 with group scales: the GEMV (dp4a rows kernel, from 5 rows the m16n8k32 one,
+    faster than the 64 x 64 wgmma tile on the H200) for 1..16 rows, wgmma from 17; int8 x int4
+    per channel: the GEMV up to 64 rows (chunks of 16 above 16)."""
     plan = _plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=128))
     assert isinstance(default_hint(plan, _h200()), kind)
     h4 = default_hint(_plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int4", with_scaling=True)), _h200())
-    assert isinstance(h4, GEMVHint) == (M <= 16), h4
+    assert isinstance(h4, GEMVHint) == (M <= 64), h4
     if M <= 16:
         assert isinstance(default_hint(plan, cuda_target(TARGETS["sm_80"])), GEMVHint)
 
 
 def test_small_m_keeps_other_templates():
     t = _h200()
-    plan = _plan(C(M=17, N=1024, K=512, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True))
-    assert isinstance(default_hint(plan, t), MMAHint)                    # decoded weights: mma.sync
+    plan = _plan(C(M=65, N=1024, K=512, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True))
+    assert isinstance(default_hint(plan, t), MMAHint)                    # decoded weights past the GEMV: mma.sync
     assert isinstance(default_hint(_plan(C(M=8, N=1024, K=512, A_dtype="float16", W_dtype="uint4")), t), GEMVHint)
 
 

@@ -18,7 +18,7 @@ from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..dispatch import default_rows
-from ..schedule.cuda_gemv import GEMV_MAX_ROWS, GEMVHint
+from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
 __all__ = ["Matmul", "MatmulConfig"]
@@ -84,10 +84,11 @@ class Matmul:
 
     def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
         """Row count the untuned kernel for ``rows`` is specialised to (None: symbolic). CUDA calls
-        with 1..16 rows get a kernel for exactly that many rows where the GEMV template applies."""
-        if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MAX_ROWS:
+        with 1..64 rows get a kernel for exactly that many rows where the GEMV template serves them
+        (bitblas.dispatch.gemv_rows)."""
+        if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MMA_MAX_ROWS:
             return self._static_m(rows)
-        return default_rows(self.config, kind, rows)
+        return default_rows(self.config, kind, rows, self._resolve_cuda_target())
 
     def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
         """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned
@@ -111,11 +112,16 @@ class Matmul:
                 choice = self._dequant_gemm_for_rows(rows)
                 if choice is not None:
                     return None, choice
-        elif kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS:     # a static M (the config's int)
-            choice = self._dequant_gemm_for_rows(rows)
+        elif kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS and not self._gemv_serves(rows):
+            choice = self._dequant_gemm_for_rows(rows)     # a static M (the config's int) past the GEMV
             if choice is not None:
                 return default_m, choice
         return default_m, None
+
+    def _gemv_serves(self, rows: int) -> bool:
+        """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""
+        from ..dispatch import gemv_rows
+        return gemv_rows(self.config, "cuda", rows, self._resolve_cuda_target())
 
     def _dequant_gemm_for_rows(self, rows: int):
         """Quantized weights with many rows on Hopper: decode once, then the dense wgmma GEMM

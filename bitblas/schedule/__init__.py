@@ -2,7 +2,7 @@
 import dataclasses
 
 from .cpu import CPUHint, schedule_cpu
-from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
+from .cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
@@ -28,7 +28,7 @@ def default_hint(plan, target=None):
     """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
-    if gemv_unsupported(plan) is None:        # static rows 1..16: float16/bfloat16 x int/uint/table, int8 x int/uint
+    if gemv_default_takes(plan, target):     # static rows 1..64: float16/bfloat16 x int/uint/table, int8 x int/uint
         # int8 x int8 included: from 7 rows the m16n8k32 GEMV beats the 64 x 64 wgmma tile on the
         # H200 (N=K=8192: m=9 22.7 vs 29.9 us, m=16 22.9 vs 29.1; g128 22.6 vs 29.5, 26.0 vs 28.7;
         # 28672: 63-75 vs 95-113)
@@ -38,7 +38,7 @@ def default_hint(plan, target=None):
     hint = WGMMAHint.default(plan, target)
     if hint is not None:
         return hint
-    # tensor cores with rows > 16 (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
+    # tensor cores with more rows (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
     # activations, see cuda_mma.mma_reason; None: n/a
     return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
 

@@ -1,6 +1,6 @@
-"""The small-M CUDA template (decode, M = 1..16): float16/bfloat16 activations x int/uint, fp4_e2m1,
-nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4 weights; int8 activations x int/uint
-weights (dp4a, rows kernel).
+"""The small-M CUDA template (decode, M = 1..16; the tensor-core kernels up to 64): float16/bfloat16
+activations x int/uint, fp4_e2m1, nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4
+weights; int8 activations x int/uint weights (dp4a, rows kernel).
 
 Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
 signature follows the plan's argument list); the per-vector decode and dot product are CUDA
@@ -86,9 +86,11 @@ from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _f8_
                           _table_dec)
 from .gemv_int8 import _i8_helpers
 
-__all__ = ["GEMVHint", "gemv_unsupported", "schedule_cuda_gemv", "GEMV_MAX_ROWS", "TIRX_PIPELINE_ATTR"]
+__all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "schedule_cuda_gemv", "GEMV_MAX_ROWS",
+           "GEMV_MMA_MAX_ROWS", "TIRX_PIPELINE_ATTR"]
 
-GEMV_MAX_ROWS = 16
+GEMV_MAX_ROWS = 16          # the rows and k-split kernels
+GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, gemv_mma.row_chunks)
 TIRX_PIPELINE_ATTR = "bitblas.tir_pipeline"   # module attribute: compile with tir_pipeline="tirx"
 
 
@@ -134,6 +136,8 @@ class GEMVHint:
         rows kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
+        if m > GEMV_MAX_ROWS:
+            return cls._chunk_tile(plan)
         if m >= 2 and (sm is None or sm >= 80):
             if m <= 8:
                 mma = cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
@@ -203,8 +207,53 @@ class GEMVHint:
         return dataclasses.replace(_MMA_WIDE, stages=1) if plan.config.N < 16896 else base
 
 
+    @classmethod
+    def _chunk_tile(cls, plan) -> "GEMVHint":
+        """The tensor-core tile for 17..64 rows (chunks of 16 rows, gemv_mma.row_chunks). H200,
+        K=8192, N=8192 / 28672, rows 17 / 32 / 64, µs (9th session, docs/benchmarks.md): 64
+        channels x 4 K warps for int/uint 4-bit codes with float activations (W4A16 g128 28.7 /
+        29.6 / 54.9, 97.5 / 104.7 / 191.6 vs the wide tile 31.4 / 33.1 / 65.1, 100.9 / 116.6 /
+        222.9) and for 8-bit codes with int8 activations (w8a8 23.2 / 24.2 / 41.6 vs 27.4 / 28.9
+        / 50.1); the wide tile without the next step in flight for the nf4 table (35.8 / 37.8 /
+        73.0, 121.9 / 132.0 / 252.4 vs 48.2 / 47.7 / 91.8, 170.3 / 171.6 / 301.1) and the other
+        int8-activation codes (w4a8 g128 19.8 / 19.3 / 36.8, 65.9 / 68.0 / 129.3 vs 21.9 / 21.6
+        / 38.0, 78.0 / 81.9 / 128.7); the other float formats as at 16 rows."""
+        dec, b = _decoder(plan.w), plan.w.bits
+        if plan.float_acts:
+            if dec == "int" and b == 4 and not _f8_scales(plan):
+                return _MMA_64
+            if dec == "lut4":
+                return dataclasses.replace(_MMA_WIDE, stages=1)
+            base = (cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True) if plan.config.N >= 16896
+                    else cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True))
+            return cls._float_mma_tile(plan, GEMV_MAX_ROWS, base)
+        return _MMA_64 if b == 8 else dataclasses.replace(_MMA_WIDE, stages=1)
+
+
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
 _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
+# 64 channels x 4 K warps, 2 vectors per step, the next step in flight (17..64 rows, see _chunk_tile)
+_MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
+
+
+def gemv_default_takes(plan, target=None) -> bool:
+    """Whether an untuned operator runs ``plan`` (a static row count) on the GEMV template: 1..16
+    rows wherever the template takes the plan; 17..64 rows on sm_80+ (the tensor-core kernel in
+    chunks of 16 rows) except int8 x 8-bit codes with group scales, and above 32 rows without.
+    H200, K=8192, N=8192 / 28672 (9th session, docs/benchmarks.md): W4A16 g128 at 17 / 32 / 64
+    rows 28.7 / 29.7 / 54.5 µs and 97.6 / 103.7 / 189.6 against 98.4 / 91.2 / 84.4 and 345 /
+    338 / 323 for decode-then-wgmma (cuBLAS fp16: 33.5 / 34.1 / 36.5, 117 / 117 / 119); int8 x
+    int8 per channel at 17 / 32 / 64 rows 23.7 / 24.3 / 41.6 and 85.4 / 89.9 / 150.5 against the
+    wgmma kernel's 29.4 / 25.8 / 21.9 and 94.9 / 90.3 / 92.1; with g128 scales at 17 / 32 rows
+    29.0 / 28.9 and 103.9 / 105.8 against 28.7 / 25.6 and 104.4 / 93.4."""
+    if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
+        return False
+    if plan.m <= GEMV_MAX_ROWS:
+        return True
+    sm = _target_info(target)[0]
+    if sm is not None and sm < 80:
+        return False
+    return plan.float_acts or plan.w.bits < 8 or (plan.m <= 32 and plan.groups == 1)
 
 
 def _f8_scales(plan) -> bool:
@@ -258,16 +307,24 @@ def gemv_unsupported(plan) -> Optional[str]:
     c = plan.config
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
-    if plan.m is None or not 1 <= plan.m <= GEMV_MAX_ROWS:
-        return f"needs a static row count 1..{GEMV_MAX_ROWS}"
+    if plan.m is None or not 1 <= plan.m <= GEMV_MMA_MAX_ROWS:
+        return f"needs a static row count 1..{GEMV_MMA_MAX_ROWS}"
     if c.A_dtype not in _ACT and c.A_dtype != "int8":
         return f"A_dtype={c.A_dtype!r}: activations must be float16, bfloat16 or int8"
     if c.layout != "nt":
         return "layout must be 'nt'"
     if c.A_dtype == "int8":
-        return _int8_unsupported(plan)
+        why = _int8_unsupported(plan)
+        if why is None and plan.m > GEMV_MAX_ROWS:
+            from .gemv_mma_int8 import mma_i8_vec_bytes
+            if plan.w.bits not in (1, 2, 4, 8) or mma_i8_vec_bytes(plan) is None:
+                why = (f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows, and it "
+                       f"needs int/uint 1/2/4/8-bit weights with 4 weight vectors inside one group")
+        return why
     if _decoder(plan.w) is None:
         return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
+    if plan.m > GEMV_MAX_ROWS and not _mma_decodable(plan.w):
+        return f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows"
     if c.with_act_scaling:
         return "no activation scales"
     if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
@@ -754,6 +811,9 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
                 f"kernel (k_warps=0 or mma=True; got k_warps={hint.k_warps}, mma={hint.mma})")
     if hint.mma:
         return mma_gemv_unsupported(plan, hint)
+    if (plan.m or 1) > GEMV_MAX_ROWS:
+        return (f"{plan.m} rows: the rows and k-split kernels take 1..{GEMV_MAX_ROWS} "
+                f"(mma=True: up to {GEMV_MMA_MAX_ROWS})")
     if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
         return "rows_per_warp * m must be <= 32 * k_warps"
     return None

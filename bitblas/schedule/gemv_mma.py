@@ -1,7 +1,10 @@
 """The tensor-core kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.mma``):
 ``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
-the 16 x 8 operand, K split over warps. The decode, scale and store lines come from cuda_gemv's
-``_kernel_script`` (its locals, ``e``); which plans it takes: ``cuda_gemv.mma_gemv_unsupported``.
+the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows, one block per chunk
+and channel tile (:func:`row_chunks`), so each chunk's block is the 16-row kernel and the chunks
+after the first read the channel tile's weights from L2. The decode, scale and store lines come
+from cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
+``cuda_gemv.mma_gemv_unsupported``.
 """
 from __future__ import annotations
 
@@ -45,9 +48,9 @@ def _mma_chain(tag: str, steps: int, op: str, ctype: str, cons: str) -> str:
 
 
 def _body_mma(plan, hint, add, e):
-    """Tensor cores for 1..16 rows: ``mma.sync m16n8k16`` with the *weights* as the 16 x 16 A
-    operand (16 output channels) and the activation rows as the 16 x 8 B operand (8 rows per
-    token tile, two tiles above 8 rows), float32 accumulation.
+    """Tensor cores for 1..16 rows (chunks of 16 up to 64): ``mma.sync m16n8k16`` with the
+    *weights* as the 16 x 16 A operand (16 output channels) and the activation rows as the 16 x 8
+    B operand (8 rows per token tile, two tiles above 8 rows), float32 accumulation.
 
     Lane ``l`` (group ``g = l // 4``, ``q = l % 4``) of a warp streams the 16-byte vectors
     ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of channels ``g`` and ``g + 8`` of each
@@ -122,17 +125,25 @@ def _body_mma(plan, hint, add, e):
     _mma_store(add, e, R, TT, KW, val)
 
 
+def row_chunks(m: int) -> int:
+    """Chunks of 16 activation rows: a block serves one chunk of one channel tile (17..64 rows:
+    2..4 chunks; the blocks of one channel tile are adjacent, so all but one read its weights from
+    L2)."""
+    return -(-m // 16)
+
+
 def _mma_tiles(hint, e):
     """(k_warps, 16-channel tiles, token tiles of 8 rows, vectors per step, steps, register slots,
-    whether the last step runs past K, blocks) of a tensor-core GEMV hint (float or int8)."""
+    whether the last step runs past K, blocks) of a tensor-core GEMV hint (float or int8). Blocks:
+    channel tiles x :func:`row_chunks` (block ``bx`` serves chunk ``bx % chunks``)."""
     m, N, NC = e["m"], e["N"], e["NC"]
     KW = max(1, hint.k_warps)
     R = hint.rows_per_warp // 16              # 16-channel tiles per block
-    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows
+    TT = 1 if m <= 8 else 2                   # token tiles of 8 rows (per chunk of 16)
     NIT = -(-NC // (4 * KW))                  # vectors per lane
     U, NS = _steps(NIT, hint.unroll)
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
-    return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
+    return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R)) * row_chunks(m)
 
 
 def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
@@ -162,7 +173,9 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
     add("    g = T.meta_var(tx % 32 // 4)")
     add("    q = T.meta_var(tx % 4)")
     add("    kw = T.meta_var(tx // 32)")
-    add(f"    n0 = T.meta_var(bx * {16 * R})")
+    YC = row_chunks(m)
+    add(f"    n0 = T.meta_var(bx * {16 * R})" if YC == 1 else f"    n0 = T.meta_var(bx // {YC} * {16 * R})")
+    add("    y0 = T.meta_var(0)" if YC == 1 else f"    y0 = T.meta_var(bx % {YC} * 16)")
     add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
     add(f"        acc[r, t, j] = T.{adt}(0)")
     nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
@@ -181,7 +194,7 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
 
     def acts(ind, step, prep):
         add(f"{ind}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind + "    ", f"T.min(t * 8 + g, {m - 1})", cload(step), "ar"):
+        for ln in e["lda_lines"](ind + "    ", f"T.min(y0 + t * 8 + g, {m - 1})", cload(step), "ar"):
             add(ln)
         add(f"{ind}    {prep}")
         if guard:
@@ -194,7 +207,7 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
 def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
     """Reduce the ``KW`` warps' C fragments in shared memory (``red``) and store: ``acc[r, t, j]``
     (``fold``: plus ``acc[r, t, j + 4]``, the second mma chain) is channel n0 + r*16 + g + 8*(j // 2),
-    row t*8 + q*2 + j % 2; ``val`` the stored expression of it."""
+    row y0 + t*8 + q*2 + j % 2; ``val`` the stored expression of it."""
     m, N = e["m"], e["N"]
     if fold:
         add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
@@ -211,5 +224,5 @@ def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
         add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
         ind = "        "
     add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
-    add(f"{ind}    if t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
-    add(e["store_line"](ind + "        ", "t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))
+    add(f"{ind}    if y0 + t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
+    add(e["store_line"](ind + "        ", "y0 + t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))

@@ -1,6 +1,7 @@
 """The tensor-core GEMV for int8 activations (bitblas/schedule/cuda_gemv.py, ``GEMVHint(mma=True)``
 with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
-bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows as the 32 x 8
+bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows (chunks of 16 up
+to 64, gemv_mma.row_chunks) as the 32 x 8
 B operand, exact int32 accumulation. The float-activation kernel is gemv_mma.py; this one reuses
 its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of
 channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (gemv_int8).

@@ -194,12 +194,14 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     if hint.mma:
         # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
         # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
+        # (17..64 rows: one block per 16-row chunk and channel tile; the chunks' weight re-reads hit L2)
         tiles, tt, U = R // 16, (1 if m <= 8 else 2), hint.unroll
+        chunks = -(-m // 16)
         warps = max(1, kw)
         loads = 2 * tiles * U
         slots = 2 if hint.stages >= 2 else 1          # register slots of weights (the next step in flight)
         regs = 48 + slots * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
-        blocks = math.ceil(N / R)
+        blocks = math.ceil(N / R) * chunks
         sync_clk = 200 if warps > 1 else 0
     elif kw:
         # k-split: kw warps share a row batch's K; each lane holds its vectors of all R rows
@@ -237,14 +239,15 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     need = spec.dram_bandwidth / spec.sm_count * DRAM_LATENCY_S
     mem_eff = max(min(1.0, inflight / need), 1e-3)
     w_bytes = N * K * (_elem_bytes(w) + _scale_bytes_per_weight(plan))
-    sm_bytes = w_bytes * per_sm / blocks                # bytes the busiest SM streams
+    reads = chunks if hint.mma else 1                   # blocks that stream the same weights
+    sm_bytes = w_bytes * reads * per_sm / blocks        # bytes the busiest SM streams
     # a busy SM pulls at most ~3x its fair share of DRAM bandwidth
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff
     if hint.mma:
         # decode + scale per weight pair, activation fragments once per 2 * R / 16 vectors;
         # the mma themselves run on the tensor pipe
-        ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * (1 if m <= 8 else 2) * 2.0 * 16 / R
+        ops = chunks * (N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
     else:
         ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz

@@ -6,7 +6,8 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
 * tensor cores (:class:`MMAHint`): block tile BM x BN x BK, warp tile WM x WN (1-8 warps),
   ``stages``-deep cp.async ring, decode vector width; the plan is symbolic in M for a dynamic
   config (one kernel serves every m of the bucket) and static for an int M > 16;
-* GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies): output channels
+* GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies; 17..64 rows: only the
+  tensor-core variants, in chunks of 16 rows): output channels
   per warp, warps per block, loads in flight (unroll), weight vector width, k-split and tensor-core
   variants (float16/bfloat16 activations; int8 ones take the rows and tensor-core kernels); plan rows = ``b``;
 * Hopper wgmma (:class:`WGMMAHint`, sm_90 plans whose weights need no decode, see
@@ -113,12 +114,14 @@ def _gemv(config, bucket, spec) -> List[Candidate]:
 
 
 def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
-    if bucket > cuda_gemv.GEMV_MAX_ROWS:
+    if bucket > cuda_gemv.GEMV_MMA_MAX_ROWS:
         return []
     plan = make_plan(config, "cuda", bucket)
     if gemv_unsupported(plan) is not None:
         return []
     out = []
+    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # 17..64 rows: only the tensor-core kernels (chunks of 16 rows)
+        return _gemv_mma_shapes(plan, bucket, spec)
     vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
     for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
@@ -131,15 +134,22 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
             if R * bucket > 32 * kw:
                 continue
             out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, k_warps=kw, grid=per_sm * sms, vec_bytes=vb)))
-    if spec is None or spec.cc >= 80:
-        # the tensor-core kernels (m16n8k16 for float activations, m16n8k32 for int8 ones): 16-channel
-        # mma tiles, k_warps warps splitting K; the ones the plan's format or group size refuses left out.
-        # Each with the next step in flight or not, and under launch bounds of 2 blocks per SM or
-        # none (the default tiles are such variants: GEMVHint._float_mma_tile / _int8_mma_tile)
-        for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):
-            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
-                out.append(Candidate(bucket, hint))
+    return out + _gemv_mma_shapes(plan, bucket, spec)
+
+
+def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
+    """The tensor-core GEMV kernels (m16n8k16 for float activations, m16n8k32 for int8 ones; sm_80+):
+    16-channel mma tiles, k_warps warps splitting K; the ones the plan's format or group size
+    refuses left out. Each with the next step in flight or not, and under launch bounds of 2 blocks
+    per SM or none (the default tiles are such variants: GEMVHint._float_mma_tile / _int8_mma_tile
+    / _chunk_tile)."""
+    out = []
+    if spec is not None and spec.cc < 80:
+        return out
+    for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):
+        hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
+        if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            out.append(Candidate(bucket, hint))
     return out
 
 

@@ -41,7 +41,7 @@ from ..cache import database as _dbmod
 from ..cache import get_database
 from ..cache import kernels as _kernels
 from ..config import MatmulConfig
-from ..dispatch import BucketTable, default_rows
+from ..dispatch import BucketTable, default_rows, gemv_rows
 from ..formats import FORMATS
 from ..plan import M_VAR, make_plan
 from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
@@ -260,7 +260,7 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
             ranked.append(Candidate(c.plan_m, c.hint, cost))
     ranked.sort(key=lambda c: c.cost)
     chosen = select_topk(ranked, topk) if ranked else []
-    d_rows = default_rows(config, kind, bucket)
+    d_rows = default_rows(config, kind, bucket, tgt if cuda else None)
     d_plan = make_plan(config, kind, d_rows)
     d_hint = default_hint(d_plan, tgt)
     if isinstance(d_hint, WGMMAHint) and d_rows is None:
@@ -346,10 +346,13 @@ def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) 
     fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
     from ..build import cuda_target
     from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
-    m = default_rows(config, kind, bucket)
-    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS or (m is not None and m < DEQUANT_GEMM_MIN_ROWS):
+    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
         return None
-    if dequant_gemm_reason(make_plan(config, kind, m), cuda_target(target)) is not None:
+    tgt = cuda_target(target)
+    if gemv_rows(config, kind, bucket, tgt):  # the GEMV serves these rows (up to 64)
+        return None
+    m = default_rows(config, kind, bucket, tgt)
+    if dequant_gemm_reason(make_plan(config, kind, m), tgt) is not None:
         return None
     return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
             "fused kernels the tuner searches; left untuned")

@@ -105,6 +105,18 @@ def test_gemv_bucket_dispatch_rule(db_path):
     assert op._choose("cuda", 9) == (9, None)          # beyond the last bucket: the default (GEMV rows 9)
     assert op._choose("cuda", 40) == (40, None)        # the default GEMV (tensor cores, chunks of 16 rows)
     assert op._choose("cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
+    # a tuned tensor-core GEMV serves its bucket's rows where the untuned default is no GEMV
+    # (group-scaled int8 x int8 at 17..32 rows: wgmma); a rows-kernel hint cannot take > 16 rows
+    i8 = MatmulConfig(M=[16, 32], N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
+                      group_size=128, with_act_scaling=True, out_dtype="float16")
+    op8 = bitblas.Matmul(i8, target="sm_90")
+    hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
+    op8._buckets = BucketTable((16, 32))
+    op8._tuned["cuda"] = {16: (16, h), 32: (32, hm)}
+    assert op8._choose("cuda", 20) == (20, hm) and op8._choose("cuda", 32) == (32, hm)
+    assert op8._choose("cuda", 12) == (12, h)
+    op8._tuned["cuda"] = {16: (16, h), 32: (32, h)}
+    assert op8._choose("cuda", 20)[0] is None         # the default kernel (wgmma, symbolic)
 
 
 def test_gemv_bucket_rows_are_built_ahead():

@@ -100,7 +100,7 @@ class Matmul:
         if choice is not None:
             m, hint = choice
             if isinstance(hint, GEMVHint):
-                if rows <= bucket and default_m == rows:      # GEMV: one static kernel per row count
+                if rows <= bucket and self._gemv_hint_takes(kind, rows, hint):   # one static kernel per row count
                     return rows, hint
             elif m is None or m == rows:
                 return m, hint
@@ -117,6 +117,13 @@ class Matmul:
             if choice is not None:
                 return default_m, choice
         return default_m, None
+
+    def _gemv_hint_takes(self, kind: str, rows: int, hint: GEMVHint) -> bool:
+        """Whether a tuned GEMV ``hint`` builds for exactly ``rows`` rows (the template takes that
+        static plan and the hint's kernel shape: e.g. above 16 rows only tensor-core hints)."""
+        from ..schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
+        plan = make_plan(self.config, kind, rows)
+        return gemv_unsupported(plan) is None and gemv_hint_unsupported(plan, hint) is None
 
     def _gemv_serves(self, rows: int) -> bool:
         """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""

@@ -206,7 +206,6 @@ class GEMVHint:
             return dataclasses.replace(base, min_blocks=2)
         return dataclasses.replace(_MMA_WIDE, stages=1) if plan.config.N < 16896 else base
 
-
     @classmethod
     def _chunk_tile(cls, plan) -> "GEMVHint":
         """The tensor-core tile for 17..64 rows (chunks of 16 rows, gemv_mma.row_chunks). H200,

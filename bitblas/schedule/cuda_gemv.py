@@ -139,12 +139,7 @@ class GEMVHint:
         if m > GEMV_MAX_ROWS:
             return cls._chunk_tile(plan)
         if m >= 2 and (sm is None or sm >= 80):
-            if m <= 8:
-                mma = cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
-            elif plan.config.N >= 16896:
-                mma = cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
-            else:
-                mma = cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
+            mma = cls._mma_base(plan, m)
             if plan.float_acts and _mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
             # int8: m16n8k32 (gemv_mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
@@ -180,6 +175,16 @@ class GEMVHint:
         if m <= 8:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
+
+    @classmethod
+    def _mma_base(cls, plan, m) -> "GEMVHint":
+        """The tensor-core GEMV's base tile (see :meth:`_default_shape`): 32 channels x 8 K warps
+        up to 8 rows, then 4 K warps and 32 (N < 16896) or 64 channels."""
+        if m <= 8:
+            return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
+        if plan.config.N >= 16896:
+            return _MMA_64
+        return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
 
     @classmethod
     def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
@@ -223,15 +228,14 @@ class GEMVHint:
                 return _MMA_64
             if dec == "lut4":
                 return dataclasses.replace(_MMA_WIDE, stages=1)
-            base = (cls(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True) if plan.config.N >= 16896
-                    else cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True))
-            return cls._float_mma_tile(plan, GEMV_MAX_ROWS, base)
+            return cls._float_mma_tile(plan, GEMV_MAX_ROWS, cls._mma_base(plan, GEMV_MAX_ROWS))
         return _MMA_64 if b == 8 else dataclasses.replace(_MMA_WIDE, stages=1)
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
 _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
-# 64 channels x 4 K warps, 2 vectors per step, the next step in flight (17..64 rows, see _chunk_tile)
+# 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
+# N >= 16896; 17..64 rows, see _chunk_tile)
 _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
 
 
@@ -315,10 +319,10 @@ def gemv_unsupported(plan) -> Optional[str]:
     if c.A_dtype == "int8":
         why = _int8_unsupported(plan)
         if why is None and plan.m > GEMV_MAX_ROWS:
-            from .gemv_mma_int8 import mma_i8_vec_bytes
-            if plan.w.bits not in (1, 2, 4, 8) or mma_i8_vec_bytes(plan) is None:
-                why = (f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows, and it "
-                       f"needs int/uint 1/2/4/8-bit weights with 4 weight vectors inside one group")
+            from .gemv_mma_int8 import mma_int8_unsupported
+            mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
+            if mma_why:
+                why = f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows ({mma_why})"
         return why
     if _decoder(plan.w) is None:
         return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"

@@ -191,6 +191,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     vectors = math.ceil(K / vals)                      # weight vectors per output channel
     R = hint.rows_per_warp
     kw = hint.k_warps
+    chunks = 1                                         # blocks that stream the same weights
     if hint.mma:
         # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
         # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
@@ -239,8 +240,7 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     need = spec.dram_bandwidth / spec.sm_count * DRAM_LATENCY_S
     mem_eff = max(min(1.0, inflight / need), 1e-3)
     w_bytes = N * K * (_elem_bytes(w) + _scale_bytes_per_weight(plan))
-    reads = chunks if hint.mma else 1                   # blocks that stream the same weights
-    sm_bytes = w_bytes * reads * per_sm / blocks        # bytes the busiest SM streams
+    sm_bytes = w_bytes * chunks * per_sm / blocks       # bytes the busiest SM streams
     # a busy SM pulls at most ~3x its fair share of DRAM bandwidth
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff

@@ -43,7 +43,11 @@ FAMILIES = {
                  # 17..64 rows: one block per chunk of 16 rows (the last chunk partly past m)
                  (C(M=40, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 40, None),
                  (C(M=33, N=1000, K=1056, W_dtype="uint2", group_size=32, with_scaling=True), 33, None),
-                 (C(M=64, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 64, None)],
+                 (C(M=64, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 64, None),
+                 # the row count at run time: kernels built for the top of a class, called with fewer rows
+                 (C(M=8, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 3, None),
+                 (C(M=48, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 35,
+                  None)],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),
@@ -61,7 +65,8 @@ FAMILIES = {
                    lambda p, t: GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2)),
                   # 17..64 rows: chunks of 16 rows
                   (C(M=40, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 40, None),
-                  (C(M=17, N=1000, K=1664, W_dtype="int8", **S8), 17, None)],
+                  (C(M=17, N=1000, K=1664, W_dtype="int8", **S8), 17, None),
+                  (C(M=32, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 20, None)],     # run-time rows
     # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
     # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
     "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),

@@ -6,9 +6,10 @@ every m above it. Each bucket is tuned at ``m = b`` and gets one kernel:
 
 * a tensor-core (or simple) kernel symbolic in M, correct for every m, so it serves its whole
   range and, for the last bucket, everything beyond;
-* for small buckets where the GEMV template wins, GEMV kernels with the bucket's hint, specialised
-  to each row count of the range as it is met (the template takes a static row count); a row
-  count above the last GEMV bucket is served by the default kernel.
+* for small buckets where the GEMV template wins, GEMV kernels with the bucket's hint, built as
+  the range's row counts are met: the rows kernel per row count, the tensor-core kernels per
+  class of row counts (:func:`gemv_kernel_rows`); a row count above the last GEMV bucket is
+  served by the default kernel.
 
 :class:`BucketTable` answers ``bucket_of(m)`` with one list index (m up to the last bucket) or
 one comparison; the operator keeps the resolved kernel per row count, so after the first call
@@ -21,7 +22,7 @@ from typing import Optional, Sequence, Tuple
 
 from .config import MatmulConfig
 
-__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows", "gemv_rows"]
+__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows", "gemv_kernel_rows", "gemv_rows"]
 
 DEFAULT_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -37,12 +38,37 @@ def gemv_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> bool:
 
 
 def default_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> Optional[int]:
-    """Rows the *untuned* kernel for ``rows`` is specialised to (None: symbolic in M): ``rows``
-    itself where a GEMV kernel serves them (:func:`gemv_rows`), else the config's int M when
+    """Rows the *untuned* kernel for ``rows`` is built for (None: symbolic in M): where a GEMV
+    kernel serves them (:func:`gemv_rows`), ``rows`` itself for the rows kernel and the top of
+    their class for a tensor-core one (:func:`gemv_kernel_rows`); else the config's int M when
     ``rows`` equals it."""
     if gemv_rows(config, kind, rows, target):
-        return rows
+        from .plan import make_plan
+        from .schedule import default_hint
+        hint = default_hint(make_plan(config, kind, rows), target)
+        top = gemv_kernel_rows(config, kind, rows, hint)
+        if top != rows and default_hint(make_plan(config, kind, top), target) != hint:
+            return rows                     # pragma: no cover - the default tiles are constant per class
+        return top
     return config.M if isinstance(config.M, int) and rows == config.M else None
+
+
+def gemv_kernel_rows(config: MatmulConfig, kind: str, rows: int, hint) -> int:
+    """Rows of the GEMV kernel with ``hint`` that serves ``rows``: the tensor-core kernels take
+    their row count at run time, so the one built for the top of the class
+    (``gemv_mma.row_class``: 8, 16, 32, 48, 64) serves every row count of it (5 kernels for 2..64
+    rows instead of 63); the rows kernel is built per row count."""
+    from .plan import make_plan
+    from .schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
+    from .schedule.gemv_mma import row_class
+    if not getattr(hint, "mma", False):
+        return rows
+    top = row_class(rows)
+    if top != rows:
+        plan = make_plan(config, kind, top)
+        if gemv_unsupported(plan) is not None or gemv_hint_unsupported(plan, hint) is not None:
+            return rows
+    return top
 
 
 def buckets_of(config: MatmulConfig) -> Tuple[int, ...]:

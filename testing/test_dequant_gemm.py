@@ -15,6 +15,7 @@ from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
 from bitblas.schedule.cuda_gemv import GEMV_MMA_MAX_ROWS
+from bitblas.schedule.gemv_mma import row_class
 from kernel_helpers import TARGETS
 
 C = MatmulConfig
@@ -55,9 +56,9 @@ def test_dispatch_on_sm90(fmt):
     m, choice = op._choose("cuda", 4096)
     assert m is None and choice[0] == "dequant-gemm" and isinstance(choice.gemm, WGMMAHint)
     assert op._choose("cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1] is None       # fewer rows: the fused kernels
-    # 17..64 rows: the tensor-core GEMV (static rows) where it takes the plan, else this path
+    # 17..64 rows: the tensor-core GEMV (the kernel of the rows' class) where it takes the plan, else this path
     for rows in (DEQUANT_GEMM_MIN_ROWS, GEMV_MMA_MAX_ROWS):
-        expect = (rows, None) if op._gemv_serves(rows) else None
+        expect = (row_class(rows), None) if op._gemv_serves(rows) else None
         got = op._choose("cuda", rows)
         assert got == expect if expect else got[1][0] == "dequant-gemm", (rows, got)
     m, choice = op._choose("cuda", GEMV_MMA_MAX_ROWS + 1)

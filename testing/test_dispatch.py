@@ -46,21 +46,26 @@ def test_bucket_table():
 
 def test_default_rows_rule():
     cfg = MatmulConfig(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
-    assert default_rows(cfg, "cuda", 5) == 5           # GEMV: static rows
-    assert default_rows(cfg, "cuda", 17) == 17         # the tensor-core GEMV in chunks of 16 rows
-    assert default_rows(cfg, "cuda", 64) == 64
+    assert default_rows(cfg, "cuda", 1) == 1           # the rows kernel: static rows
+    # the tensor-core GEMV takes its row count at run time: the kernel for the top of the class
+    # (one token tile: 2..8; two: 9..16; chunks of 16 rows above)
+    assert [default_rows(cfg, "cuda", m) for m in (2, 5, 8, 9, 16, 17, 32, 33, 48, 49, 64)] == \
+        [8, 8, 8, 16, 16, 32, 32, 48, 48, 64, 64]
     assert default_rows(cfg, "cuda", 65) is None       # tensor cores: symbolic
     assert default_rows(cfg, "cuda", 17, cuda_target("sm_75")) is None      # the tensor-core GEMV needs sm_80
     assert default_rows(cfg, "cuda", 16, cuda_target("sm_75")) == 16        # the rows kernel does not
+    assert default_rows(cfg, "cuda", 5, cuda_target("sm_75")) == 5
     i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
                       with_act_scaling=True, out_dtype="float16")
     assert default_rows(i8, "cuda", 32) == 32 and default_rows(i8, "cuda", 33) is None   # int8 x int8: wgmma above 32
     assert default_rows(i8.replace(W_dtype="int4"), "cuda", 64) == 64
     assert default_rows(i8.replace(group_size=128), "cuda", 16) == 16
+    # int8 activations: the dp4a rows kernel below the tensor-core kernel's first row count (here 5)
+    assert [default_rows(i8, "cuda", m) for m in (2, 5, 6, 7)] == [2, 5, 8, 8]
     assert default_rows(i8.replace(group_size=128), "cuda", 17) is None       # group-scaled int8 x int8: wgmma
     assert default_rows(cfg, "cpu", 5) is None
-    assert default_rows(cfg.replace(M=40), "cuda", 40) == 40
-    assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) == 5        # GEMV takes table formats too
+    assert default_rows(cfg.replace(M=40), "cuda", 40) == 48
+    assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) == 8        # GEMV takes table formats too
     f8 = cfg.replace(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=-1)
     assert default_rows(f8, "cuda", 5) is None                                # float8 activations: no GEMV
 
@@ -100,10 +105,14 @@ def test_gemv_bucket_dispatch_rule(db_path):
     op._buckets = BucketTable((1, 8))
     op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
     assert op._choose("cuda", 1) == (1, h)
-    assert op._choose("cuda", 5) == (5, h)             # rows 2..8: static GEMV kernels, tuned hint
+    assert op._choose("cuda", 5) == (5, h)             # rows 2..8: static rows kernels, tuned hint
     assert op._choose("cuda", 8) == (8, h)
-    assert op._choose("cuda", 9) == (9, None)          # beyond the last bucket: the default (GEMV rows 9)
-    assert op._choose("cuda", 40) == (40, None)        # the default GEMV (tensor cores, chunks of 16 rows)
+    assert op._choose("cuda", 9) == (16, None)         # beyond the last bucket: the default (tensor-core GEMV, 9..16)
+    assert op._choose("cuda", 40) == (48, None)        # the default GEMV (tensor cores, chunks of 16 rows)
+    hm8 = GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
+    op._tuned["cuda"] = {1: (1, h), 8: (8, hm8)}       # a tuned tensor-core hint: one kernel for rows 2..8
+    assert op._choose("cuda", 2) == (8, hm8) and op._choose("cuda", 8) == (8, hm8)
+    op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
     assert op._choose("cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
     # a tuned tensor-core GEMV serves its bucket's rows where the untuned default is no GEMV
     # (group-scaled int8 x int8 at 17..32 rows: wgmma); a rows-kernel hint cannot take > 16 rows
@@ -113,7 +122,7 @@ def test_gemv_bucket_dispatch_rule(db_path):
     hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
     op8._buckets = BucketTable((16, 32))
     op8._tuned["cuda"] = {16: (16, h), 32: (32, hm)}
-    assert op8._choose("cuda", 20) == (20, hm) and op8._choose("cuda", 32) == (32, hm)
+    assert op8._choose("cuda", 20) == (32, hm) and op8._choose("cuda", 32) == (32, hm)
     assert op8._choose("cuda", 12) == (12, h)
     op8._tuned["cuda"] = {16: (16, h), 32: (32, h)}
     assert op8._choose("cuda", 20)[0] is None         # the default kernel (wgmma, symbolic)
@@ -135,6 +144,30 @@ def test_gemv_bucket_rows_are_built_ahead():
     assert not any(kernels.in_memory(k) for k in keys)
     _gemv_rows(cfg, "cuda", [2, 3], h, tgt, False, None)
     assert all(kernels.in_memory(k) for k in keys)
+
+
+def test_gemv_kernel_rows_per_class():
+    """Tensor-core GEMV hints: one kernel per class of row counts (the tuner builds only the class
+    tops of a bucket's range); rows-kernel hints: one per row count; the tuner's kernel arguments
+    take fewer rows than the plan's."""
+    from bitblas.dispatch import gemv_kernel_rows
+    from bitblas.plan import make_plan
+    from bitblas.reference import random_inputs
+    from bitblas.tune.tuner import kernel_args
+    cfg = MatmulConfig(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
+    h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
+    assert sorted({gemv_kernel_rows(cfg, "cuda", r, hm) for r in range(2, 16)}) == [8, 16]
+    assert sorted({gemv_kernel_rows(cfg, "cuda", r, hm) for r in range(17, 64)}) == [32, 48, 64]
+    assert [gemv_kernel_rows(cfg, "cuda", r, h) for r in (2, 7, 16)] == [2, 7, 16]
+    i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
+                      group_size=128, with_act_scaling=True, out_dtype="float16")
+    assert gemv_kernel_rows(i8, "cuda", 12, hm) == 16
+    plan = make_plan(cfg, "cuda", 8)
+    inp = random_inputs(cfg, 3)
+    args = kernel_args(plan, inp, torch.empty(3, 256, dtype=torch.float16))
+    assert args[0].shape == (3, 256) and args[-1].shape == (3, 256)
 
 
 def test_dispatch_cost(db_path):

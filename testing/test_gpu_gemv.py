@@ -81,7 +81,9 @@ def _err(cfg, m, fn=None, plan=None, seed=None, drop=()):
         op = bitblas.Matmul(cfg)
         op(**inputs, output=out)
         kplan = op._kernel("cuda", m)[0]
-        assert kplan.m == m and isinstance(default_hint(kplan), GEMVHint), "GEMV kernel not selected"
+        # the rows kernel for m rows, or the tensor-core one for the top of m's class
+        assert kplan.m == op._kernel_m("cuda", m) and isinstance(default_hint(kplan), GEMVHint), \
+            "GEMV kernel not selected"
     else:
         _run(fn, plan, inputs, out)
     torch.cuda.synchronize()
@@ -263,7 +265,10 @@ def test_gemv_selection():
     from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
     assert "mma=True" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
     op = bitblas.Matmul(cfg)
-    assert op._kernel_m("cuda", 7) == 7 and op._kernel_m("cuda", 17) == 17 and op._kernel_m("cpu", 7) is None
+    # the rows kernel is built per row count (m=1), the tensor-core one for the top of each class
+    assert op._kernel_m("cuda", 1) == 1 and op._kernel_m("cuda", 2) == 8 and op._kernel_m("cuda", 7) == 8
+    assert op._kernel_m("cuda", 9) == 16 and op._kernel_m("cuda", 17) == 32 and op._kernel_m("cuda", 49) == 64
+    assert op._kernel_m("cpu", 7) is None
     assert op._kernel_m("cuda", 65) is None
     for kw in TABLE_FORMATS.values():                 # table formats: GEMV at 1..16 rows as well
         tcfg = MatmulConfig(N=1000, K=1536, **kw)

@@ -116,6 +116,36 @@ def test_gemv_mma_row_chunks(name, n, k):
     assert not errors, f"{cfg}:\n" + "\n".join(errors)
 
 
+@gpu
+def test_gemv_mma_run_time_rows():
+    """The tensor-core GEMV takes its row count at run time: the kernel built for the top of a class
+    (8, 16, 48) is correct at every row count of the class, a dynamic-M operator builds one kernel
+    per class for 2..64 rows (plus the rows kernel at m=1), and a kernel refuses more rows than it
+    was built for (a host-side check, not a wrong result)."""
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    from bitblas.tune.tuner import kernel_args
+    cfg = MatmulConfig(N=1000, K=1536, **CONFIGS["u4-zeros"])
+    errors = []
+    for top, rows in ((8, (1, 2, 5, 7)), (16, (9, 13)), (48, (33, 40, 47))):
+        plan = make_plan(cfg, "cuda", top)
+        fn = build_plan(plan, cuda_target(), GEMVHint.default(plan, cuda_target()))
+        errors += [check_kernel(cfg, plan, fn, m) for m in rows]
+    assert not [e for e in errors if e], errors
+    inputs = random_inputs(cfg, 9, device="cuda")
+    with pytest.raises(Exception, match="row count must be 1..8"):
+        fn8 = build_plan(make_plan(cfg, "cuda", 8), cuda_target(), GEMVHint.default(make_plan(cfg, "cuda", 8)))
+        fn8(*kernel_args(make_plan(cfg, "cuda", 8), inputs, torch.empty(9, cfg.N, dtype=torch.float16, device="cuda")))
+    op = bitblas.Matmul(MatmulConfig(M=None, N=1000, K=1536, **CONFIGS["u4-zeros"]))
+    for m in range(1, 65):
+        inp = random_inputs(op.config, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(op.config, **inp))
+        assert err <= tolerance(op.config), (m, err)
+    assert sorted(m for kind, m, *_ in op._kernels) == [1, 8, 16, 32, 48, 64]
+
+
 @pytest.mark.parametrize("m", (4, 16, 64))
 @gpu
 def test_gemv_mma_precision_long_k(m):
@@ -140,6 +170,7 @@ def test_gemv_mma_codegen(arch, name, m, hint):
     src = cuda_source(make_plan(cfg, "cuda", m), cuda_target(TARGETS[arch]), HINTS[hint])
     ab = "bf16" if cfg.A_dtype == "bfloat16" else "f16"
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in src
+    assert "int mv)" in src and ("(mv - 1)" in src or m == 1)     # the row count, at run time
     assert nvcc_compile(src, arch)[:4] == b"\x7fELF"
 
 

@@ -20,8 +20,8 @@ from . import database as _db
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["target_desc", "kernel_key", "get_kernel", "store_kernel_file", "load_kernel_file", "export", "remember",
-           "clear_memory"]
+__all__ = ["target_desc", "kernel_key", "get_kernel", "store_kernel_file", "store_built", "load_kernel_file", "export",
+           "remember", "clear_memory"]
 
 _MEM: Dict[str, Tuple[object, object]] = {}      # key hash -> (runtime module, "main")
 _LOCK = threading.Lock()
@@ -87,6 +87,14 @@ def store_kernel_file(plan: Plan, hint, tdesc: dict, path: str) -> Optional[dict
         return None
 
 
+def store_built(plan: Plan, hint, tdesc: dict, ex) -> None:
+    """Write a kernel built in this process (tvm Executable ``ex``) to the database."""
+    with tempfile.TemporaryDirectory(prefix="bitblas_export_") as d:
+        so = os.path.join(d, "kernel.so")
+        if export(ex, so, plan.target_kind):
+            store_kernel_file(plan, hint, tdesc, so)
+
+
 def _from_disk(db, key) -> Optional[Tuple[object, object]]:
     rec = db.get("kernel", key)
     if rec is None:
@@ -127,10 +135,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
         ex = compile_plan(plan, tgt, hint)
         entry = (ex, ex["main"])
         if persist and db is not None:
-            with tempfile.TemporaryDirectory(prefix="bitblas_export_") as d:
-                so = os.path.join(d, "kernel.so")
-                if export(ex, so, kind):
-                    store_kernel_file(plan, used, tdesc, so)
+            store_built(plan, used, tdesc, ex)
     with _LOCK:
         _MEM.setdefault(h, entry)
         return _MEM[h][1], used

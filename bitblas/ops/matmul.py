@@ -17,7 +17,7 @@ from ..config import MatmulConfig
 from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
-from ..dispatch import default_rows
+from ..dispatch import default_rows, gemv_kernel_rows
 from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
@@ -83,9 +83,9 @@ class Matmul:
         return M if isinstance(M, int) and rows == M else None
 
     def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
-        """Row count the untuned kernel for ``rows`` is specialised to (None: symbolic). CUDA calls
-        with 1..64 rows get a kernel for exactly that many rows where the GEMV template serves them
-        (bitblas.dispatch.gemv_rows)."""
+        """Row count the untuned kernel for ``rows`` is built for (None: symbolic). CUDA calls with
+        1..64 rows get a GEMV kernel where the template serves them (bitblas.dispatch.gemv_rows):
+        the rows kernel for exactly that many rows, a tensor-core one for the top of their class."""
         if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MMA_MAX_ROWS:
             return self._static_m(rows)
         return default_rows(self.config, kind, rows, self._resolve_cuda_target())
@@ -100,8 +100,8 @@ class Matmul:
         if choice is not None:
             m, hint = choice
             if isinstance(hint, GEMVHint):
-                if rows <= bucket and self._gemv_hint_takes(kind, rows, hint):   # one static kernel per row count
-                    return rows, hint
+                if rows <= bucket and self._gemv_hint_takes(kind, rows, hint):   # the rows kernel, or rows' class
+                    return gemv_kernel_rows(self.config, kind, rows, hint), hint
             elif m is None or m == rows:
                 return m, hint
         if kind == "cuda" and default_m is None:

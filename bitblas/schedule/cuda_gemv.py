@@ -607,12 +607,21 @@ def _kernel_script(plan, hint: GEMVHint):
     params = ", ".join(f"{a.name}_ptr: T.handle" for a in plan.args)
     add("@T.prim_func")
     add(f"def main({params}):")
-    shapes = {"A": (m, K), "W": (N, K * b // 8), "output": (m, N), "bias": (N,)}
+    # the tensor-core kernels take their row count at run time (``mv``, 1..m: activation rows are
+    # clamped on load, stores predicated), so one kernel serves every row count of its class
+    # (gemv_mma.row_class); the rows kernel unrolls over its rows and stays static
+    rows = "mv" if hint.mma else m
+    if hint.mma:
+        add("    mv = T.int32()")
+    shapes = {"A": (rows, K), "W": (N, K * b // 8), "output": (rows, N), "bias": (N,), "a_scale": (rows,)}
     for a in plan.args:
         shp = shapes.get(a.name, tuple(a.shape))
-        add(f"    {a.name} = T.match_buffer({a.name}_ptr, {tuple(shp)!r}, {a.dtype!r}, align=16)"
+        shp = "(" + ", ".join(str(x) for x in shp) + ("," if len(shp) == 1 else "") + ")"
+        add(f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r}, align=16)"
             if a.name in ("A", "W") else
-            f"    {a.name} = T.match_buffer({a.name}_ptr, {tuple(shp)!r}, {a.dtype!r})")
+            f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r})")
+    if hint.mma:
+        add(f"    assert 1 <= mv and mv <= {m}, \"{m}-row GEMV kernel: the row count must be 1..{m}\"")
 
     def gidx(cidx):
         return "0" if plan.groups == 1 else f"({cidx} * {V} // {G})"

@@ -125,6 +125,13 @@ def _body_mma(plan, hint, add, e):
     _mma_store(add, e, R, TT, KW, val)
 
 
+def row_class(m: int) -> int:
+    """The largest row count whose tensor-core GEMV kernel has the same token tiles and chunks as
+    ``m`` rows' (8: one token tile of 8 rows; 16: two; above 16: whole chunks of 16). The kernel
+    takes its row count at run time, so the one built for ``row_class(m)`` rows serves ``m``."""
+    return 8 if m <= 8 else 16 * row_chunks(m)
+
+
 def row_chunks(m: int) -> int:
     """Chunks of 16 activation rows: a block serves one chunk of one channel tile (17..64 rows:
     2..4 chunks; the blocks of one channel tile are adjacent, so all but one read its weights from
@@ -194,7 +201,7 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
 
     def acts(ind, step, prep):
         add(f"{ind}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind + "    ", f"T.min(y0 + t * 8 + g, {m - 1})", cload(step), "ar"):
+        for ln in e["lda_lines"](ind + "    ", f"T.min(y0 + t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
             add(ln)
         add(f"{ind}    {prep}")
         if guard:
@@ -208,7 +215,7 @@ def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
     """Reduce the ``KW`` warps' C fragments in shared memory (``red``) and store: ``acc[r, t, j]``
     (``fold``: plus ``acc[r, t, j + 4]``, the second mma chain) is channel n0 + r*16 + g + 8*(j // 2),
     row y0 + t*8 + q*2 + j % 2; ``val`` the stored expression of it."""
-    m, N = e["m"], e["N"]
+    N = e["N"]
     if fold:
         add(f"    for r, t, j in T.grid({R}, {TT}, 4):")
         add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
@@ -224,5 +231,5 @@ def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
         add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
         ind = "        "
     add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
-    add(f"{ind}    if y0 + t * 8 + q * 2 + j % 2 < {m} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
+    add(f"{ind}    if y0 + t * 8 + q * 2 + j % 2 < {e['rows']} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
     add(e["store_line"](ind + "        ", "y0 + t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))

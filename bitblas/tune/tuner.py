@@ -41,7 +41,7 @@ from ..cache import database as _dbmod
 from ..cache import get_database
 from ..cache import kernels as _kernels
 from ..config import MatmulConfig
-from ..dispatch import BucketTable, default_rows, gemv_rows
+from ..dispatch import BucketTable, default_rows, gemv_kernel_rows, gemv_rows
 from ..formats import FORMATS
 from ..plan import M_VAR, make_plan
 from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
@@ -165,7 +165,9 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
         if t is None:
             args.append(torch.ones(1, dtype=torch.float32, device=dev))   # optional global scale
             continue
-        shape = [rows if s == M_VAR else s for s in spec.shape]
+        # the row count: symbolic, or a GEMV tensor-core kernel's run-time rows (<= its plan's)
+        shape = [rows if s == M_VAR or (i == 0 and spec.name in ("A", "a_scale")) else s
+                 for i, s in enumerate(spec.shape)]
         if spec.dtype == "int8" and t.dtype != torch.int8:
             t = t.view(torch.int8)
         args.append(t.reshape(shape))
@@ -446,8 +448,8 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
                 results[b] = res
                 if isinstance(res.hint, GEMVHint) and config.dynamic:
                     lo = table.range_of(b)[0]
-                    _gemv_rows(config, kind, [r for r in range(lo, b) if r != res.plan_m], res.hint, target,
-                               parallel, db)
+                    tops = {gemv_kernel_rows(config, kind, r, res.hint) for r in range(lo, b)}
+                    _gemv_rows(config, kind, sorted(tops - {res.plan_m}), res.hint, target, parallel, db)
     finally:
         if bar is not None:
             bar.close()
@@ -455,8 +457,9 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
 
 
 def _gemv_rows(config, kind, rows, hint, target, parallel, db) -> None:
-    """The GEMV kernel takes a static row count: a GEMV bucket serves each row count of its range
-    with its own kernel of the bucket's hint. Build them now (in the workers), so no call compiles."""
+    """The kernels with a GEMV bucket's hint for the other row counts of its range (``rows``: the
+    rows kernel's row counts, or the tops of the tensor-core kernel's classes). Build them now (in
+    the workers), so no call compiles."""
     from ..build import cpu_target, cuda_target
     tgt = cuda_target(target) if kind == "cuda" else cpu_target()
     tdesc = _kernels.target_desc(kind, tgt)
@@ -484,6 +487,8 @@ def _gemv_rows(config, kind, rows, hint, target, parallel, db) -> None:
             _kernels.remember(plan, hint, tdesc, r["entry"])
             if db is not None and r.get("path"):
                 _kernels.store_kernel_file(plan, hint, tdesc, r["path"])
+            elif db is not None:              # one kernel compiles in this process (no worker's file)
+                _kernels.store_built(plan, hint, tdesc, r["entry"][0])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -22,7 +22,8 @@ from typing import Optional, Sequence, Tuple
 
 from .config import MatmulConfig
 
-__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows", "gemv_kernel_rows", "gemv_rows"]
+__all__ = ["DEFAULT_BUCKETS", "buckets_of", "BucketTable", "default_rows", "gemv_hint_takes", "gemv_kernel_rows",
+           "gemv_rows"]
 
 DEFAULT_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -43,14 +44,21 @@ def default_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> Opt
     their class for a tensor-core one (:func:`gemv_kernel_rows`); else the config's int M when
     ``rows`` equals it."""
     if gemv_rows(config, kind, rows, target):
+        # the default tiles are the same for every row count of a class (testing/test_dispatch.py),
+        # so the class top's untuned kernel is the one ``rows`` would get
         from .plan import make_plan
         from .schedule import default_hint
-        hint = default_hint(make_plan(config, kind, rows), target)
-        top = gemv_kernel_rows(config, kind, rows, hint)
-        if top != rows and default_hint(make_plan(config, kind, top), target) != hint:
-            return rows                     # pragma: no cover - the default tiles are constant per class
-        return top
+        return gemv_kernel_rows(config, kind, rows, default_hint(make_plan(config, kind, rows), target))
     return config.M if isinstance(config.M, int) and rows == config.M else None
+
+
+def gemv_hint_takes(config: MatmulConfig, kind: str, rows: int, hint) -> bool:
+    """Whether a GEMV kernel with ``hint`` builds for a plan of ``rows`` rows (the template takes
+    the plan and the hint's kernel shape: e.g. above 16 rows only tensor-core hints)."""
+    from .plan import make_plan
+    from .schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
+    plan = make_plan(config, kind, rows)
+    return gemv_unsupported(plan) is None and gemv_hint_unsupported(plan, hint) is None
 
 
 def gemv_kernel_rows(config: MatmulConfig, kind: str, rows: int, hint) -> int:
@@ -58,17 +66,11 @@ def gemv_kernel_rows(config: MatmulConfig, kind: str, rows: int, hint) -> int:
     their row count at run time, so the one built for the top of the class
     (``gemv_mma.row_class``: 8, 16, 32, 48, 64) serves every row count of it (5 kernels for 2..64
     rows instead of 63); the rows kernel is built per row count."""
-    from .plan import make_plan
-    from .schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
     from .schedule.gemv_mma import row_class
     if not getattr(hint, "mma", False):
         return rows
     top = row_class(rows)
-    if top != rows:
-        plan = make_plan(config, kind, top)
-        if gemv_unsupported(plan) is not None or gemv_hint_unsupported(plan, hint) is not None:
-            return rows
-    return top
+    return top if top == rows or gemv_hint_takes(config, kind, top, hint) else rows
 
 
 def buckets_of(config: MatmulConfig) -> Tuple[int, ...]:

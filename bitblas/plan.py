@@ -31,6 +31,12 @@ class ArgSpec:
     optional: bool = False
     doc: str = ""
 
+    @property
+    def per_row(self) -> bool:
+        """The first dimension is the row count (symbolic, the plan's static rows, or the run-time
+        rows of a GEMV tensor-core kernel): activations, activation scales and the output."""
+        return self.name in ("A", "a_scale", "output")
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -170,6 +170,48 @@ def test_gemv_kernel_rows_per_class():
     assert args[0].shape == (3, 256) and args[-1].shape == (3, 256)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_default_gemv_tile_constant_per_class(arch):
+    """dispatch.default_rows serves a row count with its class top's untuned kernel: that holds
+    because the default tensor-core GEMV hint is the same for every row count of a class."""
+    from bitblas.plan import make_plan
+    from bitblas.schedule import default_hint
+    from bitblas.schedule.gemv_mma import row_class
+    t = cuda_target(arch)
+    for kw in (dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
+               dict(A_dtype="bfloat16", W_dtype="int2", group_size=128, with_scaling=True, out_dtype="bfloat16"),
+               dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
+               dict(A_dtype="float16", W_dtype="nvfp4", group_size=16, with_scaling=True),
+               dict(A_dtype="float16", W_dtype="int8", with_scaling=True),
+               dict(A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True,
+                    out_dtype="float16"),
+               dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True, out_dtype="float16")):
+        for N in (1000, 28672):
+            cfg = MatmulConfig(M=None, N=N, K=1536, **kw)
+            for m in range(2, 65):
+                h = default_hint(make_plan(cfg, "cuda", m), t)
+                if isinstance(h, GEMVHint) and h.mma:
+                    assert default_hint(make_plan(cfg, "cuda", row_class(m)), t) == h, (kw, N, m)
+                    assert default_rows(cfg, "cuda", m, t) == row_class(m)
+
+
+def test_row_arguments_take_the_callers_rows():
+    """A kernel built for the top of a class takes fewer rows: the operator's general argument
+    check (here a flat activation scale for 3-D activations) expects the caller's rows, not the
+    plan's."""
+    from bitblas.ops.matmul import _check_tensor
+    from bitblas.plan import make_plan
+    cfg = MatmulConfig(N=256, K=256, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True,
+                       with_act_scaling=True, out_dtype="float16")
+    plan = make_plan(cfg, "cuda", 8)
+    cpu = torch.device("cpu")
+    assert _check_tensor("a_scale", torch.ones(6), plan.arg("a_scale"), 6, cpu, lead=(2, 3)).shape == (6,)
+    a = _check_tensor("A", torch.zeros(2, 3, 256, dtype=torch.int8), plan.arg("A"), 6, cpu, lead=(2, 3))
+    assert a.shape == (6, 256)
+    with pytest.raises(ValueError, match="expected shape"):
+        _check_tensor("a_scale", torch.ones(5), plan.arg("a_scale"), 6, cpu, lead=(2, 3))
+
+
 def test_dispatch_cost(db_path):
     """Choosing the kernel for a row count already seen is one dict lookup (well under a µs);
     the first sight of a row count is a few µs more."""

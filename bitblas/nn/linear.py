@@ -106,7 +106,7 @@ class Linear(nn.Module):
         self._quantize_input = act_scaling
         self._out_dtype = TORCH_DTYPES[out_dtype]
         for spec in plan.args:
-            if spec.role != "input" or spec.name in ("A", "a_scale"):
+            if spec.role != "input" or spec.per_row:
                 continue
             name = self._weight_name if spec.name == "W" else _BUFFERS[spec.name]
             dtype = TORCH_DTYPES[spec.user_dtype]

@@ -17,7 +17,7 @@ from ..config import MatmulConfig
 from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
-from ..dispatch import default_rows, gemv_kernel_rows
+from ..dispatch import default_rows, gemv_hint_takes, gemv_kernel_rows
 from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
@@ -100,7 +100,7 @@ class Matmul:
         if choice is not None:
             m, hint = choice
             if isinstance(hint, GEMVHint):
-                if rows <= bucket and self._gemv_hint_takes(kind, rows, hint):   # the rows kernel, or rows' class
+                if rows <= bucket and gemv_hint_takes(self.config, kind, rows, hint):   # the rows kernel, or rows' class
                     return gemv_kernel_rows(self.config, kind, rows, hint), hint
             elif m is None or m == rows:
                 return m, hint
@@ -117,13 +117,6 @@ class Matmul:
             if choice is not None:
                 return default_m, choice
         return default_m, None
-
-    def _gemv_hint_takes(self, kind: str, rows: int, hint: GEMVHint) -> bool:
-        """Whether a tuned GEMV ``hint`` builds for exactly ``rows`` rows (the template takes that
-        static plan and the hint's kernel shape: e.g. above 16 rows only tensor-core hints)."""
-        from ..schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
-        plan = make_plan(self.config, kind, rows)
-        return gemv_unsupported(plan) is None and gemv_hint_unsupported(plan, hint) is None
 
     def _gemv_serves(self, rows: int) -> bool:
         """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""
@@ -278,7 +271,7 @@ class Matmul:
         entry = self._argchecks.get(id(plan))
         if entry is None or entry[0] is not plan:
             checks = tuple((s, TORCH_DTYPES[s.user_dtype], s.dtype == "int8" and s.user_dtype != "int8",
-                            s.name in ("A", "a_scale", "output")) for s in plan.args)
+                            s.per_row) for s in plan.args)
             entry = self._argchecks[id(plan)] = (plan, checks)
         return entry[1]
 
@@ -340,7 +333,7 @@ class Matmul:
                     t = t.view(torch.int8)
             else:
                 t = _check_tensor(spec.name, t, spec, rows, device,
-                                  lead=lead if spec.name in ("A", "a_scale") else None)
+                                  lead=lead if spec.per_row else None)
             call.append(t)
         if rows == 0:
             return out
@@ -464,8 +457,9 @@ def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> 
         raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
     if t.device != torch.device(device) and not (t.device.type == device.type and device.type == "cpu"):
         raise ValueError(f"{name} is on {t.device} but A is on {device}; put all tensors on one device")
-    shape = [rows if s == M_VAR else s for s in spec.shape]
-    if lead is not None and spec.shape[0] in (M_VAR, rows):   # symbolic rows, or a kernel static in them
+    # the caller's rows: a kernel symbolic in them, static in them, or taking them at run time (GEMV)
+    shape = [rows, *spec.shape[1:]] if spec.per_row else list(spec.shape)
+    if lead is not None and spec.per_row:
         expect = list(lead) + shape[1:]
     else:
         expect = shape

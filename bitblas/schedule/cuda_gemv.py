@@ -613,9 +613,9 @@ def _kernel_script(plan, hint: GEMVHint):
     rows = "mv" if hint.mma else m
     if hint.mma:
         add("    mv = T.int32()")
-    shapes = {"A": (rows, K), "W": (N, K * b // 8), "output": (rows, N), "bias": (N,), "a_scale": (rows,)}
+    shapes = {"W": (N, K * b // 8), "bias": (N,)}
     for a in plan.args:
-        shp = shapes.get(a.name, tuple(a.shape))
+        shp = (rows, *a.shape[1:]) if a.per_row else shapes.get(a.name, tuple(a.shape))
         shp = "(" + ", ".join(str(x) for x in shp) + ("," if len(shp) == 1 else "") + ")"
         add(f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r}, align=16)"
             if a.name in ("A", "W") else

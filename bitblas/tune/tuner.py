@@ -43,7 +43,7 @@ from ..cache import kernels as _kernels
 from ..config import MatmulConfig
 from ..dispatch import BucketTable, default_rows, gemv_kernel_rows, gemv_rows
 from ..formats import FORMATS
-from ..plan import M_VAR, make_plan
+from ..plan import make_plan
 from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
 from .cost import estimate
 from .measure import time_kernel
@@ -165,9 +165,7 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
         if t is None:
             args.append(torch.ones(1, dtype=torch.float32, device=dev))   # optional global scale
             continue
-        # the row count: symbolic, or a GEMV tensor-core kernel's run-time rows (<= its plan's)
-        shape = [rows if s == M_VAR or (i == 0 and spec.name in ("A", "a_scale")) else s
-                 for i, s in enumerate(spec.shape)]
+        shape = (rows, *spec.shape[1:]) if spec.per_row else spec.shape
         if spec.dtype == "int8" and t.dtype != torch.int8:
             t = t.view(torch.int8)
         args.append(t.reshape(shape))

@@ -40,7 +40,7 @@ FAMILIES = {
                  # the default tiles from 2 rows: 8 K warps under 2 blocks per SM (4-bit), the base tile (2-bit)
                  (C(M=2, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 2, None),
                  (C(M=2, N=1000, K=1056, W_dtype="uint2", group_size=32, with_scaling=True, with_zeros=True), 2, None),
-                 # 17..64 rows: one block per chunk of 16 rows (the last chunk partly past m)
+                 # 17..64 rows: the chunk loop (every 16-row chunk in the block; the last one partly past m)
                  (C(M=40, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 40, None),
                  (C(M=33, N=1000, K=1056, W_dtype="uint2", group_size=32, with_scaling=True), 33, None),
                  (C(M=64, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 64, None),

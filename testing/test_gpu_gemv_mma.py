@@ -116,6 +116,30 @@ def test_gemv_mma_row_chunks(name, n, k):
     assert not errors, f"{cfg}:\n" + "\n".join(errors)
 
 
+CHUNK_LOOP_HINTS = {
+    "r32k4u1s2": GEMVHint(rows_per_warp=32, k_warps=4, unroll=1, stages=2, mma=True, min_blocks=1, chunk_loop=True),
+    "r16k8u2s2": GEMVHint(rows_per_warp=16, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=1, chunk_loop=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n,k", [(1000, 1536), (4104, 8192)], ids=["1000x1536", "4104x8192"])
+@pytest.mark.parametrize("hk", list(CHUNK_LOOP_HINTS))
+@gpu
+def test_gemv_mma_chunk_loop(name, n, k, hk):
+    """chunk_loop: one block serves every 16-row chunk of its channel tile (the weights decoded
+    once, 2 token tiles of 8 rows per chunk); the class tops 32 / 48 / 64 at row counts inside
+    their last chunk (run-time rows), lanes past K at K=1536 with 8 K warps."""
+    cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
+    errors = []
+    for top, rows in ((32, (17, 32)), (48, (40,)), (64, (49, 64))):
+        plan = make_plan(cfg, "cuda", top)
+        fn = build_plan(plan, cuda_target(), CHUNK_LOOP_HINTS[hk])
+        errors += [check_kernel(cfg, plan, fn, m) for m in rows]
+    errors = [e for e in errors if e]
+    assert not errors, f"{cfg} {hk}:\n" + "\n".join(errors)
+
+
 @gpu
 def test_gemv_mma_run_time_rows():
     """The tensor-core GEMV takes its row count at run time: the kernel built for the top of a class
@@ -202,14 +226,13 @@ def test_gemv_mma_default_tile_choice():
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
     t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
-    # 17..64 rows (chunks of 16): 64 channels x 4 K warps for int/uint 4-bit codes, the wide tile
-    # without the next step in flight for nf4, the 16-row tiles for the rest
+    # 17..64 rows (chunks of 16): every format takes the chunk loop, 32 channels x 4 K warps, 2
+    # vectors per step, no next step in flight, launch bounds of 1 block per SM
     for m in (17, 64):
-        for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan"):
-            assert tile(name, m) == tile(name, m, n=28672) == (64, 4, 2, 2, 0), (name, m)
-        assert tile("nf4", m) == tile("nf4", m, n=28672) == (32, 8, 4, 1, 2)
-        assert tile("bf16-fp4", m) == tile("bf16-fp4", 16) and tile("u2-rescale", m) == tile("u2-rescale", 16)
-        assert tile("nvfp4-bias", m) == tile("nvfp4-bias", 16)
+        for name in CONFIGS:
+            h = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS[name]), "cuda", m), t90)
+            assert h.chunk_loop, (name, m)
+            assert tile(name, m) == tile(name, m, n=28672) == (32, 4, 2, 1, 1), (name, m)
 
 
 @pytest.mark.nvcc

@@ -108,6 +108,8 @@ class GEMVHint:
     min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
     pdl: bool = False          # programmatic dependent launch (sm_90+): waits for the previous kernel before
                                # any access; the next may launch once this one's main loop is done
+    chunk_loop: bool = False   # tensor-core kernel, 17..64 rows: a block serves every 16-row chunk of its
+                               # channel tile, the weights decoded once (else one block per chunk)
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
@@ -213,23 +215,25 @@ class GEMVHint:
 
     @classmethod
     def _chunk_tile(cls, plan) -> "GEMVHint":
-        """The tensor-core tile for 17..64 rows (chunks of 16 rows, gemv_mma.row_chunks). H200,
-        K=8192, N=8192 / 28672, rows 17 / 32 / 64, µs (9th session, docs/benchmarks.md): 64
-        channels x 4 K warps for int/uint 4-bit codes with float activations (W4A16 g128 28.7 /
-        29.6 / 54.9, 97.5 / 104.7 / 191.6 vs the wide tile 31.4 / 33.1 / 65.1, 100.9 / 116.6 /
-        222.9) and for 8-bit codes with int8 activations (w8a8 23.2 / 24.2 / 41.6 vs 27.4 / 28.9
-        / 50.1); the wide tile without the next step in flight for the nf4 table (35.8 / 37.8 /
-        73.0, 121.9 / 132.0 / 252.4 vs 48.2 / 47.7 / 91.8, 170.3 / 171.6 / 301.1) and the other
-        int8-activation codes (w4a8 g128 19.8 / 19.3 / 36.8, 65.9 / 68.0 / 129.3 vs 21.9 / 21.6
-        / 38.0, 78.0 / 81.9 / 128.7); the other float formats as at 16 rows."""
-        dec, b = _decoder(plan.w), plan.w.bits
+        """The tensor-core tile for 17..64 rows (chunks of 16 rows, gemv_mma.row_chunks).
+
+        Float activations: the chunk loop (11th session; one block serves every chunk of its 32
+        channels, the weights decoded once, 4 K warps, 255 registers). H200, K=8192, N=8192 /
+        28672, rows 17 / 32 / 64, µs, against the 9th session's tiles (a block per chunk: 64
+        channels x 4 K warps for int 4-bit codes, the wide tile for nf4, the 16-row tile for the
+        others): W4A16 g128 23.6 / 28.3 / 45.5 vs 28.2 / 29.0 / 53.8 (28672: 87.5 / 106.5 / 175.5
+        vs 97.1 / 101.0 / 186.0: 32 rows lose 5%); with float zero points 25.7 / 29.8 / 49.4 vs
+        39.7 / 40.7 / 78.8; nf4 30.9 / 37.3 / 47.4 vs 35.9 / 37.0 / 72.0 (28672: 81.0 / 102.8 /
+        180.5 vs 119.9 / 130.3 / 250.1); w8a16 per channel 28.2 / 30.3 / 39.1 vs 29.1 / 31.7 / 62.1.
+        16 channels per warp lose by 2x (the activations of all rows read twice as often).
+
+        int8 activations (9th session): 64 channels x 4 K warps for 8-bit codes (w8a8 23.2 / 24.2 /
+        41.6 vs the wide tile 27.4 / 28.9 / 50.1), the wide tile without the next step in flight
+        for the others (w4a8 g128 19.8 / 19.3 / 36.8, 65.9 / 68.0 / 129.3 vs 21.9 / 21.6 / 38.0,
+        78.0 / 81.9 / 128.7)."""
         if plan.float_acts:
-            if dec == "int" and b == 4 and not _f8_scales(plan):
-                return _MMA_64
-            if dec == "lut4":
-                return dataclasses.replace(_MMA_WIDE, stages=1)
-            return cls._float_mma_tile(plan, GEMV_MAX_ROWS, cls._mma_base(plan, GEMV_MAX_ROWS))
-        return _MMA_64 if b == 8 else dataclasses.replace(_MMA_WIDE, stages=1)
+            return _MMA_LOOP
+        return _MMA_64 if plan.w.bits == 8 else dataclasses.replace(_MMA_WIDE, stages=1)
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
@@ -237,6 +241,10 @@ _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, 
 # 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
 # N >= 16896; 17..64 rows, see _chunk_tile)
 _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
+# 17..64 rows, one block per channel tile for every chunk of 16 rows (gemv_mma, chunk_loop); 16
+# channels per warp (32 x 4 K warps: the activations of 64 rows read once per 32 channels) lose
+# to this by 2x (A read twice as often)
+_MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
 
 
 def gemv_default_takes(plan, target=None) -> bool:
@@ -838,7 +846,15 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if not _mma_decodable(plan.w):
         return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
                 "half pairs")
-    return mma_tile_unsupported(hint)
+    why = mma_tile_unsupported(hint)
+    if why is None and hint.chunk_loop and (plan.m or 1) > 16:
+        from .gemv_mma import row_chunks
+        kw, tiles = max(1, hint.k_warps), hint.rows_per_warp // 16 * 2 * row_chunks(plan.m)
+        red = (kw - 1) * tiles * 4 * 32 * 4       # the K warps' float32 fragments for the reduction
+        if red > 48 * 1024:
+            why = (f"chunk_loop=True with {plan.m} rows: (k_warps - 1) * rows_per_warp / 16 * token tiles "
+                   f"* 512 = {red} bytes of shared memory for the K warps' reduction, more than 49152")
+    return why
 
 
 def mma_tile_unsupported(hint: GEMVHint) -> Optional[str]:

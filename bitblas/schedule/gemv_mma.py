@@ -1,8 +1,10 @@
 """The tensor-core kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.mma``):
 ``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
-the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows, one block per chunk
-and channel tile (:func:`row_chunks`), so each chunk's block is the 16-row kernel and the chunks
-after the first read the channel tile's weights from L2. The decode, scale and store lines come
+the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows (:func:`row_chunks`):
+with ``GEMVHint.chunk_loop`` (the default for float activations) one block serves every chunk of
+its channel tile, decoding each weight vector once for up to 8 token tiles of 8 rows; otherwise
+one block per chunk and channel tile, each chunk's block the 16-row kernel (the chunks after the
+first read the channel tile's weights from L2 and decode them again). The decode, scale and store lines come
 from cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
 ``cuda_gemv.mma_gemv_unsupported``.
 """
@@ -27,17 +29,20 @@ def _mma_helpers(tag: str, act: str, NP: int):
     lines.append("}")
     src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
     src[f"bb_mma_{tag}"] = _mma_chain(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f")
+    src[f"bb_mma1_{tag}"] = _mma_chain(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f",
+                                       chains=1).replace(f"bb_mma_{tag}", f"bb_mma1_{tag}")
     return src
 
 
-def _mma_chain(tag: str, steps: int, op: str, ctype: str, cons: str) -> str:
+def _mma_chain(tag: str, steps: int, op: str, ctype: str, cons: str, chains: int = 2) -> str:
     """``bb_mma_{tag}(dg, dh, b, c)``: ``steps`` mma.sync ``op`` of one lane vector, A = decoded
     words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = activation words 2s, 2s+1,
-    alternating between two accumulator sets ``c[0..3]`` / ``c[4..7]`` (two independent chains)."""
+    alternating between two accumulator sets ``c[0..3]`` / ``c[4..7]`` (two independent chains;
+    ``chains=1``: one set, the independent token tiles of a chunk loop interleave instead)."""
     lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
              f"const unsigned* b, {ctype}* c) {{"]
     for s in range(steps):
-        o = 4 * (s % 2)
+        o = 4 * (s % chains)
         lines.append(f'  asm volatile("mma.sync.aligned.{op} '
                      '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" '
                      f': "+{cons}"(c[{o}]), "+{cons}"(c[{o + 1}]), "+{cons}"(c[{o + 2}]), "+{cons}"(c[{o + 3}]) '
@@ -86,8 +91,11 @@ def _body_mma(plan, hint, add, e):
     sdt, zdt = e["sdt"], e["zdt"]
     # the scale: one per channel at the store (float32, exact), else on the decoded pairs (hfma2)
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"] and not e["s_f8"]
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, zdt)
-    add(f"    acc = T.alloc_local(({R}, {TT}, 8), 'float32')")
+    CL = chunk_loop(hint, e["m"])
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, 1 if CL else TT, None if at_store else sdt, zdt)
+    if CL:   # decoded pairs of every channel tile; one accumulator set per (tile, token tile)
+        add(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {TT}, {4 if CL else 8}), 'float32')")
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
     add("    ov = T.alloc_local((2,), 'int32')")
@@ -116,13 +124,39 @@ def _body_mma(plan, hint, add, e):
         add(f"{ind1}        T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
             f"acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma_{tag}')})")
 
-    _step_loop(add, NS, ST, load, process)
+    def process_cl(ind, step, slot):
+        """The chunk loop: decode the step's vectors of every channel tile once, then per token
+        tile of 8 rows gather its activations and run the mma of every channel tile."""
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        add(f"{ind1}for r in T.unroll({R}):")
+        add(f"{ind1}    for h in T.unroll(2):")
+        for ln in e["scale_lines"](ind1 + "        ", cload(step), "h",
+                                   s_raw(slot), f"zr[{slot}, u, r, h]" if zdt else None):
+            add(ln)
+        add(e["dec_line"](ind1 + "        ", f"wq.ptr_to([{slot}, u, r, h, 0])", "ov[h]", "dqr.ptr_to([r, h, 0])"))
+        if (c.with_scaling or e["float_zeros"]) and not at_store:
+            add(f"{ind1}        T.cuda.func_call('bb_scl_{tag}', dqr.ptr_to([r, h, 0]), sv[h], cv[h], "
+                f"source_code={hsrc(f'bb_scl_{tag}')})")
+        add(f"{ind1}for t in T.unroll({TT}):")
+        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
+            add(ln)
+        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0, 0])')}")
+        if guard:
+            add(f"{ind1}    if {cexpr(step)} >= {e['NC']}:")
+            add(f"{ind1}        for v in T.unroll({NA}):")
+            add(f"{ind1}            ap[0, v] = T.uint32(0)")
+        add(f"{ind1}    for r in T.unroll({R}):")
+        add(f"{ind1}        T.cuda.func_call('bb_mma1_{tag}', dqr.ptr_to([r, 0, 0]), dqr.ptr_to([r, 1, 0]), "
+            f"ap.ptr_to([0, 0]), acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma1_{tag}')})")
+
+    _step_loop(add, NS, ST, load, process_cl if CL else process)
     _pdl_trigger(add, hint)
 
     val = "acc[r, t, j]"
     if at_store:
         val = f"{val} * T.Cast('float32', scale[n0 + r * 16 + g + (j // 2) * 8, 0])"
-    _mma_store(add, e, R, TT, KW, val)
+    _mma_store(add, e, R, TT, KW, val, fold=not CL)
 
 
 def row_class(m: int) -> int:
@@ -150,7 +184,15 @@ def _mma_tiles(hint, e):
     NIT = -(-NC // (4 * KW))                  # vectors per lane
     U, NS = _steps(NIT, hint.unroll)
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
+    if chunk_loop(hint, m):                   # every chunk in the block: 2 token tiles per chunk
+        return KW, R, 2 * row_chunks(m), U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
     return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R)) * row_chunks(m)
+
+
+def chunk_loop(hint, m: int) -> bool:
+    """Whether the tensor-core kernel for ``m`` rows loops over its 16-row chunks in the block
+    (``hint.chunk_loop`` and more than 16 rows)."""
+    return bool(getattr(hint, "chunk_loop", False)) and m > 16
 
 
 def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
@@ -180,10 +222,10 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
     add("    g = T.meta_var(tx % 32 // 4)")
     add("    q = T.meta_var(tx % 4)")
     add("    kw = T.meta_var(tx // 32)")
-    YC = row_chunks(m)
+    YC = 1 if TT > 2 else row_chunks(m)      # TT > 2: the chunk loop (every row in the block)
     add(f"    n0 = T.meta_var(bx * {16 * R})" if YC == 1 else f"    n0 = T.meta_var(bx // {YC} * {16 * R})")
     add("    y0 = T.meta_var(0)" if YC == 1 else f"    y0 = T.meta_var(bx % {YC} * 16)")
-    add(f"    for r, t, j in T.grid({R}, {TT}, 8):")
+    add(f"    for r, t, j in T.grid({R}, {TT}, {4 if TT > 2 else 8}):")   # the chunk loop: one mma chain
     add(f"        acc[r, t, j] = T.{adt}(0)")
     nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
 

@@ -65,6 +65,8 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     why = mma_tile_unsupported(hint)
     if why:
         return why
+    if hint.chunk_loop:
+        return "chunk_loop=True: the int8 tensor-core GEMV runs a block per 16-row chunk (float activations only)"
     if mma_i8_vec_bytes(plan, hint.vec_bytes) is None:
         vals = {vb: vb * 8 // plan.w.bits for vb in ((hint.vec_bytes,) if hint.vec_bytes else (16, 8, 4))}
         if plan.groups > 1:

@@ -150,6 +150,12 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
         hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
         if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
             out.append(Candidate(bucket, hint))
+    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
+        for R, kw, unroll, stages in itertools.product((16, 32), (2, 4), (1, 2), (1, 2)):
+            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=1,
+                            chunk_loop=True)
+            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+                out.append(Candidate(bucket, hint))
     return out
 
 

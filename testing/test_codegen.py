@@ -60,3 +60,37 @@ def test_get_source_without_gpu():
     src = op.get_source()
     assert "__global__" in src
     assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_get_source_is_the_kernel_the_call_runs():
+    """get_source(m=...) gives what a call with m rows runs: the GEMV rows kernel at 1 row, the
+    tensor-core GEMV of the row class (its run-time row count), the tuned hint of the bucket, the
+    decode kernel plus the dense wgmma GEMM past the GEMV's rows (Hopper); the symbolic kernel
+    without m for a dynamic M; a bad m is refused by name."""
+    from bitblas.dispatch import BucketTable
+    from bitblas.schedule import GEMVHint
+    from kernel_helpers import TARGETS
+    cfg = C(M=[1, 16, 256], N=256, K=512, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])      # the sm_90 shared memory: wgmma
+    rows1 = op.get_source(m=1)
+    assert "bb_dec_" in rows1 and "mma.sync" not in rows1
+    mma5 = op.get_source(m=5)
+    assert "mma.sync" in mma5 and "int mv" in mma5 and mma5 == op.get_source(m=8)
+    big = op.get_source(m=200)
+    assert "dense GEMM on the decoded weights" in big and "wgmma" in big
+    assert "dense GEMM" not in op.get_source()              # no m: the symbolic-M kernel
+    h = GEMVHint(rows_per_warp=2, warps=4, unroll=2)
+    op._buckets = BucketTable((1, 16, 256))
+    op._tuned["cuda"] = {1: (1, h)}
+    tuned = op.get_source(m=1)
+    assert tuned != rows1 and "__launch_bounds__(128)" in tuned     # 4 warps of the tuned hint
+    static = bitblas.Matmul(C(M=3, N=256, K=512, A_dtype="float16", W_dtype="uint4", group_size=128,
+                                         with_scaling=True), target=TARGETS["sm_90"])
+    assert static.get_source() == mma5                       # M=3: the 8-row class kernel
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="m="):
+            op.get_source(m=bad)
+    for part in big.split("// ---- dense GEMM on the decoded weights ----"):    # two kernels, two sources
+        assert nvcc_compile(part, "sm_90")[:4] == b"\x7fELF"

@@ -372,15 +372,32 @@ class Matmul:
         return out
 
     # -- inspection and timing ----------------------------------------------------------------
-    def get_source(self, kind: Optional[str] = None) -> str:
-        """CUDA C source of the kernel for the CUDA target (``kind="cpu"``: the scheduled TIR)."""
+    def get_source(self, kind: Optional[str] = None, m: Optional[int] = None) -> str:
+        """CUDA C source of the kernel a call with ``m`` rows runs on the CUDA target (default: the
+        config's static M; a dynamic M without ``m``: the symbolic-M kernel), as the operator
+        chooses it: the tensor-core GEMV built for the top of m's row class, the tuned hint of m's
+        bucket, or the decode kernel followed by the dense GEMM (decode-then-GEMM path).
+        ``kind="cpu"``: the scheduled TIR."""
         from ..build import cuda_source, lower_plan
         kind = kind or ("cpu" if self._cpu_only else "cuda")
-        rows = self.config.M if isinstance(self.config.M, int) else None
-        plan = make_plan(self.config, kind, self._static_m(rows))
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"kind={kind!r}: expected 'cpu' or 'cuda'")
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"m={m!r}: expected a positive int (rows of the call)")
+        rows = m if m is not None else (self.config.M if isinstance(self.config.M, int) else None)
         if kind == "cpu":
-            return lower_plan(plan).script()
-        return cuda_source(plan, self._resolve_cuda_target())
+            return lower_plan(make_plan(self.config, kind, self._static_m(rows))).script()
+        target = self._resolve_cuda_target()
+        if rows is None:
+            return cuda_source(make_plan(self.config, kind, None), target)
+        pm, hint = self._choose(kind, rows)
+        if isinstance(hint, _DequantGemmChoice):
+            from .dequant_gemm import dense_config
+            from ..schedule.cuda_dequant import compile_dequant
+            decode = compile_dequant(make_plan(self.config, "cuda", None), target).mod.imports[0].inspect_source()
+            dense = make_plan(dense_config(self.config), "cuda", pm)
+            return decode + "\n// ---- dense GEMM on the decoded weights ----\n" + cuda_source(dense, target, hint.gemm)
+        return cuda_source(make_plan(self.config, kind, pm), target, hint)
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
                         device=None, flush_l2: bool = True) -> float:

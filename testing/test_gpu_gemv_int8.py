@@ -224,6 +224,26 @@ def test_gemv_int8_mma_hints(name, hint, k):
         assert why is None, f"{name} {h}: {why}"
 
 
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("k", [1536, 1664])
+@gpu
+def test_gemv_int8_mma_chunk_loop(name, k):
+    """chunk_loop on the m16n8k32 kernel: one block serves every 16-row chunk (the weights decoded
+    once), every format x scale mode, class tops 32 / 64 at row counts inside their last chunk
+    (run-time rows), K=1664 with lanes past K for the 4 K warps; int32 outputs exactly."""
+    from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+    h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
+    cfg = _cfg(name, 1000, k)
+    for top, rows in ((32, (17, 32)), (64, (40, 64))):
+        plan = make_plan(cfg, "cuda", top)
+        if mma_int8_unsupported(plan, h):
+            pytest.skip(mma_int8_unsupported(plan, h))
+        fn = build_plan(plan, cuda_target(), h)
+        for m in rows:
+            why = _check(cfg, m, fn, plan)
+            assert why is None, f"{name} {h} top={top}: {why}"
+
+
 # -- no GPU needed ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("w", WEIGHTS)
@@ -254,8 +274,8 @@ def test_gemv_int8_selection(w, arch):
     cfg = MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True)
     assert isinstance(default_hint(make_plan(cfg, "cuda", 33), cuda_target(TARGETS["sm_90"])), WGMMAHint)
     assert isinstance(default_hint(make_plan(cfg, "cuda", 33), cuda_target(TARGETS["sm_80"])), MMAHint)
-    assert default_hint(make_plan(cfg, "cuda", 32), cuda_target(TARGETS["sm_90"])) == GEMVHint(
-        rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True, pdl=True)
+    assert default_hint(make_plan(cfg, "cuda", 32), cuda_target(TARGETS["sm_90"])) == GEMVHint(    # the chunk loop
+        rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, pdl=True, chunk_loop=True)
 
 
 def test_gemv_int8_default_hint():

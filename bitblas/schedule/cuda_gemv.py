@@ -227,21 +227,22 @@ class GEMVHint:
         180.5 vs 119.9 / 130.3 / 250.1); w8a16 per channel 28.2 / 30.3 / 39.1 vs 29.1 / 31.7 / 62.1.
         16 channels per warp lose by 2x (the activations of all rows read twice as often).
 
-        int8 activations (9th session): 64 channels x 4 K warps for 8-bit codes (w8a8 23.2 / 24.2 /
-        41.6 vs the wide tile 27.4 / 28.9 / 50.1), the wide tile without the next step in flight
-        for the others (w4a8 g128 19.8 / 19.3 / 36.8, 65.9 / 68.0 / 129.3 vs 21.9 / 21.6 / 38.0,
-        78.0 / 81.9 / 128.7)."""
-        if plan.float_acts:
-            return _MMA_LOOP
-        return _MMA_64 if plan.w.bits == 8 else dataclasses.replace(_MMA_WIDE, stages=1)
+        int8 activations, the same chunk loop on the m16n8k32 kernel, against the 9th session's
+        tiles (64 channels x 4 K warps for 8-bit codes, the wide tile without the next step in
+        flight for the others): w4a8 g128 15.5 / 17.1 / 27.2 vs 19.9 / 20.8 / 39.3 (28672: 51.2 /
+        60.3 / 101.6 vs 64.1 / 69.2 / 133.5); w8a8 per channel 20.6 / 22.2 vs 23.4 / 24.6 at 17 /
+        32 rows (68.5 / 73.7 vs 85.4 / 89.2); w2a8 g128 16.2 / 17.2 / 27.7 vs 18.0 / 19.0 / 35.8;
+        w4a8 per channel 15.5 / 16.7 / 21.4 vs 16.2 / 17.3 / 32.1."""
+        return _MMA_LOOP
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
 _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
 # 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
-# N >= 16896; 17..64 rows, see _chunk_tile)
+# N >= 16896)
 _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
-# 17..64 rows, one block per channel tile for every chunk of 16 rows (gemv_mma, chunk_loop); 16
+# 17..64 rows (float and int8 activations), one block per channel tile for every chunk of 16 rows
+# (gemv_mma, chunk_loop); 16
 # channels per warp (32 x 4 K warps: the activations of 64 rows read once per 32 channels) lose
 # to this by 2x (A read twice as often)
 _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
@@ -846,15 +847,8 @@ def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if not _mma_decodable(plan.w):
         return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
                 "half pairs")
-    why = mma_tile_unsupported(hint)
-    if why is None and hint.chunk_loop and (plan.m or 1) > 16:
-        from .gemv_mma import row_chunks
-        kw, tiles = max(1, hint.k_warps), hint.rows_per_warp // 16 * 2 * row_chunks(plan.m)
-        red = (kw - 1) * tiles * 4 * 32 * 4       # the K warps' float32 fragments for the reduction
-        if red > 48 * 1024:
-            why = (f"chunk_loop=True with {plan.m} rows: (k_warps - 1) * rows_per_warp / 16 * token tiles "
-                   f"* 512 = {red} bytes of shared memory for the K warps' reduction, more than 49152")
-    return why
+    from .gemv_mma import chunk_loop_unsupported
+    return mma_tile_unsupported(hint) or chunk_loop_unsupported(plan, hint)
 
 
 def mma_tile_unsupported(hint: GEMVHint) -> Optional[str]:

@@ -189,6 +189,19 @@ def _mma_tiles(hint, e):
     return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R)) * row_chunks(m)
 
 
+def chunk_loop_unsupported(plan, hint):
+    """None unless the chunk loop's K-warp reduction (every token tile's fragments of the K warps
+    but one, 4-byte values) needs more than the 48 KB of static shared memory, else why."""
+    if not chunk_loop(hint, plan.m or 1):
+        return None
+    kw, tiles = max(1, hint.k_warps), hint.rows_per_warp // 16 * 2 * row_chunks(plan.m)
+    red = (kw - 1) * tiles * 4 * 32 * 4
+    if red <= 48 * 1024:
+        return None
+    return (f"chunk_loop=True with {plan.m} rows: (k_warps - 1) * rows_per_warp / 16 * token tiles * 512 = "
+            f"{red} bytes of shared memory for the K warps' reduction, more than 49152")
+
+
 def chunk_loop(hint, m: int) -> bool:
     """Whether the tensor-core kernel for ``m`` rows loops over its 16-row chunks in the block
     (``hint.chunk_loop`` and more than 16 rows)."""

@@ -1,8 +1,8 @@
 """The tensor-core GEMV for int8 activations (bitblas/schedule/cuda_gemv.py, ``GEMVHint(mma=True)``
 with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
 bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows (chunks of 16 up
-to 64, gemv_mma.row_chunks) as the 32 x 8
-B operand, exact int32 accumulation. The float-activation kernel is gemv_mma.py; this one reuses
+to 64, gemv_mma.row_chunks; with ``GEMVHint.chunk_loop``, the default there, one block serves
+every chunk and decodes each weight vector once) as the 32 x 8 B operand, exact int32 accumulation. The float-activation kernel is gemv_mma.py; this one reuses
 its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of
 channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (gemv_int8).
 
@@ -65,8 +65,10 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     why = mma_tile_unsupported(hint)
     if why:
         return why
-    if hint.chunk_loop:
-        return "chunk_loop=True: the int8 tensor-core GEMV runs a block per 16-row chunk (float activations only)"
+    from .gemv_mma import chunk_loop_unsupported
+    why = chunk_loop_unsupported(plan, hint)
+    if why:
+        return why
     if mma_i8_vec_bytes(plan, hint.vec_bytes) is None:
         vals = {vb: vb * 8 // plan.w.bits for vb in ((hint.vec_bytes,) if hint.vec_bytes else (16, 8, 4))}
         if plan.groups > 1:
@@ -110,6 +112,8 @@ def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     at = "s8" if signed else "u8"
     from .gemv_mma import _mma_chain
     src[f"bb_mma_{tag}"] = _mma_chain(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r")
+    src[f"bb_mma1_{tag}"] = _mma_chain(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r",
+                                       chains=1).replace(f"bb_mma_{tag}", f"bb_mma1_{tag}")
     return src
 
 
@@ -122,7 +126,7 @@ def code_shift(plan) -> int:
 def _body_mma_int8(plan, hint, add, e):
     """The kernel body (see the module docstring); ``e``: cuda_gemv._kernel_script's locals."""
     from .cuda_gemv import _pdl_trigger, _step_loop
-    from .gemv_mma import _mma_entry, _mma_lanes, _mma_store, _mma_tiles
+    from .gemv_mma import _mma_entry, _mma_lanes, _mma_store, _mma_tiles, chunk_loop
     why = mma_int8_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
@@ -137,9 +141,12 @@ def _body_mma_int8(plan, hint, add, e):
     KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None,
-               [f"    ip = T.alloc_local(({TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
-    add(f"    acc = T.alloc_local(({R}, {TT}, 8), {adt!r})")
+    CL = chunk_loop(hint, e["m"])
+    extra = [f"    ip = T.alloc_local(({1 if CL else TT}, 8), 'int32')"] if sdt else []   # a step's int32 tile
+    if CL:      # the chunk loop (see gemv_mma): decoded bytes of every channel tile, one chain per tile pair
+        extra.append(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, 1 if CL else TT, sdt, None, extra)
+    add(f"    acc = T.alloc_local(({R}, {TT}, {4 if CL else 8}), {adt!r})")
     cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt)
 
     def process(ind, step, slot):
@@ -166,9 +173,41 @@ def _body_mma_int8(plan, hint, add, e):
         add(f"{ind1}            acc[r, t, j] = acc[r, t, j] + T.Cast('float32', ip[t, j] + ip[t, j + 4]) * "
             f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
 
-    _step_loop(add, NS, ST, load, process)
+    def process_cl(ind, step, slot):
+        """The chunk loop: decode the step's vectors of every channel tile once, then per token
+        tile gather its activations and run (and, with group scales, promote) every tile's mma."""
+        add(f"{ind}for u in T.unroll({U}):")
+        ind1 = ind + "    "
+        add(f"{ind1}for r in T.unroll({R}):")
+        add(f"{ind1}    for h in T.unroll(2):")
+        add(f"{ind1}        T.cuda.func_call('bb_mdec_{tag}', wq.ptr_to([{slot}, u, r, h, 0]), dqr.ptr_to([r, h, 0]), "
+            f"source_code={hsrc(f'bb_mdec_{tag}')})")
+        add(f"{ind1}for t in T.unroll({TT}):")
+        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
+            add(ln)
+        add(f"{ind1}    T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([0, 0]), "
+            f"source_code={hsrc(f'bb_mprep_{tag}')})")
+        if guard:
+            add(f"{ind1}    if {cexpr(step)} >= {e['NC']}:")
+            add(f"{ind1}        for v in T.unroll({NA}):")
+            add(f"{ind1}            ap[0, v] = T.uint32(0)")
+        add(f"{ind1}    for r in T.unroll({R}):")
+        mma = (f"T.cuda.func_call('bb_mma1_{tag}', dqr.ptr_to([r, 0, 0]), dqr.ptr_to([r, 1, 0]), ap.ptr_to([0, 0]), "
+               "@ACC@, source_code=" + hsrc(f"bb_mma1_{tag}") + ")")
+        if not sdt:
+            add(f"{ind1}        {mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
+            return
+        f = f" * {float(2.0 ** -SH)!r}" if SH else ""
+        add(f"{ind1}        for j in T.unroll(4):")
+        add(f"{ind1}            ip[0, j] = 0")
+        add(f"{ind1}        {mma.replace('@ACC@', 'ip.ptr_to([0, 0])')}")
+        add(f"{ind1}        for j in T.unroll(4):")
+        add(f"{ind1}            acc[r, t, j] = acc[r, t, j] + T.Cast('float32', ip[0, j]) * "
+            f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
+
+    _step_loop(add, NS, ST, load, process_cl if CL else process)
     _pdl_trigger(add, hint)
 
-    # group scales: the two chains were summed at each promotion
+    # group scales: the two chains were summed at each promotion; the chunk loop has one
     _mma_store(add, e, R, TT, KW, f"T.shift_right(acc[r, t, j], {SH})" if SH and not sdt else "acc[r, t, j]",
-               fold=not sdt)
+               fold=not sdt and not CL)

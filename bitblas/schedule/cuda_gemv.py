@@ -241,10 +241,9 @@ _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, 
 # 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
 # N >= 16896)
 _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
-# 17..64 rows (float and int8 activations), one block per channel tile for every chunk of 16 rows
-# (gemv_mma, chunk_loop); 16
-# channels per warp (32 x 4 K warps: the activations of 64 rows read once per 32 channels) lose
-# to this by 2x (A read twice as often)
+# 17..64 rows (float and int8 activations): the chunk loop, one block of 32 channels x 4 K warps
+# serving every 16-row chunk (gemv_mma); 16 channels per warp lose by 2x (each block reads the
+# activations of all rows, so half the channels per block read them twice as often)
 _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
 
 

@@ -1,11 +1,11 @@
 """The tensor-core kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.mma``):
 ``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
 the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows (:func:`row_chunks`):
-with ``GEMVHint.chunk_loop`` (the default for float activations) one block serves every chunk of
-its channel tile, decoding each weight vector once for up to 8 token tiles of 8 rows; otherwise
-one block per chunk and channel tile, each chunk's block the 16-row kernel (the chunks after the
-first read the channel tile's weights from L2 and decode them again). The decode, scale and store lines come
-from cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
+with ``GEMVHint.chunk_loop`` (the default) one block serves every chunk of its channel tile,
+decoding each weight vector once for up to 8 token tiles of 8 rows; otherwise one block per chunk
+and channel tile, each chunk's block the 16-row kernel (the chunks after the first read the
+channel tile's weights from L2 and decode them again). The decode, scale and store lines come from
+cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
 ``cuda_gemv.mma_gemv_unsupported``.
 """
 from __future__ import annotations
@@ -100,12 +100,21 @@ def _body_mma(plan, hint, add, e):
     add("    cv = T.alloc_local((2,), 'float32')")
     add("    ov = T.alloc_local((2,), 'int32')")
     add("    asum = T.alloc_local((1,), 'float32')")
-    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, "float32", scales=not at_store)
+    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, "float32", scales=not at_store, loop=CL)
 
     def s_raw(slot):
         if at_store:                          # the scale lines then give the decode's offset only
             return "T.float32(1)"
         return f"sr[{slot}, u, r, h]" if sdt else None
+
+    def decode(ind, step, slot, ptr):
+        """Channel half ``h`` of tile ``r``, vector ``u``: scale / offset registers, the decode
+        into the words at ``ptr`` (pointer text), the scale on the pairs."""
+        for ln in e["scale_lines"](ind, cload(step), "h", s_raw(slot), f"zr[{slot}, u, r, h]" if zdt else None):
+            add(ln)
+        add(e["dec_line"](ind, f"wq.ptr_to([{slot}, u, r, h, 0])", "ov[h]", ptr))
+        if (c.with_scaling or e["float_zeros"]) and not at_store:
+            add(f"{ind}T.cuda.func_call('bb_scl_{tag}', {ptr}, sv[h], cv[h], source_code={hsrc(f'bb_scl_{tag}')})")
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -113,13 +122,7 @@ def _body_mma(plan, hint, add, e):
         acts(ind1, step, f"asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([t, 0])')}")
         add(f"{ind1}for r in T.unroll({R}):")
         add(f"{ind1}    for h in T.unroll(2):")
-        for ln in e["scale_lines"](ind1 + "        ", cload(step), "h",
-                                   s_raw(slot), f"zr[{slot}, u, r, h]" if zdt else None):
-            add(ln)
-        add(e["dec_line"](ind1 + "        ", f"wq.ptr_to([{slot}, u, r, h, 0])", "ov[h]", "dq.ptr_to([h, 0])"))
-        if (c.with_scaling or e["float_zeros"]) and not at_store:
-            add(f"{ind1}        T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([h, 0]), sv[h], cv[h], "
-                f"source_code={hsrc(f'bb_scl_{tag}')})")
+        decode(ind1 + "        ", step, slot, "dq.ptr_to([h, 0])")
         add(f"{ind1}    for t in T.unroll({TT}):")
         add(f"{ind1}        T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
             f"acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma_{tag}')})")
@@ -131,21 +134,9 @@ def _body_mma(plan, hint, add, e):
         ind1 = ind + "    "
         add(f"{ind1}for r in T.unroll({R}):")
         add(f"{ind1}    for h in T.unroll(2):")
-        for ln in e["scale_lines"](ind1 + "        ", cload(step), "h",
-                                   s_raw(slot), f"zr[{slot}, u, r, h]" if zdt else None):
-            add(ln)
-        add(e["dec_line"](ind1 + "        ", f"wq.ptr_to([{slot}, u, r, h, 0])", "ov[h]", "dqr.ptr_to([r, h, 0])"))
-        if (c.with_scaling or e["float_zeros"]) and not at_store:
-            add(f"{ind1}        T.cuda.func_call('bb_scl_{tag}', dqr.ptr_to([r, h, 0]), sv[h], cv[h], "
-                f"source_code={hsrc(f'bb_scl_{tag}')})")
+        decode(ind1 + "        ", step, slot, "dqr.ptr_to([r, h, 0])")
         add(f"{ind1}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
-            add(ln)
-        add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0, 0])')}")
-        if guard:
-            add(f"{ind1}    if {cexpr(step)} >= {e['NC']}:")
-            add(f"{ind1}        for v in T.unroll({NA}):")
-            add(f"{ind1}            ap[0, v] = T.uint32(0)")
+        acts(ind1 + "    ", step, f"asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0, 0])')}", one=True)
         add(f"{ind1}    for r in T.unroll({R}):")
         add(f"{ind1}        T.cuda.func_call('bb_mma1_{tag}', dqr.ptr_to([r, 0, 0]), dqr.ptr_to([r, 1, 0]), "
             f"ap.ptr_to([0, 0]), acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma1_{tag}')})")
@@ -205,7 +196,7 @@ def chunk_loop_unsupported(plan, hint):
 def chunk_loop(hint, m: int) -> bool:
     """Whether the tensor-core kernel for ``m`` rows loops over its 16-row chunks in the block
     (``hint.chunk_loop`` and more than 16 rows)."""
-    return bool(getattr(hint, "chunk_loop", False)) and m > 16
+    return hint.chunk_loop and m > 16
 
 
 def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
@@ -220,14 +211,15 @@ def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
     add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
 
 
-def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
+def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True, loop=False):
     """The lane layout of both tensor-core GEMVs (lane ``(g, q)``, warp ``kw``; channels ``g`` and
     ``g + 8`` of each 16-channel tile), zeroed ``adt`` accumulators; returns ``(cexpr, cload,
     load, acts)``: a step's vector index, the same clamped to K, the emitter of a step's weight
     (and raw scale / zero) loads into register slot ``slot``, and the emitter of a step's
     activation words per token tile (``prep``: the line gathering ``ar`` into ``ap[t]``; words past
     K zeroed). With ``KW > 1`` warps, also their shared reduction buffer ``red``. ``scales=False``:
-    no raw group scales in the step registers (applied at the store)."""
+    no raw group scales in the step registers (applied at the store). ``loop``: the chunk loop
+    (every row in the block, one accumulator chain of 4 per tile pair)."""
     m, N, NC, NA = e["m"], e["N"], e["NC"], e["NA"]
     if KW > 1:
         add(f"    red = T.alloc_buffer(({KW - 1}, {R * TT * 4}, 32), {adt!r}, scope='shared')")
@@ -235,10 +227,10 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
     add("    g = T.meta_var(tx % 32 // 4)")
     add("    q = T.meta_var(tx % 4)")
     add("    kw = T.meta_var(tx // 32)")
-    YC = 1 if TT > 2 else row_chunks(m)      # TT > 2: the chunk loop (every row in the block)
+    YC = 1 if loop else row_chunks(m)
     add(f"    n0 = T.meta_var(bx * {16 * R})" if YC == 1 else f"    n0 = T.meta_var(bx // {YC} * {16 * R})")
     add("    y0 = T.meta_var(0)" if YC == 1 else f"    y0 = T.meta_var(bx % {YC} * 16)")
-    add(f"    for r, t, j in T.grid({R}, {TT}, {4 if TT > 2 else 8}):")   # the chunk loop: one mma chain
+    add(f"    for r, t, j in T.grid({R}, {TT}, {4 if loop else 8}):")
     add(f"        acc[r, t, j] = T.{adt}(0)")
     nr = f"T.min(n0 + r * 16 + h * 8 + g, {N - 1})"
 
@@ -254,15 +246,20 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True):
         for ln in e["load_lines"](ind + "        ", nr, cload(step), f"{slot}, u, r, h", scales):
             add(ln)
 
-    def acts(ind, step, prep):
-        add(f"{ind}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind + "    ", f"T.min(y0 + t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
+    def acts(ind, step, prep, one=False):
+        """Every token tile ``t`` into ``ap[t]``; ``one``: only tile ``t`` of the caller's loop, into
+        ``ap[0]`` (the chunk loop)."""
+        at = "0" if one else "t"
+        if not one:
+            add(f"{ind}for t in T.unroll({TT}):")
+            ind += "    "
+        for ln in e["lda_lines"](ind, f"T.min(y0 + t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
             add(ln)
-        add(f"{ind}    {prep}")
+        add(f"{ind}{prep}")
         if guard:
-            add(f"{ind}    if {cexpr(step)} >= {NC}:")
-            add(f"{ind}        for v in T.unroll({NA}):")
-            add(f"{ind}            ap[t, v] = T.uint32(0)")
+            add(f"{ind}if {cexpr(step)} >= {NC}:")
+            add(f"{ind}    for v in T.unroll({NA}):")
+            add(f"{ind}        ap[{at}, v] = T.uint32(0)")
     return cexpr, cload, load, acts
 
 

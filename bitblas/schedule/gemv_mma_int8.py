@@ -2,7 +2,8 @@
 with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
 bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows (chunks of 16 up
 to 64, gemv_mma.row_chunks; with ``GEMVHint.chunk_loop``, the default there, one block serves
-every chunk and decodes each weight vector once) as the 32 x 8 B operand, exact int32 accumulation. The float-activation kernel is gemv_mma.py; this one reuses
+every chunk and decodes each weight vector once) as the 32 x 8 B operand, exact int32
+accumulation. The float-activation kernel is gemv_mma.py; this one reuses
 its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of
 channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (gemv_int8).
 
@@ -147,7 +148,7 @@ def _body_mma_int8(plan, hint, add, e):
         extra.append(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')")
     _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, 1 if CL else TT, sdt, None, extra)
     add(f"    acc = T.alloc_local(({R}, {TT}, {4 if CL else 8}), {adt!r})")
-    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt)
+    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt, loop=CL)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -161,16 +162,22 @@ def _body_mma_int8(plan, hint, add, e):
         mma = (f"T.cuda.func_call('bb_mma_{tag}', dq.ptr_to([0, 0]), dq.ptr_to([1, 0]), ap.ptr_to([t, 0]), "
                "@ACC@, source_code=" + hsrc(f"bb_mma_{tag}") + ")")
         add(f"{ind1}    for t in T.unroll({TT}):")
+        mma_into(ind1 + "        ", mma, slot, "t", 2)
+
+    def mma_into(ind, mma, slot, it, chains):
+        """The mma of tile ``r`` and token tile ``t`` into ``acc[r, t]``; with group scales into the
+        int32 tile ``ip[it]`` (4 V positions of one group, ``chains`` accumulator sets), promoted to
+        float32 with the group scale."""
         if not sdt:
-            add(f"{ind1}        {mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
+            add(f"{ind}{mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
             return
-        # group scales: this step's int32 tile (4 V positions of one group) promoted to float32
         f = f" * {float(2.0 ** -SH)!r}" if SH else ""
-        add(f"{ind1}        for j in T.unroll(8):")
-        add(f"{ind1}            ip[t, j] = 0")
-        add(f"{ind1}        {mma.replace('@ACC@', 'ip.ptr_to([t, 0])')}")
-        add(f"{ind1}        for j in T.unroll(4):")
-        add(f"{ind1}            acc[r, t, j] = acc[r, t, j] + T.Cast('float32', ip[t, j] + ip[t, j + 4]) * "
+        tot = f"ip[{it}, j] + ip[{it}, j + 4]" if chains == 2 else f"ip[{it}, j]"
+        add(f"{ind}for j in T.unroll({4 * chains}):")
+        add(f"{ind}    ip[{it}, j] = 0")
+        add(f"{ind}{mma.replace('@ACC@', f'ip.ptr_to([{it}, 0])')}")
+        add(f"{ind}for j in T.unroll(4):")
+        add(f"{ind}    acc[r, t, j] = acc[r, t, j] + T.Cast('float32', {tot}) * "
             f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
 
     def process_cl(ind, step, slot):
@@ -183,27 +190,12 @@ def _body_mma_int8(plan, hint, add, e):
         add(f"{ind1}        T.cuda.func_call('bb_mdec_{tag}', wq.ptr_to([{slot}, u, r, h, 0]), dqr.ptr_to([r, h, 0]), "
             f"source_code={hsrc(f'bb_mdec_{tag}')})")
         add(f"{ind1}for t in T.unroll({TT}):")
-        for ln in e["lda_lines"](ind1 + "    ", f"T.min(t * 8 + g, {e['rows']} - 1)", cload(step), "ar"):
-            add(ln)
-        add(f"{ind1}    T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([0, 0]), "
-            f"source_code={hsrc(f'bb_mprep_{tag}')})")
-        if guard:
-            add(f"{ind1}    if {cexpr(step)} >= {e['NC']}:")
-            add(f"{ind1}        for v in T.unroll({NA}):")
-            add(f"{ind1}            ap[0, v] = T.uint32(0)")
+        acts(ind1 + "    ", step, f"T.cuda.func_call('bb_mprep_{tag}', ar.ptr_to([0]), ap.ptr_to([0, 0]), "
+                                   f"source_code={hsrc(f'bb_mprep_{tag}')})", one=True)
         add(f"{ind1}    for r in T.unroll({R}):")
         mma = (f"T.cuda.func_call('bb_mma1_{tag}', dqr.ptr_to([r, 0, 0]), dqr.ptr_to([r, 1, 0]), ap.ptr_to([0, 0]), "
                "@ACC@, source_code=" + hsrc(f"bb_mma1_{tag}") + ")")
-        if not sdt:
-            add(f"{ind1}        {mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
-            return
-        f = f" * {float(2.0 ** -SH)!r}" if SH else ""
-        add(f"{ind1}        for j in T.unroll(4):")
-        add(f"{ind1}            ip[0, j] = 0")
-        add(f"{ind1}        {mma.replace('@ACC@', 'ip.ptr_to([0, 0])')}")
-        add(f"{ind1}        for j in T.unroll(4):")
-        add(f"{ind1}            acc[r, t, j] = acc[r, t, j] + T.Cast('float32', ip[0, j]) * "
-            f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
+        mma_into(ind1 + "        ", mma, slot, "0", 1)
 
     _step_loop(add, NS, ST, load, process_cl if CL else process)
     _pdl_trigger(add, hint)

@@ -283,3 +283,23 @@ def test_device_spec_without_a_gpu():
         op = bitblas.Matmul(MatmulConfig(M=16, **W4A16), target="sm_90")
         with pytest.raises(RuntimeError, match="GPU"):
             op.hardware_aware_finetune(kind="cuda")
+
+
+def test_cost_model_chunk_loop():
+    """17..64 rows: the chunk loop streams and decodes the weights once for every 16-row chunk, so it
+    ranks above the same tile run as a block per chunk; 16 channels per warp rank below 32 (each
+    block reads the activations of all rows), 64 channels per warp do not fit the registers (H200:
+    W4A16 64 rows 45.5 vs 53.8 us a block per chunk, 16 channels 83.7)."""
+    cfg = MatmulConfig(M=64, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
+    plan = make_plan(cfg, "cuda", 64)
+
+    def cost(R, kw, loop):
+        return estimate(plan, GEMVHint(rows_per_warp=R, k_warps=kw, unroll=2, stages=1, mma=True, min_blocks=1,
+                                       chunk_loop=loop), 64, H200)
+    assert cost(32, 4, True) < cost(32, 4, False)
+    assert cost(32, 4, True) < cost(16, 8, True) < math.inf
+    assert math.isinf(cost(64, 4, True))
+    # 16 rows or fewer: the flag changes nothing
+    p16 = make_plan(cfg, "cuda", 16)
+    h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1)
+    assert estimate(p16, h, 16, H200) == estimate(p16, GEMVHint(**{**h.__dict__, "chunk_loop": True}), 16, H200)

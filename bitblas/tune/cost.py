@@ -31,6 +31,7 @@ import math
 
 from ..schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
 from ..schedule import cuda_gemv, cuda_mma, cuda_wgmma
+from ..schedule.gemv_mma import chunk_loop
 
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
@@ -203,6 +204,13 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         slots = 2 if hint.stages >= 2 else 1          # register slots of weights (the next step in flight)
         regs = 48 + slots * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
         blocks = math.ceil(N / R) * chunks
+        if chunk_loop(hint, m):
+            # the chunk loop: one block streams and decodes its weights once for all 2 * chunks token
+            # tiles (decoded words of every tile held, one accumulator chain each; H200: 32 channels
+            # x 4 K warps take 255 registers without spills)
+            tt, chunks = 2 * chunks, 1
+            regs = 40 + slots * loads * vb // 4 + 2 * tiles * vals // 2 + 3 * vals // 2 + 4 * tiles * tt
+            blocks = math.ceil(N / R)
         sync_clk = 200 if warps > 1 else 0
     elif kw:
         # k-split: kw warps share a row batch's K; each lane holds its vectors of all R rows
@@ -245,8 +253,8 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     t_mem = max(w_bytes / spec.dram_bandwidth, sm_bytes / (3.0 * spec.dram_bandwidth / spec.sm_count))
     t_mem /= mem_eff
     if hint.mma:
-        # decode + scale per weight pair, activation fragments once per 2 * R / 16 vectors;
-        # the mma themselves run on the tensor pipe
+        # decode + scale per weight pair (once per block that streams the weights), activation
+        # fragments once per 2 * R / 16 vectors and token tile; the mma run on the tensor pipe
         ops = chunks * (N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
     else:
         ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)

@@ -30,6 +30,7 @@ FAMILIES = {
     "e4m3-scaled-f16": dict(A_dtype=E4, W_dtype=E4, out_dtype="float16", **SCALED),
     "e5m2xe4m3-bias-bf16": dict(A_dtype=E5, W_dtype=E4, out_dtype="bfloat16", with_bias=True, **SCALED),
     "e4m3-noscale-f32": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+    "i8-noscale-bias-f16": dict(A_dtype="int8", W_dtype="int8", out_dtype="float16", with_bias=True),
     # group scales: int32 / fp8 partial sums promoted to float32 once per group (128 or 256 K)
     "i8-g128-f16": dict(A_dtype="int8", W_dtype="int8", out_dtype="float16", with_scaling=True, group_size=128,
                         with_act_scaling=True),
@@ -240,6 +241,37 @@ def test_gpu_fp8_promotion_reduces_error():
         errs[P] = relative_error(out.cpu(), ref)
     assert errs[1] * 4 < errs[0], f"seed={seed}: {errs}"
     assert errs[1] <= 4 * 2.0 ** -13, f"seed={seed}: {errs}"       # 4 instructions per promoted tile
+
+
+def test_int8_bias_stays_float():
+    """int8 x int8 without scales, float output and a float bias: the bias is added in float32 to
+    the converted int32 sum (it was cast to int32 first, dropping its fraction); an int32 output
+    adds its int32 bias exactly. The epilogue is bitblas.schedule.epilogue.scaled_sum, as in the
+    GEMV template's int8 kernels."""
+    plan = _plan(C(M=None, N=256, K=512, **FAMILIES["i8-noscale-bias-f16"]))
+    src = cuda_source(plan, _h200(), default_hint(plan, _h200()))
+    assert "(float)bias_ptr[" in src and "(int)bias_ptr[" not in src
+    p32 = _plan(C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8", out_dtype="int32", with_bias=True))
+    src32 = cuda_source(p32, _h200(), default_hint(p32, _h200()))
+    assert "bias_ptr[" in src32 and "(float)bias_ptr[" not in src32
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_int8_bias_fraction():
+    """Zero activations: the output is the bias itself, fractions included."""
+    from bitblas.reference import random_inputs
+    from bitblas.tune.tuner import kernel_args
+    cfg = C(M=None, N=1000, K=1024, **FAMILIES["i8-noscale-bias-f16"])
+    plan = _plan(cfg)
+    fn = build_plan(plan, cuda_target(), default_hint(plan, cuda_target()))
+    inputs = random_inputs(cfg, 300, device="cuda", seed=5)
+    inputs["A"].zero_()
+    inputs["bias"].copy_(torch.rand_like(inputs["bias"], dtype=torch.float32).half() * 8 - 4)
+    out = torch.full((300, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+    fn(*kernel_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    assert torch.equal(out, inputs["bias"].expand(300, -1)), (out[0, :4], inputs["bias"][:4])
 
 
 def test_dynamic_m_picks_tiles_per_row_count(monkeypatch):

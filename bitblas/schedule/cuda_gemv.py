@@ -82,6 +82,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from .cuda_mma import _target_info
+from .epilogue import scaled_sum
 from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _f8_pair_dec, _lut, _prep_adjacent,
                           _table_dec)
 from .gemv_int8 import _i8_helpers
@@ -724,18 +725,9 @@ def _kernel_script(plan, hint: GEMVHint):
         return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
 
     def int8_epilogue(i, n, val):
-        """The TensorIR's epilogue order: sum (float32) * scale[n] * a_scale[i] + bias[n]; int32
-        output (no scales): the exact sum + bias."""
-        if c.out_dtype == "int32":
-            return f"{val} + bias[{n}]" if c.with_bias else val
-        v = val if acc_dtype == "float32" else f"T.Cast('float32', {val})"
-        if plan.scale_in_epilogue:
-            v = f"{v} * scale[{n}, 0]"
-        if c.with_act_scaling:
-            v = f"{v} * a_scale[{i}]"
-        if c.with_bias:
-            v = f"{v} + T.Cast('float32', bias[{n}])"
-        return f"T.Cast({c.out_dtype!r}, {v})"
+        """The TensorIR's epilogue order (bitblas.schedule.epilogue.scaled_sum), cast to the output."""
+        v, vt = scaled_sum(plan, val, acc_dtype, i, n)
+        return v if vt == c.out_dtype else f"T.Cast({c.out_dtype!r}, {v})"
 
     why = gemv_hint_unsupported(plan, hint)
     if why:

@@ -34,6 +34,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from .cuda_mma import _PTX_FP8, _target_info
+from .epilogue import scaled_sum
 
 __all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR"]
 
@@ -418,17 +419,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         vt = "float32"
         if acc_t == "uint32" and not P:
             v, vt = f"T.reinterpret('int32', {v})", "int32"
-        col = f"cc + {e}"
-        if plan.scale_in_epilogue or c.with_act_scaling:
-            if vt != "float32":
-                v, vt = f"T.Cast('float32', {v})", "float32"
-            if plan.scale_in_epilogue:
-                v = f"{v} * T.Cast('float32', scale[{col}, 0])"
-            if c.with_act_scaling:
-                v = f"{v} * a_scale[r]"
-        if c.with_bias:
-            v = f"{v} + T.Cast({vt!r}, bias[{col}])"
-        return v, vt
+        return scaled_sum(plan, v, vt, "r", f"cc + {e}")
 
     if pair_store:
         v0, vt = value(0)

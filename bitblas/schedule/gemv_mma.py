@@ -28,18 +28,22 @@ def _mma_helpers(tag: str, act: str, NP: int):
                      f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
     lines.append("}")
     src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    src[f"bb_mma_{tag}"] = _mma_chain(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f")
-    src[f"bb_mma1_{tag}"] = _mma_chain(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f",
-                                       chains=1).replace(f"bb_mma_{tag}", f"bb_mma1_{tag}")
+    src.update(_mma_chains(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f"))
     return src
 
 
-def _mma_chain(tag: str, steps: int, op: str, ctype: str, cons: str, chains: int = 2) -> str:
-    """``bb_mma_{tag}(dg, dh, b, c)``: ``steps`` mma.sync ``op`` of one lane vector, A = decoded
+def _mma_chains(tag: str, steps: int, op: str, ctype: str, cons: str) -> dict:
+    """``bb_mma_{tag}`` (two accumulator chains) and ``bb_mma1_{tag}`` (one, for the chunk loop)."""
+    return {f"bb_mma{n}_{tag}": _mma_chain(f"bb_mma{n}_{tag}", steps, op, ctype, cons, chains)
+            for n, chains in (("", 2), ("1", 1))}
+
+
+def _mma_chain(name: str, steps: int, op: str, ctype: str, cons: str, chains: int = 2) -> str:
+    """``name(dg, dh, b, c)``: ``steps`` mma.sync ``op`` of one lane vector, A = decoded
     words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = activation words 2s, 2s+1,
     alternating between two accumulator sets ``c[0..3]`` / ``c[4..7]`` (two independent chains;
     ``chains=1``: one set, the independent token tiles of a chunk loop interleave instead)."""
-    lines = [f"__device__ __forceinline__ void bb_mma_{tag}(const unsigned* dg, const unsigned* dh, "
+    lines = [f"__device__ __forceinline__ void {name}(const unsigned* dg, const unsigned* dh, "
              f"const unsigned* b, {ctype}* c) {{"]
     for s in range(steps):
         o = 4 * (s % chains)
@@ -92,10 +96,7 @@ def _body_mma(plan, hint, add, e):
     # the scale: one per channel at the store (float32, exact), else on the decoded pairs (hfma2)
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"] and not e["s_f8"]
     CL = chunk_loop(hint, e["m"])
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, 1 if CL else TT, None if at_store else sdt, zdt)
-    if CL:   # decoded pairs of every channel tile; one accumulator set per (tile, token tile)
-        add(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')")
-    add(f"    acc = T.alloc_local(({R}, {TT}, {4 if CL else 8}), 'float32')")
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, zdt, "float32", CL)
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
     add("    ov = T.alloc_local((2,), 'int32')")
@@ -199,16 +200,19 @@ def chunk_loop(hint, m: int) -> bool:
     return hint.chunk_loop and m > 16
 
 
-def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, extra=()):
+def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, adt, loop, extra=()):
     """Kernel entry, grid / block, and the registers both tensor-core GEMVs hold: ``ST`` slots of
     weight words (raw group scales ``sdt``, zeros ``zdt``) per step, vector, tile and channel half,
-    the ``extra`` allocation lines, the raw and gathered activation words, the decoded words."""
+    the ``extra`` allocation lines, the raw and gathered activation words (every token tile's, or
+    with the chunk ``loop`` one tile's), the decoded words (one tile's, or with the loop every
+    tile's: ``dqr``) and the ``adt`` accumulators (two chains of 4 per tile pair; the loop: one)."""
     _device_entry(add, hint, NBLK, 32 * KW, (ST, U, R, 2), NW, sdt, zdt)
     for ln in extra:
         add(ln)
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
-    add(f"    ap = T.alloc_local(({TT}, {NA}), 'uint32')")
-    add(f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    add(f"    ap = T.alloc_local(({1 if loop else TT}, {NA}), 'uint32')")
+    add(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')" if loop else f"    dq = T.alloc_local((2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {TT}, {4 if loop else 8}), {adt!r})")
 
 
 def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True, loop=False):

@@ -111,10 +111,8 @@ def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
     src[f"bb_mdec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
     at = "s8" if signed else "u8"
-    from .gemv_mma import _mma_chain
-    src[f"bb_mma_{tag}"] = _mma_chain(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r")
-    src[f"bb_mma1_{tag}"] = _mma_chain(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r",
-                                       chains=1).replace(f"bb_mma_{tag}", f"bb_mma1_{tag}")
+    from .gemv_mma import _mma_chains
+    src.update(_mma_chains(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r"))
     return src
 
 
@@ -143,11 +141,8 @@ def _body_mma_int8(plan, hint, add, e):
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
     CL = chunk_loop(hint, e["m"])
-    extra = [f"    ip = T.alloc_local(({1 if CL else TT}, 8), 'int32')"] if sdt else []   # a step's int32 tile
-    if CL:      # the chunk loop (see gemv_mma): decoded bytes of every channel tile, one chain per tile pair
-        extra.append(f"    dqr = T.alloc_local(({R}, 2, {NA}), 'uint32')")
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, 1 if CL else TT, sdt, None, extra)
-    add(f"    acc = T.alloc_local(({R}, {TT}, {4 if CL else 8}), {adt!r})")
+    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None, adt, CL,
+               [f"    ip = T.alloc_local(({1 if CL else TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
     cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt, loop=CL)
 
     def process(ind, step, slot):

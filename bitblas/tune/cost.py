@@ -197,20 +197,21 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         # tensor cores: kw warps split K over blocks of R channels; a lane streams channels g and
         # g + 8 of each 16-channel tile (2 * R / 16 vectors per unroll step, two register slots)
         # (17..64 rows: one block per 16-row chunk and channel tile; the chunks' weight re-reads hit L2)
-        tiles, tt, U = R // 16, (1 if m <= 8 else 2), hint.unroll
-        chunks = -(-m // 16)
+        tiles, U = R // 16, hint.unroll
         warps = max(1, kw)
         loads = 2 * tiles * U
         slots = 2 if hint.stages >= 2 else 1          # register slots of weights (the next step in flight)
-        regs = 48 + slots * loads * vb // 4 + (tt + 2) * vals // 2 + 8 * tiles * tt
-        blocks = math.ceil(N / R) * chunks
+        w_regs = slots * loads * vb // 4
         if chunk_loop(hint, m):
             # the chunk loop: one block streams and decodes its weights once for all 2 * chunks token
             # tiles (decoded words of every tile held, one accumulator chain each; H200: 32 channels
             # x 4 K warps take 255 registers without spills)
-            tt, chunks = 2 * chunks, 1
-            regs = 40 + slots * loads * vb // 4 + 2 * tiles * vals // 2 + 3 * vals // 2 + 4 * tiles * tt
-            blocks = math.ceil(N / R)
+            tt, chunks = 2 * -(-m // 16), 1
+            regs = 40 + w_regs + 2 * tiles * vals // 2 + 3 * vals // 2 + 4 * tiles * tt
+        else:
+            tt, chunks = (1 if m <= 8 else 2), -(-m // 16)
+            regs = 48 + w_regs + (tt + 2) * vals // 2 + 8 * tiles * tt
+        blocks = math.ceil(N / R) * chunks
         sync_clk = 200 if warps > 1 else 0
     elif kw:
         # k-split: kw warps share a row batch's K; each lane holds its vectors of all R rows

@@ -44,6 +44,8 @@ FAMILIES = {
                  (C(M=40, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 40, None),
                  (C(M=33, N=1000, K=1056, W_dtype="uint2", group_size=32, with_scaling=True), 33, None),
                  (C(M=64, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 64, None),
+                 (C(M=20, N=1000, K=1536, W_dtype="uint1", group_size=G, with_scaling=True, with_zeros=True), 20,
+                  None),
                  # the row count at run time: kernels built for the top of a class, called with fewer rows
                  (C(M=8, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 3, None),
                  (C(M=48, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 35,

@@ -226,13 +226,23 @@ def test_gemv_mma_default_tile_choice():
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
     t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
-    # 17..64 rows (chunks of 16): every format takes the chunk loop, 32 channels x 4 K warps, 2
-    # vectors per step, no next step in flight, launch bounds of 1 block per SM
+    # 17..64 rows (chunks of 16): every format takes the chunk loop, 32 channels x 4 K warps, no
+    # next step in flight, launch bounds of 1 block per SM; vectors of 16 codes (a lane's
+    # activations span 32 bytes), as many per step as two of the default vectors: 4-bit codes 4
+    # vectors of 8 bytes, 2-bit 8 of 4 bytes, 1-bit 4 of 4 bytes (32 codes: the smallest vector);
+    # nvfp4 (16-code groups) and 8-bit codes already have 16 codes per vector
+    spans = {"u2-rescale": (4, 8), "bf16-i2": (4, 8), "i1-zeros": (4, 4), "nvfp4-bias": (0, 2)}
     for m in (17, 64):
         for name in CONFIGS:
-            h = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS[name]), "cuda", m), t90)
+            plan = make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS[name]), "cuda", m)
+            h = GEMVHint.default(plan, t90)
             assert h.chunk_loop, (name, m)
-            assert tile(name, m) == tile(name, m, n=28672) == (32, 4, 2, 1, 1), (name, m)
+            vb, u = spans.get(name, (8, 4))
+            assert (h.vec_bytes, h.unroll) == (vb, u), (name, m)
+            assert tile(name, m) == tile(name, m, n=28672) == (32, 4, u, 1, 1), (name, m)
+        h8 = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
+                              t90)
+        assert (h8.vec_bytes, h8.unroll, h8.chunk_loop) == (0, 2, True)
 
 
 @pytest.mark.nvcc

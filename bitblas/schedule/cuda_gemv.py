@@ -233,8 +233,25 @@ class GEMVHint:
         flight for the others): w4a8 g128 15.5 / 17.1 / 27.2 vs 19.9 / 20.8 / 39.3 (28672: 51.2 /
         60.3 / 101.6 vs 64.1 / 69.2 / 133.5); w8a8 per channel 20.6 / 22.2 vs 23.4 / 24.6 at 17 /
         32 rows (68.5 / 73.7 vs 85.4 / 89.2); w2a8 g128 16.2 / 17.2 / 27.7 vs 18.0 / 19.0 / 35.8;
-        w4a8 per channel 15.5 / 16.7 / 21.4 vs 16.2 / 17.3 / 32.1."""
-        return _MMA_LOOP
+        w4a8 per channel 15.5 / 16.7 / 21.4 vs 16.2 / 17.3 / 32.1.
+
+        Float activations take weight vectors of 16 codes (:func:`_span_vec_bytes`; 12th
+        session): a lane's activations of a vector then span 32 bytes, so the four lanes of a
+        token row read one 128-byte line per load instead of two. The loop is bound by L1's
+        load wavefronts (ncu, W4A16 64x8192^2: 94% of peak, one wavefront per line and row), so
+        this cut the time by up to 2.4x: W4A16 g128 17 / 32 / 48 / 64 rows 24.2 / 24.7 / 32.0 /
+        36.1 vs 23.6 / 28.3 / 36.2 / 45.5 µs (28672: 89.5 / 92.0 / 120.1 / 140.4 vs 87.4 / 105.7
+        / 139.5 / 177.0); w2a16 g128 at 17 / 64 rows 21.3 / 34.5 vs 28.2 / 81.4 (28672: 64.9 /
+        132.4 vs 109.2 / 318.7); nf4, fp4 and float zero points at 64 rows 37.7 / 37.5 / 41.2 vs
+        47.3 / 47.1 / 49.4. int8 activations (one byte per value) already span 32 bytes with
+        16-byte vectors of 4-bit codes."""
+        if not plan.float_acts:
+            return _MMA_LOOP
+        vb, vb0 = _span_vec_bytes(plan), _vec_bytes(plan)
+        if vb is None or vb0 is None or vb == vb0:
+            return _MMA_LOOP
+        # the same K per step as two of the default vectors (4-bit codes: 4 vectors of 16)
+        return dataclasses.replace(_MMA_LOOP, vec_bytes=vb, unroll=2 * vb0 // vb)
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
@@ -304,6 +321,16 @@ def _vec_bytes(plan, want: int = 0, group_vectors: int = 1) -> Optional[int]:
         if plan.groups > 1 and c.group_size % (group_vectors * v):
             continue
         return vb
+    return None
+
+
+def _span_vec_bytes(plan) -> Optional[int]:
+    """Weight bytes per lane vector whose float activations span 32 bytes (16 codes: 2 bytes per
+    bit of code width), or the nearest larger size the plan takes; None if none does. The four
+    lanes of a token row in the tensor-core GEMV then load one 128-byte line of it per load."""
+    for vb in (4, 8, 16):
+        if vb >= 2 * plan.w.bits and _vec_bytes(plan, vb) is not None:
+            return vb
     return None
 
 

@@ -36,6 +36,7 @@ from ..schedule.gemv_mma import chunk_loop
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
 DRAM_LATENCY_S = 1.0e-6      # loaded DRAM latency the in-flight bytes must cover
+L1_WAVEFRONTS_PER_CLK = 1.0  # L1 load wavefronts per SM and clock (one 128-byte line of one load each)
 _LAUNCH_S = 2.0e-6
 _SYNC_CLK = 60               # cycles per k step for barriers and address arithmetic
 _PROLOGUE_CLK = 1500         # pipeline fill + epilogue store latency per block (not overlapped)
@@ -260,7 +261,25 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     else:
         ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
+    if hint.mma:
+        t_alu = max(t_alu, _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) /
+                    (L1_WAVEFRONTS_PER_CLK * spec.sm_count * spec.clock_hz))
     return max(t_mem, t_alu) + 0.1 * min(t_mem, t_alu) + _LAUNCH_S
+
+
+def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:
+    """L1 load wavefronts of the tensor-core GEMV (one per 128-byte line a load touches; what bounds
+    the chunk loop: ncu, W4A16 64x8192^2, 94% of peak). Per warp and lane vector: the activations
+    of each token tile (8 rows; the four lanes of a row read 4 x ``span`` contiguous bytes, 16 per
+    lane and load), the weights of 2 x tiles channel rows of 8 (4 x ``vb`` bytes each) and their
+    group scales / zeros (one line per channel)."""
+    span = vals * (2 if plan.float_acts else 1)          # activation bytes of one lane vector
+    lines = max(1, 4 * span // 128)
+    loads = 2 * (hint.rows_per_warp // 16)               # weight rows (channels g, g + 8 per tile)
+    per = tt * (span // 16) * 8 * lines + loads * 8 * max(1, 4 * vb // 128)
+    if plan.groups > 1:
+        per += loads * 8 * ((plan.config.with_scaling) + (plan.config.with_zeros))
+    return math.ceil(plan.config.N / hint.rows_per_warp) * chunks * math.ceil(vectors / 4) * per
 
 
 def _simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:

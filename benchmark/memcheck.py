@@ -46,6 +46,10 @@ FAMILIES = {
                  (C(M=64, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 64, None),
                  (C(M=20, N=1000, K=1536, W_dtype="uint1", group_size=G, with_scaling=True, with_zeros=True), 20,
                   None),
+                 # 64 channels per warp (the default from N=16896 up to 48 rows): blocks past N=1000
+                 (C(M=40, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 40,
+                  lambda p, t: GEMVHint(rows_per_warp=64, k_warps=4, unroll=8, stages=1, vec_bytes=4, mma=True,
+                                        min_blocks=1, chunk_loop=True)),
                  # the row count at run time: kernels built for the top of a class, called with fewer rows
                  (C(M=8, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 3, None),
                  (C(M=48, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 35,

@@ -117,6 +117,10 @@ def test_gemv_mma_row_chunks(name, n, k):
 
 
 CHUNK_LOOP_HINTS = {
+    # the default from N=16896 up to 48 rows: 64 channels per warp, 8-byte vectors (the class tops
+    # 32 / 48 only: at 64 rows its K-warp reduction exceeds 48 KB of shared memory)
+    "r64k4v8u4": GEMVHint(rows_per_warp=64, k_warps=4, unroll=4, stages=1, vec_bytes=8, mma=True, min_blocks=1,
+                          chunk_loop=True),
     "r32k4u1s2": GEMVHint(rows_per_warp=32, k_warps=4, unroll=1, stages=2, mma=True, min_blocks=1, chunk_loop=True),
     "r16k8u2s2": GEMVHint(rows_per_warp=16, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=1, chunk_loop=True),
 }
@@ -133,6 +137,8 @@ def test_gemv_mma_chunk_loop(name, n, k, hk):
     cfg = MatmulConfig(N=n, K=k, **CONFIGS[name])
     errors = []
     for top, rows in ((32, (17, 32)), (48, (40,)), (64, (49, 64))):
+        if hk == "r64k4v8u4" and top == 64:
+            continue
         plan = make_plan(cfg, "cuda", top)
         fn = build_plan(plan, cuda_target(), CHUNK_LOOP_HINTS[hk])
         errors += [check_kernel(cfg, plan, fn, m) for m in rows]
@@ -239,7 +245,12 @@ def test_gemv_mma_default_tile_choice():
             assert h.chunk_loop, (name, m)
             vb, u = spans.get(name, (8, 4))
             assert (h.vec_bytes, h.unroll) == (vb, u), (name, m)
-            assert tile(name, m) == tile(name, m, n=28672) == (32, 4, u, 1, 1), (name, m)
+            assert tile(name, m) == (32, 4, u, 1, 1), (name, m)
+            # from N=16896 up to 48 rows 64 channels per warp (not 1-bit codes: they spill; nf4
+            # from 33 rows)
+            wide = m <= 48 and name not in ("i1-zeros", "nf4")
+            assert tile(name, m, n=28672) == (64 if wide else 32, 4, u, 1, 1), (name, m)
+        assert tile("nf4", 33, n=28672)[0] == tile("nf4", 48, n=28672)[0] == 64
         h8 = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
                               t90)
         assert (h8.vec_bytes, h8.unroll, h8.chunk_loop) == (0, 2, True)

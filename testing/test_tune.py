@@ -288,8 +288,9 @@ def test_device_spec_without_a_gpu():
 def test_cost_model_chunk_loop():
     """17..64 rows: the chunk loop streams and decodes the weights once for every 16-row chunk, so it
     ranks above the same tile run as a block per chunk; 16 channels per warp rank below 32 (each
-    block reads the activations of all rows), 64 channels per warp do not fit the registers (H200:
-    W4A16 64 rows 45.5 vs 53.8 us a block per chunk, 16 channels 83.7)."""
+    block reads the activations of all rows), 64 channels per warp leave too few warps per SM at
+    N=8192 (H200: W4A16 64 rows 45.5 vs 53.8 us a block per chunk, 16 channels 83.7; 32 rows, 64
+    channels 37.7 vs 24.8)."""
     cfg = MatmulConfig(M=64, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
     plan = make_plan(cfg, "cuda", 64)
 
@@ -298,7 +299,8 @@ def test_cost_model_chunk_loop():
                                        chunk_loop=loop), 64, H200)
     assert cost(32, 4, True) < cost(32, 4, False)
     assert cost(32, 4, True) < cost(16, 8, True) < math.inf
-    assert math.isinf(cost(64, 4, True))
+    # 64 channels per warp: 128 blocks of 4 warps at N=8192, one per SM, too few warps to keep L1 busy
+    assert cost(32, 4, True) < cost(64, 4, True) < math.inf
     # L1 load wavefronts: vectors of 16 codes (a lane's activations span 32 bytes, one line per
     # token row and load) rank above 32 codes (H200: 36.1 vs 45.5 us; 2-bit 34.5 vs 81.4)
     for w, vb in (("uint4", 8), ("int2", 4)):
@@ -312,6 +314,13 @@ def test_cost_model_chunk_loop():
         # the default tile is in the tuner's space (with programmatic dependent launch on sm_90)
         default = GEMVHint(**{**GEMVHint._chunk_tile(p).__dict__, "pdl": True})
         assert default in [c.hint for c in candidates(p.config, "cuda", 64, H200)], w
+    # N=28672, 32 rows: 64 channels per warp (448 blocks, 8 warps per SM) rank above 32 (H200: 79.7
+    # vs 92.6 us); GEMVHint._chunk_tile takes them there
+    p28 = make_plan(MatmulConfig(M=32, N=28672, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
+                                 with_scaling=True), "cuda", 32)
+    t28 = GEMVHint._chunk_tile(p28)
+    assert t28.rows_per_warp == 64
+    assert estimate(p28, t28, 32, H200) < estimate(p28, GEMVHint(**{**t28.__dict__, "rows_per_warp": 32}), 32, H200)
     # 16 rows or fewer: the flag changes nothing
     p16 = make_plan(cfg, "cuda", 16)
     h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1)

@@ -247,11 +247,23 @@ class GEMVHint:
         16-byte vectors of 4-bit codes."""
         if not plan.float_acts:
             return _MMA_LOOP
+        hint = _MMA_LOOP
         vb, vb0 = _span_vec_bytes(plan), _vec_bytes(plan)
-        if vb is None or vb0 is None or vb == vb0:
-            return _MMA_LOOP
-        # the same K per step as two of the default vectors (4-bit codes: 4 vectors of 16)
-        return dataclasses.replace(_MMA_LOOP, vec_bytes=vb, unroll=2 * vb0 // vb)
+        if vb is not None and vb0 is not None and vb != vb0:
+            # the same K per step as two of the default vectors (4-bit codes: 4 vectors of 16)
+            hint = dataclasses.replace(hint, vec_bytes=vb, unroll=2 * vb0 // vb)
+        # 64 channels per warp up to 48 rows from N=16896 (2+ blocks per SM; H200, 28672x8192, 17 /
+        # 32 / 48 rows, µs: W4A16 g128 73.1 / 79.7 / 97.0 vs 87.8 / 92.6 / 120.9; with zeros 88.7 /
+        # 90.6 / 114.1 vs 111.2 / 115.5 / 137.8; fp4 84.3 / 85.8 / 105.8 vs 86.4 / 91.7 / 126.0;
+        # w2a16 68.7 / 70.2 / 95.0 vs 83.3 / 88.2 / 105.9; w8a16 per channel 82.3 / 99.6 vs 88.5 /
+        # 121.6 at 32 / 48; nvfp4 104.2 / 115.5 vs 114.8 / 139.7; nf4 only at 48 rows: 112.2 vs
+        # 128.5, but 99.8 / 99.2 vs 90.2 / 95.8 at 17 / 32). Each activation fragment then feeds
+        # twice the mma; N=8192 (128 such blocks) loses (32 rows 37.7 vs 24.8). 1-bit codes spill.
+        m = plan.m or 1
+        if (plan.config.N >= 16896 and m <= 48 and plan.w.bits >= 2
+                and not (_decoder(plan.w) == "lut4" and m <= 32)):
+            hint = dataclasses.replace(hint, rows_per_warp=64)
+        return hint
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)

@@ -157,7 +157,7 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
         span, vb0 = cuda_gemv._span_vec_bytes(plan), cuda_gemv._vec_bytes(plan)
         if plan.float_acts and span is not None and vb0 is not None and span != vb0:
             vbs.append((span, vb0 // span))
-        for R, kw, unroll, stages, (vb, f) in itertools.product((16, 32), (2, 4), (1, 2), (1, 2), vbs):
+        for R, kw, unroll, stages, (vb, f) in itertools.product((16, 32, 64), (2, 4), (1, 2), (1, 2), vbs):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll * f, stages=stages, vec_bytes=vb, mma=True,
                             min_blocks=1, chunk_loop=True)
             if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:

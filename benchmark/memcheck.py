@@ -72,7 +72,13 @@ FAMILIES = {
                   # 17..64 rows: chunks of 16 rows
                   (C(M=40, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 40, None),
                   (C(M=17, N=1000, K=1664, W_dtype="int8", **S8), 17, None),
-                  (C(M=32, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 20, None)],     # run-time rows
+                  (C(M=32, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 20, None),      # run-time rows
+                  # group-scaled int8 x int8 up to 32 rows: the chunk loop (since the 12th session)
+                  (C(M=24, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 24, None),
+                  # 64 channels per warp (the default from N=16896): blocks past N=1000
+                  (C(M=40, N=1000, K=1536, W_dtype="int4", **S8), 40,
+                   lambda p, t: GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1,
+                                         chunk_loop=True))],
     # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
     # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
     "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),

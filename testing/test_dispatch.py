@@ -62,7 +62,8 @@ def test_default_rows_rule():
     assert default_rows(i8.replace(group_size=128), "cuda", 16) == 16
     # int8 activations: the dp4a rows kernel below the tensor-core kernel's first row count (here 5)
     assert [default_rows(i8, "cuda", m) for m in (2, 5, 6, 7)] == [2, 5, 8, 8]
-    assert default_rows(i8.replace(group_size=128), "cuda", 17) is None       # group-scaled int8 x int8: wgmma
+    assert default_rows(i8.replace(group_size=128), "cuda", 17) == 32         # group-scaled int8 x int8: the GEMV
+    assert default_rows(i8.replace(group_size=128), "cuda", 33) is None       # up to 32 rows, then wgmma
     assert default_rows(cfg, "cpu", 5) is None
     assert default_rows(cfg.replace(M=40), "cuda", 40) == 48
     assert default_rows(cfg.replace(W_dtype="nf4"), "cuda", 5) == 8        # GEMV takes table formats too
@@ -115,17 +116,18 @@ def test_gemv_bucket_dispatch_rule(db_path):
     op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
     assert op._choose("cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
     # a tuned tensor-core GEMV serves its bucket's rows where the untuned default is no GEMV
-    # (group-scaled int8 x int8 at 17..32 rows: wgmma); a rows-kernel hint cannot take > 16 rows
-    i8 = MatmulConfig(M=[16, 32], N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
+    # (group-scaled int8 x int8 at 33..48 rows: wgmma); a rows-kernel hint cannot take > 16 rows
+    i8 = MatmulConfig(M=[16, 48], N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
                       group_size=128, with_act_scaling=True, out_dtype="float16")
     op8 = bitblas.Matmul(i8, target="sm_90")
     hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
-    op8._buckets = BucketTable((16, 32))
-    op8._tuned["cuda"] = {16: (16, h), 32: (32, hm)}
-    assert op8._choose("cuda", 20) == (32, hm) and op8._choose("cuda", 32) == (32, hm)
+    op8._buckets = BucketTable((16, 48))
+    op8._tuned["cuda"] = {16: (16, h), 48: (48, hm)}
+    assert op8._choose("cuda", 40) == (48, hm) and op8._choose("cuda", 48) == (48, hm)
     assert op8._choose("cuda", 12) == (12, h)
-    op8._tuned["cuda"] = {16: (16, h), 32: (32, h)}
-    assert op8._choose("cuda", 20)[0] is None         # the default kernel (wgmma, symbolic)
+    op8._tuned["cuda"] = {16: (16, h), 48: (48, h)}
+    assert op8._choose("cuda", 40)[0] is None         # the default kernel (wgmma, symbolic)
+    assert op8._choose("cuda", 20) == (32, None)      # 17..32 rows: the default GEMV (the chunk loop)
 
 
 def test_gemv_bucket_rows_are_built_ahead():

@@ -188,6 +188,20 @@ def test_mma_int8_default_hint():
     assert not GEMVHint.default(_plan("int1", 8, group_size=64, with_scaling=True), t80).mma
 
 
+def test_mma_int8_chunk_tile():
+    """17..64 rows: the chunk loop, 32 channels x 4 K warps; from N=16896 64 channels for sub-byte
+    codes up to 32 rows (per-channel up to 48); 8-bit codes keep 32."""
+    t90 = cuda_target(TARGETS["sm_90"])
+    loop = GEMVHint(32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True, pdl=True)
+    for w in WEIGHTS:
+        for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True)):
+            for m in (17, 32, 48, 64):
+                h = GEMVHint.default(_plan(w, m, n=28672, k=8192, **kw), t90)
+                assert GEMVHint.default(_plan(w, m, n=8192, k=8192, **kw), t90) == loop, (w, kw, m)
+                wide = not w.endswith("8") and m <= (32 if "group_size" in kw else 48)
+                assert h == (GEMVHint(**{**loop.__dict__, "rows_per_warp": 64}) if wide else loop), (w, kw, m)
+
+
 def test_mma_int8_refused():
     h = GEMVHint(32, k_warps=4, mma=True)
     why = mma_int8_unsupported(_plan("int1", group_size=64, with_scaling=True), h)

@@ -226,13 +226,15 @@ def test_gemv_int8_mma_hints(name, hint, k):
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("k", [1536, 1664])
+@pytest.mark.parametrize("rpw", [32, 64])
 @gpu
-def test_gemv_int8_mma_chunk_loop(name, k):
+def test_gemv_int8_mma_chunk_loop(name, k, rpw):
     """chunk_loop on the m16n8k32 kernel: one block serves every 16-row chunk (the weights decoded
     once), every format x scale mode, class tops 32 / 64 at row counts inside their last chunk
-    (run-time rows), K=1664 with lanes past K for the 4 K warps; int32 outputs exactly."""
+    (run-time rows), K=1664 with lanes past K for the 4 K warps; int32 outputs exactly; 64 channels
+    per warp (the default from N=16896 up to 32 / 48 rows): blocks past N=1000."""
     from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
-    h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
+    h = GEMVHint(rows_per_warp=rpw, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
     cfg = _cfg(name, 1000, k)
     for top, rows in ((32, (17, 32)), (64, (40, 64))):
         plan = make_plan(cfg, "cuda", top)
@@ -266,7 +268,7 @@ def test_gemv_int8_selection(w, arch):
         for m in (17, 33, 64):                # the m16n8k32 GEMV in chunks of 16 rows (8-bit codes up to 32)
             plan = make_plan(cfg, "cuda", m)
             hint = default_hint(plan, target)
-            gemv = gemv_unsupported(plan) is None and (w[-1] != "8" or (m <= 32 and "group_size" not in kw))
+            gemv = gemv_unsupported(plan) is None and (w[-1] != "8" or m <= 32)
             assert isinstance(hint, GEMVHint) == gemv and (not gemv or hint.mma), (w, kw, m, hint)
         for m in (65, None):
             hint = default_hint(make_plan(cfg, "cuda", m), target)

@@ -60,9 +60,8 @@ def _h200():
 def test_default_on_sm90(fam, M):
     plan = _plan(C(M=M, N=1000, K=512, **FAMILIES[fam]))
     hint = default_hint(plan, _h200())
-    per_channel = FAMILIES[fam].get("group_size", -1) == -1
-    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and (M <= 16 or (M <= 32 and per_channel)):
-        from bitblas.schedule import GEMVHint        # int8 x int8: the GEMV (per channel up to 32 rows)
+    if FAMILIES[fam]["A_dtype"] == "int8" and M is not None and M <= 32:
+        from bitblas.schedule import GEMVHint        # int8 x int8: the GEMV up to 32 rows
         assert isinstance(hint, GEMVHint), hint
         hint = WGMMAHint.default(plan, _h200())      # wgmma still takes it when asked
     assert isinstance(hint, WGMMAHint), hint
@@ -88,12 +87,12 @@ def test_tiles_fill_the_sms(M, expect, monkeypatch):
     assert (h.BM, h.BN) == expect
 
 
-@pytest.mark.parametrize("M,kind", [(1, GEMVHint), (8, GEMVHint), (9, GEMVHint), (16, GEMVHint), (17, WGMMAHint),
-                                    (65, WGMMAHint)])
+@pytest.mark.parametrize("M,kind", [(1, GEMVHint), (8, GEMVHint), (9, GEMVHint), (16, GEMVHint), (17, GEMVHint),
+                                    (32, GEMVHint), (33, WGMMAHint), (65, WGMMAHint)])
 def test_int8_rows_gemv_then_wgmma(M, kind):
     """int8 x int8 with group scales: the GEMV (dp4a rows kernel, from 5 rows the m16n8k32 one,
-    faster than the 64 x 64 wgmma tile on the H200) for 1..16 rows, wgmma from 17; int8 x int4
-    per channel: the GEMV up to 64 rows (chunks of 16 above 16)."""
+    faster than the 64 x 64 wgmma tile on the H200; above 16 rows its chunk loop) for 1..32 rows,
+    wgmma from 33; int8 x int4 per channel: the GEMV up to 64 rows (chunks of 16 above 16)."""
     plan = _plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int8", with_scaling=True, group_size=128))
     assert isinstance(default_hint(plan, _h200()), kind)
     h4 = default_hint(_plan(C(M=M, N=8192, K=8192, A_dtype="int8", W_dtype="int4", with_scaling=True)), _h200())

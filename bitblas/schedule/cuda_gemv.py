@@ -235,7 +235,7 @@ class GEMVHint:
         32 rows (68.5 / 73.7 vs 85.4 / 89.2); w2a8 g128 16.2 / 17.2 / 27.7 vs 18.0 / 19.0 / 35.8;
         w4a8 per channel 15.5 / 16.7 / 21.4 vs 16.2 / 17.3 / 32.1.
 
-        Float activations take weight vectors of 16 codes (:func:`_span_vec_bytes`; 12th
+        Float activations take weight vectors of 16 codes (:func:`span_vectors`; 12th
         session): a lane's activations of a vector then span 32 bytes, so the four lanes of a
         token row read one 128-byte line per load instead of two. The loop is bound by L1's
         load wavefronts (ncu, W4A16 64x8192^2: 94% of peak, one wavefront per line and row), so
@@ -245,13 +245,19 @@ class GEMVHint:
         132.4 vs 109.2 / 318.7); nf4, fp4 and float zero points at 64 rows 37.7 / 37.5 / 41.2 vs
         47.3 / 47.1 / 49.4. int8 activations (one byte per value) already span 32 bytes with
         16-byte vectors of 4-bit codes."""
+        m = plan.m or 1
         if not plan.float_acts:
+            # int8: 64 channels per warp from N=16896 for sub-byte codes up to 32 rows, per-channel
+            # ones up to 48 (H200, 28672x8192, µs: 32 rows w4a8 g128 55.4 vs 60.1, w2a8 g128 51.3 vs
+            # 59.5, w4a8 per channel 40.8 vs 44.5; 48 rows w4a8 per channel 52.0 vs 65.4; 8-bit codes
+            # tie; group-scaled codes spill at 48 rows)
+            if plan.config.N >= 16896 and plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48):
+                return dataclasses.replace(_MMA_LOOP, rows_per_warp=64)
             return _MMA_LOOP
         hint = _MMA_LOOP
-        vb, vb0 = _span_vec_bytes(plan), _vec_bytes(plan)
-        if vb is not None and vb0 is not None and vb != vb0:
-            # the same K per step as two of the default vectors (4-bit codes: 4 vectors of 16)
-            hint = dataclasses.replace(hint, vec_bytes=vb, unroll=2 * vb0 // vb)
+        span = span_vectors(plan)
+        if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
+            hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
         # 64 channels per warp up to 48 rows from N=16896 (2+ blocks per SM; H200, 28672x8192, 17 /
         # 32 / 48 rows, µs: W4A16 g128 73.1 / 79.7 / 97.0 vs 87.8 / 92.6 / 120.9; with zeros 88.7 /
         # 90.6 / 114.1 vs 111.2 / 115.5 / 137.8; fp4 84.3 / 85.8 / 105.8 vs 86.4 / 91.7 / 126.0;
@@ -259,7 +265,6 @@ class GEMVHint:
         # 121.6 at 32 / 48; nvfp4 104.2 / 115.5 vs 114.8 / 139.7; nf4 only at 48 rows: 112.2 vs
         # 128.5, but 99.8 / 99.2 vs 90.2 / 95.8 at 17 / 32). Each activation fragment then feeds
         # twice the mma; N=8192 (128 such blocks) loses (32 rows 37.7 vs 24.8). 1-bit codes spill.
-        m = plan.m or 1
         if (plan.config.N >= 16896 and m <= 48 and plan.w.bits >= 2
                 and not (_decoder(plan.w) == "lut4" and m <= 32)):
             hint = dataclasses.replace(hint, rows_per_warp=64)
@@ -280,13 +285,17 @@ _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, 
 def gemv_default_takes(plan, target=None) -> bool:
     """Whether an untuned operator runs ``plan`` (a static row count) on the GEMV template: 1..16
     rows wherever the template takes the plan; 17..64 rows on sm_80+ (the tensor-core kernel in
-    chunks of 16 rows) except int8 x 8-bit codes with group scales, and above 32 rows without.
+    chunks of 16 rows) except int8 x 8-bit codes above 32 rows.
     H200, K=8192, N=8192 / 28672 (9th session, docs/benchmarks.md): W4A16 g128 at 17 / 32 / 64
     rows 28.7 / 29.7 / 54.5 µs and 97.6 / 103.7 / 189.6 against 98.4 / 91.2 / 84.4 and 345 /
     338 / 323 for decode-then-wgmma (cuBLAS fp16: 33.5 / 34.1 / 36.5, 117 / 117 / 119); int8 x
     int8 per channel at 17 / 32 / 64 rows 23.7 / 24.3 / 41.6 and 85.4 / 89.9 / 150.5 against the
     wgmma kernel's 29.4 / 25.8 / 21.9 and 94.9 / 90.3 / 92.1; with g128 scales at 17 / 32 rows
-    29.0 / 28.9 and 103.9 / 105.8 against 28.7 / 25.6 and 104.4 / 93.4."""
+    29.0 / 28.9 and 103.9 / 105.8 against 28.7 / 25.6 and 104.4 / 93.4. With the chunk loop (12th
+    session) g128 scales at 17 / 32 / 48 / 64 rows: 24.6 / 27.1 / 30.1 / 34.0 and 73.0 / 78.7 /
+    108.2 / 123.2 against the wgmma kernel's 28.7 / 26.0 / 22.5 / 22.7 and 111.7 / 98.8 / 92.9 /
+    105.4, so up to 32 rows with or without group scales; per channel at 48 rows 28.5 / 87.8
+    against 21.4 / 95.8."""
     if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
         return False
     if plan.m <= GEMV_MAX_ROWS:
@@ -294,7 +303,7 @@ def gemv_default_takes(plan, target=None) -> bool:
     sm = _target_info(target)[0]
     if sm is not None and sm < 80:
         return False
-    return plan.float_acts or plan.w.bits < 8 or (plan.m <= 32 and plan.groups == 1)
+    return plan.float_acts or plan.w.bits < 8 or plan.m <= 32
 
 
 def _f8_scales(plan) -> bool:
@@ -336,13 +345,18 @@ def _vec_bytes(plan, want: int = 0, group_vectors: int = 1) -> Optional[int]:
     return None
 
 
-def _span_vec_bytes(plan) -> Optional[int]:
-    """Weight bytes per lane vector whose float activations span 32 bytes (16 codes: 2 bytes per
-    bit of code width), or the nearest larger size the plan takes; None if none does. The four
-    lanes of a token row in the tensor-core GEMV then load one 128-byte line of it per load."""
+def span_vectors(plan) -> Optional[tuple]:
+    """``(vec_bytes, n)`` for float activations whose default weight vector (:func:`_vec_bytes`)
+    holds more than 16 codes: the smallest vector the plan takes of at least 16 codes (2 bytes
+    per bit of code width), so that a lane's activations span 32 bytes and the four lanes of a
+    token row in the tensor-core GEMV load one 128-byte line per load, and ``n`` of them cover one
+    default vector. None otherwise."""
+    vb0 = _vec_bytes(plan)
+    if not plan.float_acts or vb0 is None:
+        return None
     for vb in (4, 8, 16):
         if vb >= 2 * plan.w.bits and _vec_bytes(plan, vb) is not None:
-            return vb
+            return (vb, vb0 // vb) if vb < vb0 else None
     return None
 
 

@@ -281,7 +281,7 @@ def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:
     loads = 2 * (hint.rows_per_warp // 16)               # weight rows (channels g, g + 8 per tile)
     per = tt * (span // 16) * 8 * lines + loads * 8 * max(1, 4 * vb // 128)
     if plan.groups > 1:
-        per += loads * 8 * ((plan.config.with_scaling) + (plan.config.with_zeros))
+        per += loads * 8 * (int(plan.config.with_scaling) + int(plan.config.with_zeros))
     return math.ceil(plan.config.N / hint.rows_per_warp) * chunks * math.ceil(vectors / 4) * per
 
 

@@ -51,6 +51,9 @@ _C.append(("nvfp4", dict(A_dtype="float16", W_dtype="nvfp4", group_size=16, with
 _C.append(("i8xi8-chan-token", dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),
            True))
 _C.append(("i8xi8-int32", dict(A_dtype="int8", W_dtype="int8", out_dtype="int32", with_bias=True), False))
+# group-scaled int8 x int8: the GEMV up to 32 rows (17: its chunk loop), wgmma above
+_C.append(("i8xi8-g128", dict(A_dtype="int8", W_dtype="int8", group_size=G, with_scaling=True,
+                              with_act_scaling=True), False))
 _C.append(("w4a8-g128", dict(A_dtype="int8", W_dtype="int4", group_size=G, with_scaling=True,
                              with_act_scaling=True), True))
 _C.append(("w2a8-g128", dict(A_dtype="int8", W_dtype="int2", group_size=G, with_scaling=True,

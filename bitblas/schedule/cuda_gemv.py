@@ -185,7 +185,7 @@ class GEMVHint:
         up to 8 rows, then 4 K warps and 32 (N < 16896) or 64 channels."""
         if m <= 8:
             return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
-        if plan.config.N >= 16896:
+        if _wide_layer(plan):
             return _MMA_64
         return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
 
@@ -200,7 +200,7 @@ class GEMVHint:
         b = plan.w.bits
         if m <= 8 and b == 4 and not _f8_scales(plan):
             return _MMA_WIDE
-        if m > 8 and plan.config.N < 16896 and b in (4, 8):
+        if m > 8 and not _wide_layer(plan) and b in (4, 8):
             return dataclasses.replace(_MMA_WIDE, stages=1)
         return base
 
@@ -212,7 +212,7 @@ class GEMVHint:
         19.99; m=16 w4a8-g128 16.34 -> 11.79, w2a8-g128 13.76 -> 10.72, w8a8-g128 23.60 -> 19.67."""
         if m <= 8:
             return dataclasses.replace(base, min_blocks=2)
-        return dataclasses.replace(_MMA_WIDE, stages=1) if plan.config.N < 16896 else base
+        return base if _wide_layer(plan) else dataclasses.replace(_MMA_WIDE, stages=1)
 
     @classmethod
     def _chunk_tile(cls, plan) -> "GEMVHint":
@@ -245,30 +245,35 @@ class GEMVHint:
         132.4 vs 109.2 / 318.7); nf4, fp4 and float zero points at 64 rows 37.7 / 37.5 / 41.2 vs
         47.3 / 47.1 / 49.4. int8 activations (one byte per value) already span 32 bytes with
         16-byte vectors of 4-bit codes."""
-        m = plan.m or 1
-        if not plan.float_acts:
-            # int8: 64 channels per warp from N=16896 for sub-byte codes up to 32 rows, per-channel
-            # ones up to 48 (H200, 28672x8192, µs: 32 rows w4a8 g128 55.4 vs 60.1, w2a8 g128 51.3 vs
-            # 59.5, w4a8 per channel 40.8 vs 44.5; 48 rows w4a8 per channel 52.0 vs 65.4; 8-bit codes
-            # tie; group-scaled codes spill at 48 rows)
-            if plan.config.N >= 16896 and plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48):
-                return dataclasses.replace(_MMA_LOOP, rows_per_warp=64)
-            return _MMA_LOOP
-        hint = _MMA_LOOP
+        m, hint = plan.m or 1, _MMA_LOOP
         span = span_vectors(plan)
         if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
             hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
-        # 64 channels per warp up to 48 rows from N=16896 (2+ blocks per SM; H200, 28672x8192, 17 /
-        # 32 / 48 rows, µs: W4A16 g128 73.1 / 79.7 / 97.0 vs 87.8 / 92.6 / 120.9; with zeros 88.7 /
-        # 90.6 / 114.1 vs 111.2 / 115.5 / 137.8; fp4 84.3 / 85.8 / 105.8 vs 86.4 / 91.7 / 126.0;
-        # w2a16 68.7 / 70.2 / 95.0 vs 83.3 / 88.2 / 105.9; w8a16 per channel 82.3 / 99.6 vs 88.5 /
-        # 121.6 at 32 / 48; nvfp4 104.2 / 115.5 vs 114.8 / 139.7; nf4 only at 48 rows: 112.2 vs
-        # 128.5, but 99.8 / 99.2 vs 90.2 / 95.8 at 17 / 32). Each activation fragment then feeds
-        # twice the mma; N=8192 (128 such blocks) loses (32 rows 37.7 vs 24.8). 1-bit codes spill.
-        if (plan.config.N >= 16896 and m <= 48 and plan.w.bits >= 2
-                and not (_decoder(plan.w) == "lut4" and m <= 32)):
+        # 64 channels per warp on wide layers, where they fit and win: each activation fragment
+        # feeds twice the mma; N=8192 (128 such blocks) loses (W4A16 32 rows 37.7 vs 24.8 µs).
+        # H200, 28672x8192, µs. Float activations, 2- to 8-bit codes up to 48 rows (1-bit codes
+        # spill), 17 / 32 / 48 rows: W4A16 g128 73.1 / 79.7 / 97.0 vs 87.8 / 92.6 / 120.9; with
+        # zeros 88.7 / 90.6 / 114.1 vs 111.2 / 115.5 / 137.8; fp4 84.3 / 85.8 / 105.8 vs 86.4 /
+        # 91.7 / 126.0; w2a16 68.7 / 70.2 / 95.0 vs 83.3 / 88.2 / 105.9; w8a16 per channel 82.3 /
+        # 99.6 vs 88.5 / 121.6 at 32 / 48; nvfp4 104.2 / 115.5 vs 114.8 / 139.7; nf4 only from 33
+        # rows: 112.2 vs 128.5 at 48, 99.8 / 99.2 vs 90.2 / 95.8 at 17 / 32. int8 activations,
+        # sub-byte codes up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48;
+        # 8-bit codes tie): 32 rows w4a8 g128 55.4 vs 60.1, w2a8 g128 51.3 vs 59.5, w4a8 per channel
+        # 40.8 vs 44.5; 48 rows w4a8 per channel 52.0 vs 65.4.
+        if plan.float_acts:
+            fits = plan.w.bits >= 2 and m <= 48 and not (_decoder(plan.w) == "lut4" and m <= 32)
+        else:
+            fits = plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48)
+        if fits and _wide_layer(plan):
             hint = dataclasses.replace(hint, rows_per_warp=64)
         return hint
+
+
+def _wide_layer(plan) -> bool:
+    """N of at least 16896: tensor-core GEMV blocks of 64 channels number 264+ (2+ per SM of the
+    H200's 132), so the tiles take 64 channels per warp there (each activation fragment feeds
+    twice the mma) and 32 below."""
+    return plan.config.N >= 16896
 
 
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)

@@ -278,10 +278,10 @@ def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:
     group scales / zeros (one line per channel)."""
     span = vals * (2 if plan.float_acts else 1)          # activation bytes of one lane vector
     lines = max(1, 4 * span // 128)
-    loads = 2 * (hint.rows_per_warp // 16)               # weight rows (channels g, g + 8 per tile)
-    per = tt * (span // 16) * 8 * lines + loads * 8 * max(1, 4 * vb // 128)
+    rows = 2 * (hint.rows_per_warp // 16)                # weight loads (channels g, g + 8 per tile)
+    per = tt * (span // 16) * 8 * lines + rows * 8 * max(1, 4 * vb // 128)
     if plan.groups > 1:
-        per += loads * 8 * (int(plan.config.with_scaling) + int(plan.config.with_zeros))
+        per += rows * 8 * (int(plan.config.with_scaling) + int(plan.config.with_zeros))
     return math.ceil(plan.config.N / hint.rows_per_warp) * chunks * math.ceil(vectors / 4) * per
 
 

@@ -153,7 +153,8 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
     if bucket > cuda_gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
         # float activations also with vectors whose activations span 32 bytes (GEMVHint._chunk_tile),
         # as many of them per step as of the default vectors
-        vbs = [(0, 1)] + ([cuda_gemv.span_vectors(plan)] if cuda_gemv.span_vectors(plan) else [])
+        span = cuda_gemv.span_vectors(plan)
+        vbs = [(0, 1)] + ([span] if span else [])
         for R, kw, unroll, stages, (vb, f) in itertools.product((16, 32, 64), (2, 4), (1, 2), (1, 2), vbs):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll * f, stages=stages, vec_bytes=vb, mma=True,
                             min_blocks=1, chunk_loop=True)

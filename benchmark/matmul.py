@@ -143,7 +143,8 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
             kname = "Dequant+WGMMA"
         else:
             dh = default_hint(kern[0], op.target)
-            kname = type(dh).__name__.replace("Hint", "") + ("-mma" if getattr(dh, "mma", False) else "")
+            kname = type(dh).__name__.replace("Hint", "") + (
+                "-wgmma" if getattr(dh, "wgmma", False) else "-mma" if getattr(dh, "mma", False) else "")
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
         kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"

@@ -54,6 +54,16 @@ FAMILIES = {
                  (C(M=8, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 3, None),
                  (C(M=48, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 35,
                   None)],
+    # the wgmma GEMV (sm_90): permute kernel + TMA / wgmma main kernel; channels past N=1000, rows
+    # past the call's count (TMA zero fill), K split over warpgroups (shared-memory reduction)
+    "gemv_wgmma": [(C(M=24, N=1000, K=4096, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 17,
+                    lambda p, t: GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True,
+                                          pdl=True)),
+                   (C(M=64, N=1000, K=4096, W_dtype="int2", group_size=G, with_scaling=True), 61,
+                    lambda p, t: GEMVHint(rows_per_warp=32, k_warps=1, unroll=1, stages=2, mma=True, wgmma=True)),
+                   (C(M=40, N=1000, K=4096, A_dtype="bfloat16", W_dtype="int8", with_scaling=True,
+                      out_dtype="bfloat16"), 40,
+                    lambda p, t: GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

@@ -22,8 +22,8 @@ from .schedule import default_hint, ir_options, schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "cuda_target", "build_plan", "compile_plan", "lower_plan", "cuda_source", "nvcc_compile",
-           "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
+__all__ = ["cpu_target", "cuda_target", "build_plan", "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
+           "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
 PASS_CONFIG = {"tirx.use_async_copy": True}
 
@@ -83,8 +83,19 @@ def _compile(mod, tgt):
 
 
 def build_plan(plan: Plan, target=None, hint=None):
-    """Compile a plan; returns the runtime function ``main`` (callable on torch tensors)."""
-    return compile_plan(plan, target, hint)["main"]
+    """Compile a plan; returns its runtime callable (:func:`kernel_callable`, on torch tensors)."""
+    return kernel_callable(compile_plan(plan, target, hint))
+
+
+def kernel_callable(mod):
+    """The callable of a compiled kernel module (a tvm Executable or a loaded library): its
+    ``main``; for a module that also has a ``permute`` kernel (the wgmma GEMV) both in turn."""
+    main = mod["main"]
+    rt = getattr(mod, "mod", mod)
+    if rt.implements_function("permute"):          # the host wrappers: no import queried (no GPU needed)
+        from .schedule.gemv_wgmma import WgmmaGemvFn
+        return WgmmaGemvFn(mod["permute"], main)
+    return main
 
 
 def compile_plan(plan: Plan, target=None, hint=None):

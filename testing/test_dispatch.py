@@ -179,6 +179,7 @@ def test_default_gemv_tile_constant_per_class(arch):
     from bitblas.plan import make_plan
     from bitblas.schedule import default_hint
     from bitblas.schedule.gemv_mma import row_class
+    from bitblas.schedule.gemv_wgmma import wgmma_rows
     t = cuda_target(arch)
     for kw in (dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
                dict(A_dtype="bfloat16", W_dtype="int2", group_size=128, with_scaling=True, out_dtype="bfloat16"),
@@ -192,9 +193,10 @@ def test_default_gemv_tile_constant_per_class(arch):
             cfg = MatmulConfig(M=None, N=N, K=1536, **kw)
             for m in range(2, 65):
                 h = default_hint(make_plan(cfg, "cuda", m), t)
-                if isinstance(h, GEMVHint) and h.mma:
-                    assert default_hint(make_plan(cfg, "cuda", row_class(m)), t) == h, (kw, N, m)
-                    assert default_rows(cfg, "cuda", m, t) == row_class(m)
+                if isinstance(h, GEMVHint) and h.mma:       # the wgmma GEMV: classes of 8 rows
+                    top = wgmma_rows(m) if h.wgmma else row_class(m)
+                    assert default_hint(make_plan(cfg, "cuda", top), t) == h, (kw, N, m)
+                    assert default_rows(cfg, "cuda", m, t) == top
 
 
 def test_row_arguments_take_the_callers_rows():

@@ -12,6 +12,8 @@ through nvcc for sm_80 / sm_90, and the hint checks.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -211,9 +213,11 @@ def test_gemv_mma_default_tile_choice():
     base tiles."""
     t90 = cuda_target(TARGETS["sm_90"])
 
-    def tile(name, m, n=8192, **kw):
-        h = GEMVHint.default(make_plan(MatmulConfig(N=n, K=8192, **{**CONFIGS[name], **kw}), "cuda", m), t90)
-        assert h.mma and h.pdl
+    t80 = cuda_target(TARGETS["sm_80"])
+
+    def tile(name, m, n=8192, t=t90, **kw):
+        h = GEMVHint.default(make_plan(MatmulConfig(N=n, K=8192, **{**CONFIGS[name], **kw}), "cuda", m), t)
+        assert h.mma and (h.pdl or t is not t90)
         return h.rows_per_warp, h.k_warps, h.unroll, h.stages, h.min_blocks
 
     for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan", "nf4", "bf16-fp4"):
@@ -232,27 +236,30 @@ def test_gemv_mma_default_tile_choice():
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
     t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
     assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
-    # 17..64 rows (chunks of 16): every format takes the chunk loop, 32 channels x 4 K warps, no
-    # next step in flight, launch bounds of 1 block per SM; vectors of 16 codes (a lane's
-    # activations span 32 bytes), as many per step as two of the default vectors: 4-bit codes 4
-    # vectors of 8 bytes, 2-bit 8 of 4 bytes, 1-bit 4 of 4 bytes (32 codes: the smallest vector);
-    # nvfp4 (16-code groups) and 8-bit codes already have 16 codes per vector
+    # 17..64 rows (chunks of 16), sm_80 (on sm_90 the wgmma GEMV takes the int formats from N=8192:
+    # test_gemv_wgmma.py; the others keep this loop there too): every format takes the chunk loop,
+    # 32 channels x 4 K warps, no next step in flight, launch bounds of 1 block per SM; vectors of
+    # 16 codes (a lane's activations span 32 bytes), as many per step as two of the default
+    # vectors: 4-bit codes 4 vectors of 8 bytes, 2-bit 8 of 4 bytes, 1-bit 4 of 4 bytes (32 codes:
+    # the smallest vector); nvfp4 (16-code groups) and 8-bit codes already have 16 codes per vector
     spans = {"u2-rescale": (4, 8), "bf16-i2": (4, 8), "i1-zeros": (4, 4), "nvfp4-bias": (0, 2)}
     for m in (17, 64):
         for name in CONFIGS:
             plan = make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS[name]), "cuda", m)
-            h = GEMVHint.default(plan, t90)
+            h = GEMVHint.default(plan, t80)
             assert h.chunk_loop, (name, m)
             vb, u = spans.get(name, (8, 4))
             assert (h.vec_bytes, h.unroll) == (vb, u), (name, m)
-            assert tile(name, m) == (32, 4, u, 1, 1), (name, m)
+            assert tile(name, m, t=t80) == (32, 4, u, 1, 1), (name, m)
             # from N=16896 up to 48 rows 64 channels per warp (not 1-bit codes: they spill; nf4
             # from 33 rows)
             wide = m <= 48 and name not in ("i1-zeros", "nf4")
-            assert tile(name, m, n=28672) == (64 if wide else 32, 4, u, 1, 1), (name, m)
+            assert tile(name, m, n=28672, t=t80) == (64 if wide else 32, 4, u, 1, 1), (name, m)
+            h90 = GEMVHint.default(plan, t90)
+            assert h90.wgmma or h90 == dataclasses.replace(h, pdl=True), (name, m)
         assert tile("nf4", 33, n=28672)[0] == tile("nf4", 48, n=28672)[0] == 64
         h8 = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
-                              t90)
+                              t80)
         assert (h8.vec_bytes, h8.unroll, h8.chunk_loop) == (0, 2, True)
 
 

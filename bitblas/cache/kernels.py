@@ -57,8 +57,9 @@ def _database():
 
 def load_kernel_file(path: str):
     from .._tvm import tvm
+    from ..build import kernel_callable
     mod = tvm.runtime.load_module(path)
-    return mod, mod["main"]
+    return mod, kernel_callable(mod)
 
 
 def export(ex, path: str, kind: str) -> bool:
@@ -115,7 +116,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
     Looked up in memory, then on disk; else compiled and, when ``persist`` (default: CUDA yes,
     CPU no), written to the database.
     """
-    from ..build import compile_plan, cpu_target, cuda_target
+    from ..build import compile_plan, cpu_target, cuda_target, kernel_callable
     from ..schedule import default_hint
     kind = plan.target_kind
     tgt = cpu_target() if kind == "cpu" else cuda_target(target)
@@ -133,7 +134,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
     entry = _from_disk(db, key) if db is not None else None
     if entry is None:
         ex = compile_plan(plan, tgt, hint)
-        entry = (ex, ex["main"])
+        entry = (ex, kernel_callable(ex))
         if persist and db is not None:
             store_built(plan, used, tdesc, ex)
     with _LOCK:

@@ -111,6 +111,8 @@ class GEMVHint:
                                # any access; the next may launch once this one's main loop is done
     chunk_loop: bool = False   # tensor-core kernel, 17..64 rows: a block serves every 16-row chunk of its
                                # channel tile, the weights decoded once (else one block per chunk)
+    wgmma: bool = False        # tensor-core kernel on sm_90a: wgmma with the decoded weights in registers and the
+                               # (permuted) activations in shared memory (gemv_wgmma.py)
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
@@ -140,7 +142,8 @@ class GEMVHint:
         m = plan.m or 1
         sm = _target_info(target)[0]
         if m > GEMV_MAX_ROWS:
-            return cls._chunk_tile(plan)
+            wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
+            return wg or cls._chunk_tile(plan)
         if m >= 2 and (sm is None or sm >= 80):
             mma = cls._mma_base(plan, m)
             if plan.float_acts and _mma_decodable(plan.w):
@@ -268,6 +271,29 @@ class GEMVHint:
             hint = dataclasses.replace(hint, rows_per_warp=64)
         return hint
 
+    @classmethod
+    def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
+        """The wgmma GEMV's tile for 17..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
+        than the chunk loop, else None. H200, K=8192, µs, 13th session (docs/benchmarks.md): N=28672,
+        one warpgroup of 64 channels per block up to 48 rows, 128 channels above; W4A16 g128 17 / 32
+        / 64 rows 56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros
+        60.4 / 67.1 / 93.4 vs 89.2 / 110.6 (33 rows) / 154.5; w2a16 g128 51.8 / 54.5 / 73.0 vs 68.0 /
+        92.4 (33) / 133.3 (128 channels at every row count); w8a16 per channel only above 48 rows
+        (64: 100.1 vs 148.8; 17: 91.8 vs 80.3). N=8192 (128 blocks of 64 channels, 4 warpgroups
+        splitting K): W4A16 g128 20.3 / 20.9 / 24.7 vs 23.6 / 24.6 / 36.8; int4, bfloat16 and
+        quantized zeros alike; w2a16 no gain (23.0 vs 21.9 at 17 rows), w8a16 only from 33 rows
+        (32.9 vs 39.3 at 64). Narrower layers (fewer than 128 blocks of 64 channels) keep the chunk
+        loop; at 16 rows or fewer the chunk loop's 16-row kernel wins (8 rows: 12.1 vs 19.5)."""
+        from .gemv_wgmma import wgmma_gemv_unsupported
+        m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
+        if N < 8192 or not plan.float_acts or (bits == 8 and m <= 48) or (bits == 2 and not _wide_layer(plan)):
+            return None
+        if _wide_layer(plan):
+            hint = _WGMMA_WIDE2 if bits == 2 or (bits == 4 and m > 48) else _WGMMA_WIDE
+        else:
+            hint = _WGMMA_KSPLIT
+        return None if wgmma_gemv_unsupported(plan, hint) else hint
+
 
 def _wide_layer(plan) -> bool:
     """N of at least 16896: tensor-core GEMV blocks of 64 channels number 264+ (2+ per SM of the
@@ -285,6 +311,11 @@ _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
 # serving every 16-row chunk (gemv_mma); 16 channels per warp lose by 2x (each block reads the
 # activations of all rows, so half the channels per block read them twice as often)
 _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
+# the wgmma GEMV (gemv_wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
+# registers; 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups splitting K (N < 16896)
+_WGMMA_WIDE = GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True)
+_WGMMA_WIDE2 = GEMVHint(rows_per_warp=32, k_warps=1, unroll=1, stages=2, mma=True, wgmma=True)
+_WGMMA_KSPLIT = GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True)
 
 
 def gemv_default_takes(plan, target=None) -> bool:
@@ -790,7 +821,10 @@ def _kernel_script(plan, hint: GEMVHint):
     why = gemv_hint_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    if hint.mma and i8:
+    if hint.wgmma:
+        from .gemv_wgmma import _body_wgmma
+        _body_wgmma(plan, hint, add, locals())
+    elif hint.mma and i8:
         from .gemv_mma_int8 import _body_mma_int8
         _body_mma_int8(plan, hint, add, locals())
     elif hint.mma:
@@ -835,6 +869,22 @@ def _pdl_trigger(add, hint):
         add("    T.ptx.griddepcontrol.launch_dependents()")
 
 
+def _reduce_k_warps(add, KW: int, idx: str, extents: str, acc: str, slot) -> str:
+    """The ``KW`` K warps (warpgroups) of a block meet in shared memory: all but the first store
+    their accumulators ``acc`` (element text over the loop indices ``idx`` with ``extents``) at
+    ``slot(k)`` (the element text of K warp ``k``, an index text), the first adds them up; returns
+    the indent under which the first goes on (to its store)."""
+    add("    if kw > 0:")
+    add(f"        for {idx} in T.grid({extents}):")
+    add(f"            {slot('kw - 1')} = {acc}")
+    add("    T.cuda.cta_sync()")
+    add("    if kw == 0:")
+    add(f"        for {idx} in T.grid({extents}):")
+    tot = " + ".join(slot(str(k)) for k in range(KW - 1))
+    add(f"            {acc} = {acc} + {tot}")
+    return "        "
+
+
 def _steps(nit: int, unroll: int):
     """(vectors per lane and step, steps): the largest unroll <= ``unroll`` that divides ``nit``."""
     u = max(x for x in range(1, max(1, min(unroll, nit)) + 1) if nit % x == 0)
@@ -873,6 +923,9 @@ def _step_loop(add, NS, ST, load, process):
 def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
     else why not."""
+    if hint.wgmma:
+        from .gemv_wgmma import wgmma_gemv_unsupported
+        return wgmma_gemv_unsupported(plan, hint)
     if not plan.float_acts and hint.mma:
         from .gemv_mma_int8 import mma_int8_unsupported
         return mma_int8_unsupported(plan, hint)
@@ -931,9 +984,21 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if hint.pdl and (sm is None or sm < 90):
         raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); "
                          f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
+    if hint.wgmma and (sm is None or sm < 90):
+        raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); "
+                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
     from tvm.script import tirx as T
     text = _kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
+    if hint.wgmma:
+        from .cuda_wgmma import WGMMA_ARCH_ATTR
+        from .gemv_wgmma import permute_script
+        perm = tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T})
+        if hint.pdl:
+            perm = perm.with_attr("tirx.kernel_launch_params",
+                                  ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"])
+        mod = tvm.IRModule({"main": prim, "permute": perm})
+        return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
     if hint.pdl:   # the tags SplitHostDevice would derive (grid, block: no dynamic shared memory), plus PDL
         prim = prim.with_attr("tirx.kernel_launch_params",
                               ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"])

@@ -10,7 +10,7 @@ cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
 """
 from __future__ import annotations
 
-from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps, mma_gemv_unsupported
+from .cuda_gemv import _device_entry, _pdl_trigger, _reduce_k_warps, _step_loop, _steps, mma_gemv_unsupported
 from .gemv_decode import _ACT
 
 
@@ -277,15 +277,8 @@ def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
         add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
     ind = "    "
     if KW > 1:
-        add("    if kw > 0:")
-        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
-        add(f"            red[kw - 1, (r * {TT} + t) * 4 + j, lane] = acc[r, t, j]")
-        add("    T.cuda.cta_sync()")
-        add("    if kw == 0:")
-        add(f"        for r, t, j in T.grid({R}, {TT}, 4):")
-        tot = " + ".join(f"red[{k}, (r * {TT} + t) * 4 + j, lane]" for k in range(KW - 1))
-        add(f"            acc[r, t, j] = acc[r, t, j] + {tot}")
-        ind = "        "
+        ind = _reduce_k_warps(add, KW, "r, t, j", f"{R}, {TT}, 4", "acc[r, t, j]",
+                              lambda k: f"red[{k}, (r * {TT} + t) * 4 + j, lane]")
     add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
     add(f"{ind}    if y0 + t * 8 + q * 2 + j % 2 < {e['rows']} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")
     add(e["store_line"](ind + "        ", "y0 + t * 8 + q * 2 + j % 2", "n0 + r * 16 + g + (j // 2) * 8", val))

@@ -189,6 +189,8 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     vb = cuda_gemv._vec_bytes(plan, hint.vec_bytes)
     if vb is None or cuda_gemv.gemv_hint_unsupported(plan, hint) is not None:
         return math.inf
+    if hint.wgmma:
+        return _wgmma_gemv_cost(plan, hint, m, spec)
     vals = vb * 8 // w.bits
     vectors = math.ceil(K / vals)                      # weight vectors per output channel
     R = hint.rows_per_warp
@@ -268,6 +270,31 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
             L1_WAVEFRONTS_PER_CLK * spec.sm_count * spec.clock_hz)
         t_alu = max(t_alu, t_l1 * max(1.0, 8 / (resident * warps)))
     return max(t_mem, t_alu) + 0.1 * min(t_mem, t_alu) + _LAUNCH_S
+
+
+def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
+    """The wgmma GEMV (gemv_wgmma): each warpgroup walks its slabs (4 weight vectors per lane quad)
+    one after another (decode, then wgmma, then wait: ptxas serializes an overlap), so the time is
+    the slabs per warpgroup times a per-slab latency, fitted on the H200 (W4A16, K=8192: ~1700
+    cycles at 24 rows and 64 channels, +300 per extra 64-channel tile and +8 per row and tile),
+    stretched when more than 3 warpgroups share an SM, or the bytes at the DRAM rate if that is
+    longer; plus the permute kernel (~1.2 µs)."""
+    from ..schedule.gemv_wgmma import wgmma_rows
+    c, w = plan.config, plan.w
+    R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
+    NT = wgmma_rows(m)
+    slabs = c.K // (4 * 16 * 8 // w.bits) // KW
+    blocks = math.ceil(c.N / (64 * R))
+    regs = 8 * math.ceil((48 + hint.stages * R * 8 + R * 32 + R * NT // 2) / 8)
+    bps = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // (128 * KW), spec.regs_per_sm // (regs * 128 * KW))
+    if bps < 1:
+        return math.inf
+    waves = math.ceil(blocks / (bps * spec.sm_count))
+    per_sm = min(bps, math.ceil(blocks / spec.sm_count)) * KW        # warpgroups sharing an SM
+    slab_clk = (1700 + 300 * (R - 1) + 8 * NT * R) * max(1.0, per_sm / 3)
+    t_chain = waves * slabs * slab_clk / spec.clock_hz
+    w_bytes = c.N * c.K * (_elem_bytes(w) + _scale_bytes_per_weight(plan))
+    return max(t_chain, w_bytes / spec.dram_bandwidth) + 1.2e-6 + _LAUNCH_S
 
 
 def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:

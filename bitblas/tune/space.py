@@ -150,6 +150,12 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
         hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
         if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
             out.append(Candidate(bucket, hint))
+    if bucket > cuda_gemv.GEMV_MAX_ROWS and spec is not None and spec.cc >= 90:
+        # the wgmma GEMV (gemv_wgmma): 64 or 128 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K
+        for R, kw, stages in itertools.product((16, 32), (1, 2, 4), (2, 4)):
+            hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=1, stages=stages, mma=True, wgmma=True)
+            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+                out.append(Candidate(bucket, hint))
     if bucket > cuda_gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
         # float activations also with vectors whose activations span 32 bytes (GEMVHint._chunk_tile),
         # as many of them per step as of the default vectors

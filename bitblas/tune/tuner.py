@@ -106,19 +106,21 @@ def _shape_key(hint):
     if isinstance(hint, WGMMAHint):
         return ("wgmma", hint.BM, hint.BN)
     if isinstance(hint, GEMVHint):
-        return ("gemv", hint.mma, hint.rows_per_warp, hint.warps, hint.k_warps)
+        return ("gemv", hint.mma, hint.wgmma, hint.rows_per_warp, hint.warps, hint.k_warps)
     d = hint_to_dict(hint)
     return (d.pop("class"),) + tuple(sorted(d.items()))[:1]
 
 
 def select_topk(ranked: Sequence[Candidate], topk: int, per_shape: int = 2) -> List[Candidate]:
     """``topk`` of ``ranked`` (best first): at most ``per_shape`` per tile shape while others are
-    left, and at least ``ceil(topk / 4)`` of each template family present."""
+    left, and at least ``ceil(topk / 4)`` of each template family present (the wgmma GEMV counts as
+    a family of its own)."""
     if topk < 1:
         raise ValueError(f"topk={topk!r} is invalid; accepted: an int >= 1")
     families = {}
     for c in ranked:
-        families.setdefault(type(c.hint).__name__, []).append(c)
+        fam = type(c.hint).__name__ + ("-wgmma" if getattr(c.hint, "wgmma", False) else "")
+        families.setdefault(fam, []).append(c)
     chosen, seen = [], {}
 
     def take(pool, limit):
@@ -220,11 +222,11 @@ def _compile_all(config, kind, cands, target, parallel, bar, workdir) -> List[di
             results = [None] * len(tasks)
     for i, (t, c) in enumerate(zip(tasks, cands)):
         if results[i] is None:                       # serial: in this process, no export needed
-            from ..build import compile_plan
+            from ..build import compile_plan, kernel_callable
             t0 = time.perf_counter()
             try:
                 ex = compile_plan(make_plan(config, kind, c.plan_m), target, c.hint)
-                results[i] = {"ok": True, "entry": (ex, ex["main"]), "seconds": time.perf_counter() - t0,
+                results[i] = {"ok": True, "entry": (ex, kernel_callable(ex)), "seconds": time.perf_counter() - t0,
                               "error": None, "path": None}
             except Exception as e:  # noqa: BLE001
                 msg = str(e).strip().splitlines()

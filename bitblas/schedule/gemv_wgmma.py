@@ -1,0 +1,374 @@
+"""The Hopper tensor-core GEMV (``GEMVHint(mma=True, wgmma=True)``, sm_90a, float activations,
+int/uint weight codes): ``wgmma.mma_async m64nNk16`` with the *decoded weights in registers* as
+the 64 x 16 A operand (64 output channels per warpgroup, or 128 as two tiles) and the activation
+rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read by the tensor cores straight
+from shared memory.
+
+Why: the ``mma.sync`` GEMV (gemv_mma) gathers every token tile's activation fragments through
+the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu,
+12th session: 94% of its wavefronts at 64 x 8192^2). ``wgmma`` reads B from shared memory without
+the load pipe, and the TMA engine fills that shared memory, so the only per-lane loads left are
+the weights.
+
+The A fragment of ``wgmma`` (per warp, 16 rows) is the ``mma.sync m16n8k16`` one: lane
+``(g, q)`` holds channels ``g`` and ``g + 8``, K slots ``2q, 2q+1`` and ``2q+8, 2q+9``. As in
+gemv_mma, lane ``q`` of a quad streams the 16-byte vectors ``4 * slab + q`` of its channels and
+its decoded pairs (``bb_dec``: codes ``lo_i``, ``hi_i`` of the vector) are the fragment registers
+as they come: k16 step ``s`` of a slab takes pairs ``2s`` and ``2s + 1``. A dot product does not
+care about the order of K, but B must then hold the activations in the same order. So a small
+first kernel (``permute``) writes the activations with each slab of ``4 V`` values (``V`` codes per
+vector) reordered (:func:`slab_permutation`); the main kernel TMA-loads that copy in boxes of
+64 values x N rows (128-byte swizzle) into a ring of shared-memory slots.
+
+Per slab, each warpgroup: wait for its wgmma of the previous slab (``wait_group 0``: overlapping
+the decode of the next slab with the tensor work of the last makes ptxas serialize every wgmma,
+C7513; the other warpgroups of the SM fill the gap), refill that activation slot (one thread,
+TMA, up to 4 slots per warpgroup), decode its 2 * ``R`` weight vectors per lane (``stages``
+register slots: the loads of later slabs are in flight), wait for the slab's activations
+(mbarrier), then ``V / 4`` wgmma per 64-channel tile, one commit group. ``k_warps`` warpgroups
+split K (slab ``step * k_warps + kw``) and add their sums through the shared memory of the slots
+at the end. Group scales are applied to the decoded pairs (``hfma2``), per-channel scales at the
+store, float32 accumulation. Rows past the call's row count are zeros (TMA's out-of-bounds fill)
+and not stored; channels past N are clamped on load and not stored. Measurements and what bounds
+it: docs/benchmarks.md, 13th session.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .cuda_gemv import _device_entry, _pdl_trigger, _reduce_k_warps, _step_loop
+from .gemv_mma import _mma_helpers
+
+__all__ = ["slab_permutation", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn"]
+
+_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+_BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
+_SMEM_MAX = 200 * 1024                   # activation slots of a block (and the K-split reduction) within sm_90's 227 KB
+
+
+def _pairs(bits: int, nw: int):
+    """(lo, hi) positions in its vector of the two codes of each decoded word of the int decoder
+    (cuda_gemv's ``bb_dec`` / ``bb_prep``: word j, pair p -> codes j*n + p and j*n + p + n/2)."""
+    n = 32 // bits
+    P = n // 2
+    return [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
+
+
+def slab_permutation(bits: int, nw: int) -> List[int]:
+    """``perm[t]``: the natural K position (within a slab of 4 vectors of ``V`` codes) of the
+    activation at position ``t`` of the permuted slab. Position ``16 s + 2 q + e + 8 h`` is k16 step
+    ``s``'s B row of K slot ``2q + e + 8h``: lane ``q``'s decoded word ``2 s + h``, code ``e``."""
+    V = nw * 32 // bits
+    pairs = _pairs(bits, nw)
+    perm = [0] * (4 * V)
+    for s in range(V // 4):
+        for q in range(4):
+            for h in range(2):
+                for e in range(2):
+                    perm[16 * s + 2 * q + e + 8 * h] = V * q + pairs[2 * s + h][e]
+    return perm
+
+
+def wgmma_rows(m: int) -> int:
+    """The B width (rows of activations) of the kernel serving ``m`` rows: a multiple of 8."""
+    return 8 * -(-m // 8)
+
+
+def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
+    """None when the wgmma GEMV takes ``plan`` with ``hint``, else why not."""
+    from .cuda_gemv import _decoder, _vec_bytes
+    c, w = plan.config, plan.w
+    if plan.args[0].name != "A":
+        return "the wgmma GEMV passes the activations as the first argument"
+    if not hint.mma:
+        return "wgmma=True is a variant of the tensor-core GEMV: it needs mma=True"
+    if c.A_dtype not in ("float16", "bfloat16"):
+        return f"A_dtype={c.A_dtype!r}: the wgmma GEMV takes float16 / bfloat16 activations"
+    if _decoder(w) != "int" or w.bits not in (2, 4, 8):
+        return f"W_dtype={c.W_dtype!r}: the wgmma GEMV decodes int/uint 2-, 4- and 8-bit codes"
+    if hint.rows_per_warp not in (16, 32):
+        return f"rows_per_warp={hint.rows_per_warp}: the wgmma GEMV takes 16 or 32 (64 or 128 channels per block)"
+    if hint.k_warps not in (0, 1, 2, 4):
+        return f"k_warps={hint.k_warps}: the wgmma GEMV splits K over 1, 2 or 4 warpgroups (k_warps)"
+    if hint.stages < 1:
+        return f"stages={hint.stages}: the wgmma GEMV needs at least one weight register slot"
+    KW = max(1, hint.k_warps)
+    if KW * 2 * _slab_bytes(plan) > _SMEM_MAX:
+        return (f"{plan.m} rows, k_warps={hint.k_warps}: two activation slots per warpgroup need "
+                f"{KW * 2 * _slab_bytes(plan)} bytes of shared memory, more than {_SMEM_MAX}")
+    VB = _vec_bytes(plan, hint.vec_bytes)
+    if VB != 16:
+        return f"vec_bytes={hint.vec_bytes}: the wgmma GEMV streams 16-byte weight vectors"
+    slab = 4 * 16 * 8 // w.bits * max(1, hint.k_warps)
+    if c.K % slab:
+        return (f"K={c.K}: the wgmma GEMV needs K to be a multiple of {slab} (4 weight vectors per "
+                f"lane quad and warpgroup, k_warps={hint.k_warps})")
+    return None
+
+
+def _perm_groups(perm: List[int]):
+    """(groups, output chunks per group, input chunk stride per group): the permuted slab's 16-byte
+    output chunks fall into groups that read the same input chunks; group ``J`` is group 0 shifted
+    by ``J`` * (its output chunks) and ``J`` * stride input chunks (every int decoder's layout)."""
+    S = len(perm)
+    nout = S // 8
+    ins = [sorted({perm[8 * c + x] // 8 for x in range(8)}) for c in range(nout)]
+    # group 0: the output chunks that read exactly the inputs of chunk 0
+    per = sum(1 for c in range(nout) if ins[c] == ins[0])
+    if nout % per or any(ins[c] != ins[0] for c in range(per)):
+        return 1, nout, 0
+    groups = nout // per
+    stride = (ins[per][0] - ins[0][0]) if groups > 1 else 0
+    for J in range(groups):
+        for t in range(8 * per):
+            if perm[8 * per * J + t] != perm[t] + 8 * stride * J:
+                return 1, nout, 0
+    return groups, per, stride
+
+
+def _perm_helper(perm: List[int], nchunks: int) -> str:
+    """``bb_perm(src, dst)``: the first ``nchunks`` 16-byte chunks of a permuted slab (``dst``),
+    each a ``__byte_perm`` of the input words (``src``) holding its two values per word."""
+    lines = ["__device__ __forceinline__ void bb_perm(const void* src, void* dst) {",
+             "  const uint4* s = reinterpret_cast<const uint4*>(src);",
+             "  uint4* d = reinterpret_cast<uint4*>(dst);"]
+    need = sorted({perm[x] // 8 for x in range(8 * nchunks)})
+    for k in need:
+        lines.append(f"  const uint4 i{k} = __ldg(s + {k});")
+
+    def word(p):
+        return f"i{p // 8}.{'xyzw'[(p % 8) // 2]}"
+    for c in range(nchunks):
+        words = []
+        for wd in range(4):
+            a, b = perm[8 * c + 2 * wd], perm[8 * c + 2 * wd + 1]
+            sel = (2 * (a % 2)) | ((2 * (a % 2) + 1) << 4) | ((4 + 2 * (b % 2)) << 8) | ((5 + 2 * (b % 2)) << 12)
+            words.append(f"__byte_perm({word(a)}, {word(b)}, 0x{sel:x})")
+        lines.append(f"  d[{c}] = make_uint4({', '.join(words)});")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def permute_script(plan, hint) -> str:
+    """TVMScript of the ``permute`` kernel: ``P[i, slab] = A[i, slab][perm]`` for every row and slab,
+    one thread per group of output chunks that read the same input chunks (:func:`_perm_groups`),
+    ``mv`` rows at run time."""
+    from .cuda_gemv import _vec_bytes
+    c, w = plan.config, plan.w
+    nw = _vec_bytes(plan, hint.vec_bytes) // 4
+    perm = slab_permutation(w.bits, nw)
+    S = len(perm)
+    NS = c.K // S
+    G, per, stride = _perm_groups(perm)
+    NT = NS * G                                # threads per row
+    L = ["@T.prim_func",
+         "def permute(A_ptr: T.handle, P_ptr: T.handle):",
+         "    mv = T.int32()",
+         f"    A = T.match_buffer(A_ptr, (mv, {c.K}), {c.A_dtype!r}, align=16)",
+         f"    P = T.match_buffer(P_ptr, (mv, {c.K}), {c.A_dtype!r}, align=16)",
+         "    T.device_entry()"]
+    if hint.pdl:
+        L.append("    T.ptx.griddepcontrol.wait()")
+    L += [f"    bx = T.cta_id([(mv * {NT} + 127) // 128])",
+          "    tx = T.thread_id([128])",
+          "    i = T.meta_var(bx * 128 + tx)",
+          f"    if i < mv * {NT}:",
+          f"        T.cuda.func_call('bb_perm', A.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {8 * stride}]), "
+          f"P.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {8 * per}]), "
+          f"source_code={_perm_helper(perm, per)!r})"]
+    if hint.pdl:
+        L.append("    T.ptx.griddepcontrol.launch_dependents()")
+    return "\n".join(L) + "\n"
+
+
+def _wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
+    """``bb_wg_{tag}(c, dg, dh, desc)``: the ``steps`` k16 wgmma of one slab for one 64-channel
+    tile: A = decoded words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = the slab's
+    activation boxes in shared memory (``desc``: the slot's descriptor; +32 bytes per k16 step,
+    +``box_bytes`` per box of 4 steps)."""
+    ab = "f16" if act == "float16" else "bf16"
+    nacc = NT // 2
+    outs = ", ".join(f'"+f"(c[{i}])' for i in range(nacc))
+    regs = ", ".join(f"%{i}" for i in range(nacc))
+    a0 = nacc
+    lines = [f"__device__ __forceinline__ void bb_wg_{tag}(float* c, const unsigned* dg, const unsigned* dh, "
+             "unsigned long long desc) {"]
+    for s in range(steps):
+        off = ((s // 4) * box_bytes + (s % 4) * 32) >> 4
+        lines.append(f"  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{a0 + 5}, 0; "
+                     f"wgmma.mma_async.sync.aligned.m64n{NT}k16.f32.{ab}.{ab} "
+                     f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1, 0; }}\" "
+                     f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
+                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"(1));")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _slab_bytes(plan) -> int:
+    return wgmma_rows(plan.m) * (4 * 16 * 8 // plan.w.bits) * 2
+
+
+def _stages(plan, hint) -> int:
+    """Shared-memory slots of activations per warpgroup: up to 4, within ~110 KB per block (two
+    blocks per SM)."""
+    KW = max(1, hint.k_warps)
+    return max(2, min(4, (110 * 1024) // (KW * _slab_bytes(plan))))
+
+
+def _body_wgmma(plan, hint, add, e):
+    """The main kernel (see the module docstring); ``e``: cuda_gemv ``_kernel_script``'s locals.
+    ``k_warps`` warpgroups split K (slab ``step * k_warps + kw``), each with its own ring, and meet
+    in shared memory at the end."""
+    c = plan.config
+    why = wgmma_gemv_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    m, N, K, NC, NW, NA = e["m"], e["N"], c.K, e["NC"], e["NW"], e["NA"]
+    tag = e["tag"]
+    hs = _mma_helpers(tag, c.A_dtype, NA)
+    NT = wgmma_rows(m)
+    R = hint.rows_per_warp // 16              # 64-channel tiles per warpgroup
+    KW = max(1, hint.k_warps)                 # warpgroups splitting K
+    V = K // NC                               # codes per vector
+    SL = 4 * V                                # K per slab
+    NSW = K // SL // KW                       # slabs per warpgroup
+    BOXES = SL // _BOX
+    STEPS = V // 4                            # k16 steps per slab
+    STG = _stages(plan, hint)
+    STW = max(1, min(hint.stages, NSW))       # weight register slots
+    NACC = NT // 2
+    box_bytes = NT * _BOX * 2
+    slot_el = BOXES * NT * _BOX
+    NBLK = -(-N // (64 * R))
+    sdt, zdt = e["sdt"], e["zdt"]
+    at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
+    wsrc = repr(_wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
+
+    def hsrc(name):
+        return repr(hs[name])
+
+    # host: the TMA descriptor of the permuted activations (dims K x mv, box 64 x NT, 128-byte swizzle,
+    # L2 promotion 128 B, out-of-bounds rows read as zeros)
+    add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
+        f"{K}, mv, {K * 2}, {_BOX}, {NT}, 1, 1, 0, 3, 2, 0)")
+    _device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else sdt, zdt)
+    # one dynamic shared buffer (TVM allows one): the activation slots, 4-byte words; after the main
+    # loop the K warpgroups' partial sums (``red``) reuse it
+    SW = slot_el // 2                         # words per slot
+    words = max(KW * STG * SW, (KW - 1) * R * NACC * 128)
+    if 47 * 1024 <= 4 * words < 48 * 1024:
+        # TVM's runtime raises the block's dynamic shared memory limit only from 48 KB; just below,
+        # the barriers' static bytes would push the block past the default and the launch fails
+        words = 12 * 1024
+    add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
+    add(f"    full = T.alloc_shared(({KW * STG},), 'uint64')")
+    add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
+    add("    sv = T.alloc_local((2,), 'float32')")
+    add("    cv = T.alloc_local((2,), 'float32')")
+    add("    ov = T.alloc_local((2,), 'int32')")
+    add("    descB: T.uint64")
+    add("    g = T.meta_var(tx % 32 // 4)")
+    add("    q = T.meta_var(tx % 4)")
+    add("    wp = T.meta_var(tx % 128 // 32)")
+    add("    kw = T.meta_var(tx // 128)")
+    add("    t4 = T.meta_var(tx % 128)")
+    add(f"    n0 = T.meta_var(bx * {64 * R})")
+    add(f"    for r, j in T.grid({R}, {NACC}):")
+    add("        acc[r, j] = T.float32(0)")
+    add("    if tx == 0:")
+    add(f"        for s in T.unroll({KW * STG}):")
+    add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+    add("    T.ptx.fence.proxy.async_.shared__cta()")
+    add("    T.cuda.cta_sync()")
+
+    def slot(step):
+        return f"kw * {STG} + ({step}) % {STG}"
+
+    def tma(ind, step):
+        add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{slot(step)}]), "
+            f"T.uint32({BOXES * box_bytes}))")
+        for b in range(BOXES):
+            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([({slot(step)}) * {SW} + {b * NT * _BOX // 2}]), T.address_of(A_map), "
+                f"(({step}) * {KW} + kw) * {SL} + {b * _BOX}, 0, full.ptr_to([{slot(step)}]))")
+
+    add("    if t4 == 0:")
+    for s in range(min(STG - 1, NSW)):
+        tma("        ", str(s))
+    nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
+
+    def cidx(step):
+        return f"((({step}) * {KW} + kw) * 4 + q)"
+
+    def load(ind, step, ws):
+        add(f"{ind}for r, h in T.grid({R}, 2):")
+        for ln in e["load_lines"](ind + "    ", nr, cidx(step), f"{ws}, r, h", not at_store):
+            add(ln)
+
+    def process(ind, step, ws):
+        # all of this warpgroup's wgmma are done: the decoded registers and the activation slot of
+        # step - 1 are free (waiting for all of them: ptxas serializes wgmma whose input registers
+        # other instructions define while a group is in flight; other warpgroups fill the gap)
+        add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
+        add(f"{ind}for r, j in T.grid({R}, {NACC}):")
+        add(f"{ind}    T.cuda.wgmma.noop_barrier(acc[r, j])")
+        add(f"{ind}T.cuda.warpgroup_sync(kw + 1)")
+        add(f"{ind}if t4 == 0 and ({step}) + {STG - 1} < {NSW}:")
+        tma(ind + "    ", f"({step}) + {STG - 1}")
+        add(f"{ind}for r, h in T.grid({R}, 2):")
+        ind1 = ind + "    "
+        s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
+        for ln in e["scale_lines"](ind1, cidx(step), "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
+            add(ln)
+        add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
+        if (c.with_scaling or e["float_zeros"]) and not at_store:
+            add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
+                f"source_code={hsrc(f'bb_scl_{tag}')})")
+        add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot(step)}]), (({step}) // {STG}) % 2)")
+        add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
+            f"Sm.ptr_to([({slot(step)}) * {SW}]), 1, 64, 3)")
+        add(f"{ind}for r, j in T.grid({R}, {NACC}):")
+        add(f"{ind}    T.cuda.wgmma.noop_barrier(acc[r, j])")
+        add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, 0]), "
+            f"dq.ptr_to([r, 1, 0]), descB, source_code={wsrc})")
+        add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
+
+    _step_loop(add, NSW, STW, load, process)
+    add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
+    add(f"    for r, j in T.grid({R}, {NACC}):")
+    add("        T.cuda.wgmma.noop_barrier(acc[r, j])")
+    _pdl_trigger(add, hint)
+    ind = "    "
+    if KW > 1:                                # every warpgroup is past its ring: its words hold the sums
+        add("    T.cuda.cta_sync()")
+        ind = _reduce_k_warps(add, KW, "r, j", f"{R}, {NACC}", "acc[r, j]",
+                              lambda k: f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]")
+    # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row (j // 4) * 8 + 2q + j % 2
+    ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
+    row = "j // 4 * 8 + q * 2 + j % 2"
+    val = "acc[r, j]"
+    if at_store:
+        val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
+    add(f"{ind}for r, j in T.grid({R}, {NACC}):")
+    add(f"{ind}    if {row} < mv and {ch} < {N}:")
+    add(e["store_line"](ind + "        ", row, ch, val))
+
+
+class WgmmaGemvFn:
+    """The callable of a wgmma GEMV module (arguments in ``plan.args`` order, the activations
+    first): the ``permute`` kernel writes the reordered activations into a temporary buffer
+    (torch's caching allocator, rows x K values), then ``main`` runs on it."""
+
+    def __init__(self, permute, main):
+        self.permute = permute
+        self.main = main
+
+    def __call__(self, *args):
+        import torch
+        a = args[0]
+        p = torch.empty_like(a)
+        self.permute(a, p)
+        self.main(p, *args[1:])

@@ -1,0 +1,84 @@
+"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv_wgmma.py) on an sm_90
+GPU: every int/uint 2-, 4- and 8-bit family it takes (group scales, float / quantized / rescale
+zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) at row counts that are
+no multiple of 8 or of the kernel's B width, N no multiple of 64, and each tile shape (64 / 128
+channels per warpgroup, 1 / 2 / 4 warpgroups splitting K); the kernel takes its row count at run
+time; a dynamic-M operator on a wide layer runs it through ``Matmul``.
+
+    python -m pytest testing/test_gpu_gemv_wgmma.py -m gpu
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_target
+from bitblas.plan import make_plan
+from bitblas.schedule import GEMVHint
+from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+from kernel_helpers import check_kernel
+
+_skip = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
+                           reason="needs an sm_90 GPU")
+
+
+def gpu(f):
+    return pytest.mark.gpu(_skip(f))
+
+
+CONFIGS = {
+    "u4": dict(W_dtype="uint4", group_size=128, with_scaling=True),
+    "u4-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
+    "i4-g64-bias-f32": dict(W_dtype="int4", group_size=64, with_scaling=True, with_bias=True, out_dtype="float32"),
+    "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True,
+                           zeros_mode="quantized", out_dtype="bfloat16"),
+    "u2-rescale": dict(W_dtype="uint2", group_size=128, with_scaling=True, with_zeros=True, zeros_mode="rescale"),
+    "bf16-i2": dict(A_dtype="bfloat16", W_dtype="int2", group_size=128, with_scaling=True, out_dtype="bfloat16"),
+    "u4-noscale": dict(W_dtype="uint4"),
+    "i4-chan": dict(W_dtype="int4", with_scaling=True),
+    "i8-chan": dict(W_dtype="int8", with_scaling=True),
+    "u8-g128-bias": dict(W_dtype="uint8", group_size=128, with_scaling=True, with_bias=True),
+}
+HINTS = {f"r{r}k{k}s{s}": GEMVHint(rows_per_warp=r, k_warps=k, unroll=1, stages=s, mma=True, wgmma=True, pdl=True)
+         for r, k, s in ((16, 1, 4), (32, 1, 2), (16, 4, 2), (16, 2, 3))}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("hk", list(HINTS))
+@gpu
+def test_gemv_wgmma_formats(name, hk):
+    """Each family x tile at 17, 29, 40 and 64 rows (kernels built for 24, 32, 40, 64: the top of
+    the row's 8-row class, run with the actual rows), N=1000, K=4096."""
+    cfg = MatmulConfig(N=1000, K=4096, **{"A_dtype": "float16", **CONFIGS[name]})
+    errors = []
+    for m, top in ((17, 24), (29, 32), (40, 40), (64, 64)):
+        plan = make_plan(cfg, "cuda", top)
+        why = gemv_hint_unsupported(plan, HINTS[hk])
+        if why:
+            errors.append(f"refused: {why}")
+            continue
+        fn = build_plan(plan, cuda_target(), HINTS[hk])
+        errors.append(check_kernel(cfg, plan, fn, m))
+    refused = [e for e in errors if e and e.startswith("refused")]
+    if len(refused) == len(errors):
+        pytest.skip(refused[0])
+    assert not [e for e in errors if e and not e.startswith("refused")], errors
+
+
+@gpu
+def test_gemv_wgmma_through_matmul():
+    """A dynamic-M operator on a wide layer (N=28672, the wgmma default on sm_90) is correct from
+    17 to 64 rows and builds one wgmma kernel per 8-row class."""
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    op = bitblas.Matmul(MatmulConfig(M=None, N=28672, K=4096, A_dtype="float16", W_dtype="uint4",
+                                     group_size=128, with_scaling=True, with_zeros=True))
+    for m in (17, 23, 24, 31, 47, 50, 64):
+        inp = random_inputs(op.config, m, device="cuda")
+        out = torch.full((m, op.config.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(op.config, **inp))
+        assert err <= tolerance(op.config), (m, err)
+    rows = sorted(m for kind, m, *_ in op._kernels)
+    assert rows == [24, 32, 48, 56, 64], rows

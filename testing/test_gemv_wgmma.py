@@ -112,7 +112,7 @@ def test_permute_helper_emulated(bits):
 
 def test_wgmma_default_tiles():
     """sm_90, 17..64 rows, N >= 8192: 4-bit codes take the wgmma GEMV (one warpgroup of 64
-    channels, 128 above 48 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
+    channels, 128 above 40 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
     codes on wide layers, 8-bit codes above 48 rows; sm_80, narrow layers, table formats and 16
     rows or fewer keep the mma.sync kernels."""
     def tile(cfg, m, target=SM90):
@@ -120,8 +120,8 @@ def test_wgmma_default_tiles():
         return (h.rows_per_warp, max(1, h.k_warps), h.stages) if getattr(h, "wgmma", False) else None
 
     assert tile(_cfg(), 24) == (16, 1, 4)
-    assert tile(_cfg(), 48) == (16, 1, 4)
-    assert tile(_cfg(), 64) == (32, 1, 2)
+    assert tile(_cfg(), 40) == (16, 1, 4)
+    assert tile(_cfg(), 41) == tile(_cfg(), 48) == tile(_cfg(), 64) == (32, 1, 2)
     assert tile(_cfg(N=8192), 17) == (16, 4, 2)
     assert tile(_cfg(N=8192), 64) == (16, 4, 2)
     assert tile(_cfg(W="int2"), 24) == (32, 1, 2)

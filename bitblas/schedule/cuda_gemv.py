@@ -275,8 +275,9 @@ class GEMVHint:
     def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
         """The wgmma GEMV's tile for 17..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
         than the chunk loop, else None. H200, K=8192, µs, 13th session (docs/benchmarks.md): N=28672,
-        one warpgroup of 64 channels per block up to 48 rows, 128 channels above; W4A16 g128 17 / 32
-        / 64 rows 56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros
+        one warpgroup of 64 channels per block up to 40 rows, 128 channels above (40 rows 66.9 vs
+        73.2; 48 rows 80.8 vs 79.6, with float zeros 100.4 vs 86.4); W4A16 g128 17 / 32 / 64 rows
+        56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros
         60.4 / 67.1 / 93.4 vs 89.2 / 110.6 (33 rows) / 154.5; w2a16 g128 51.8 / 54.5 / 73.0 vs 68.0 /
         92.4 (33) / 133.3 (128 channels at every row count); w8a16 per channel only above 48 rows
         (64: 100.1 vs 148.8; 17: 91.8 vs 80.3). N=8192 (128 blocks of 64 channels, 4 warpgroups
@@ -289,7 +290,7 @@ class GEMVHint:
         if N < 8192 or not plan.float_acts or (bits == 8 and m <= 48) or (bits == 2 and not _wide_layer(plan)):
             return None
         if _wide_layer(plan):
-            hint = _WGMMA_WIDE2 if bits == 2 or (bits == 4 and m > 48) else _WGMMA_WIDE
+            hint = _WGMMA_WIDE2 if bits == 2 or (bits == 4 and m > 40) else _WGMMA_WIDE
         else:
             hint = _WGMMA_KSPLIT
         return None if wgmma_gemv_unsupported(plan, hint) else hint
@@ -312,7 +313,8 @@ _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
 # activations of all rows, so half the channels per block read them twice as often)
 _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
 # the wgmma GEMV (gemv_wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
-# registers; 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups splitting K (N < 16896)
+# registers (up to 40 rows); 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups
+# splitting K (N < 16896)
 _WGMMA_WIDE = GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True)
 _WGMMA_WIDE2 = GEMVHint(rows_per_warp=32, k_warps=1, unroll=1, stages=2, mma=True, wgmma=True)
 _WGMMA_KSPLIT = GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True)

@@ -273,28 +273,32 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
 
 
 def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
-    """The wgmma GEMV (gemv_wgmma): each warpgroup walks its slabs (4 weight vectors per lane quad)
-    one after another (decode, then wgmma, then wait: ptxas serializes an overlap), so the time is
-    the slabs per warpgroup times a per-slab latency, fitted on the H200 (W4A16, K=8192: ~1700
-    cycles at 24 rows and 64 channels, +300 per extra 64-channel tile and +8 per row and tile),
-    stretched when more than 3 warpgroups share an SM, or the bytes at the DRAM rate if that is
-    longer; plus the permute kernel (~1.2 µs)."""
+    """The wgmma GEMV (gemv_wgmma): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
+    whatever the rows, each taking ~44 + 0.83 N cycles of an SM's tensor cores with the A operand
+    in registers (H200, W4A16 K=8192: ~64 cycles at N=24, ~97 at N=64; 28672 at 8 / 17 / 32 rows
+    51.6 / 56.4 / 61.5 µs), over the warpgroups an SM holds; at least a lone warpgroup's chain of
+    slabs (decode, wgmma, wait: ~1100 cycles per slab and 64-channel tile, 8192² with one
+    warpgroup per SM: 36.8 µs); or the weight bytes at the DRAM rate if that is longer; plus the
+    permute kernel (~1.2 µs). Register-bound occupancy beyond one wave counts whole waves."""
     from ..schedule.gemv_wgmma import wgmma_rows
     c, w = plan.config, plan.w
     R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
     NT = wgmma_rows(m)
-    slabs = c.K // (4 * 16 * 8 // w.bits) // KW
+    vals = 16 * 8 // w.bits                            # codes per 16-byte weight vector
     blocks = math.ceil(c.N / (64 * R))
-    regs = 8 * math.ceil((48 + hint.stages * R * 8 + R * 32 + R * NT // 2) / 8)
+    regs = 8 * math.ceil((40 + hint.stages * R * 8 + R * 24 + R * NT // 2) / 8)   # nvcc: 105 (R 1, NT 24), 191 (2, 64)
     bps = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // (128 * KW), spec.regs_per_sm // (regs * 128 * KW))
     if bps < 1:
         return math.inf
-    waves = math.ceil(blocks / (bps * spec.sm_count))
-    per_sm = min(bps, math.ceil(blocks / spec.sm_count)) * KW        # warpgroups sharing an SM
-    slab_clk = (1700 + 300 * (R - 1) + 8 * NT * R) * max(1.0, per_sm / 3)
-    t_chain = waves * slabs * slab_clk / spec.clock_hz
+    per_sm = blocks / spec.sm_count                   # blocks an SM runs (all of them when they fit at once)
+    if per_sm > bps:
+        per_sm = math.ceil(per_sm / bps) * bps
+    slabs = c.K // (4 * vals) // KW                   # per warpgroup
+    inst = per_sm * KW * slabs * (vals // 4) * R
+    t_tensor = inst * (44 + 0.83 * NT) / spec.clock_hz
+    t_chain = math.ceil(per_sm / bps) * slabs * 1100 * R / spec.clock_hz
     w_bytes = c.N * c.K * (_elem_bytes(w) + _scale_bytes_per_weight(plan))
-    return max(t_chain, w_bytes / spec.dram_bandwidth) + 1.2e-6 + _LAUNCH_S
+    return max(t_tensor, t_chain, w_bytes / spec.dram_bandwidth) + 1.2e-6 + _LAUNCH_S
 
 
 def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:

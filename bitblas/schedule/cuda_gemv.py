@@ -992,17 +992,15 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     from tvm.script import tirx as T
     text = _kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
-    if hint.wgmma:
+
+    def pdl(f):    # the tags SplitHostDevice would derive (grid, block: no dynamic shared memory), plus PDL
+        return f.with_attr("tirx.kernel_launch_params",
+                           ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]) if hint.pdl else f
+    if hint.wgmma:   # its main kernel has dynamic shared memory: launched plainly, after the permute kernel
         from .cuda_wgmma import WGMMA_ARCH_ATTR
         from .gemv_wgmma import permute_script
-        perm = tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T})
-        if hint.pdl:
-            perm = perm.with_attr("tirx.kernel_launch_params",
-                                  ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"])
+        perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
         mod = tvm.IRModule({"main": prim, "permute": perm})
         return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
-    if hint.pdl:   # the tags SplitHostDevice would derive (grid, block: no dynamic shared memory), plus PDL
-        prim = prim.with_attr("tirx.kernel_launch_params",
-                              ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"])
-    mod = tvm.IRModule({"main": prim})
+    mod = tvm.IRModule({"main": pdl(prim)})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx")

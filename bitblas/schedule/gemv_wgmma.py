@@ -39,7 +39,7 @@ from typing import List, Optional
 from .cuda_gemv import _device_entry, _pdl_trigger, _reduce_k_warps, _step_loop
 from .gemv_mma import _mma_helpers
 
-__all__ = ["slab_permutation", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn"]
+__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn"]
 
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
@@ -67,6 +67,11 @@ def slab_permutation(bits: int, nw: int) -> List[int]:
                 for e in range(2):
                     perm[16 * s + 2 * q + e + 8 * h] = V * q + pairs[2 * s + h][e]
     return perm
+
+
+def slab_codes(bits: int) -> int:
+    """K per slab: the 4 16-byte weight vectors of a lane quad (one per lane), 512 // bits codes."""
+    return 4 * 16 * 8 // bits
 
 
 def wgmma_rows(m: int) -> int:
@@ -99,7 +104,7 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     VB = _vec_bytes(plan, hint.vec_bytes)
     if VB != 16:
         return f"vec_bytes={hint.vec_bytes}: the wgmma GEMV streams 16-byte weight vectors"
-    slab = 4 * 16 * 8 // w.bits * max(1, hint.k_warps)
+    slab = slab_codes(w.bits) * KW
     if c.K % slab:
         return (f"K={c.K}: the wgmma GEMV needs K to be a multiple of {slab} (4 weight vectors per "
                 f"lane quad and warpgroup, k_warps={hint.k_warps})")
@@ -205,7 +210,8 @@ def _wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> st
 
 
 def _slab_bytes(plan) -> int:
-    return wgmma_rows(plan.m) * (4 * 16 * 8 // plan.w.bits) * 2
+    """Shared-memory bytes of one slab of activations (float16 / bfloat16) for the plan's rows."""
+    return wgmma_rows(plan.m) * slab_codes(plan.w.bits) * 2
 
 
 def _stages(plan, hint) -> int:
@@ -223,14 +229,14 @@ def _body_wgmma(plan, hint, add, e):
     why = wgmma_gemv_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    m, N, K, NC, NW, NA = e["m"], e["N"], c.K, e["NC"], e["NW"], e["NA"]
+    m, N, K, NW, NA = e["m"], e["N"], c.K, e["NW"], e["NA"]
     tag = e["tag"]
     hs = _mma_helpers(tag, c.A_dtype, NA)
     NT = wgmma_rows(m)
     R = hint.rows_per_warp // 16              # 64-channel tiles per warpgroup
     KW = max(1, hint.k_warps)                 # warpgroups splitting K
-    V = K // NC                               # codes per vector
-    SL = 4 * V                                # K per slab
+    SL = slab_codes(plan.w.bits)              # K per slab
+    V = SL // 4                               # codes per vector
     NSW = K // SL // KW                       # slabs per warpgroup
     BOXES = SL // _BOX
     STEPS = V // 4                            # k16 steps per slab

@@ -280,21 +280,21 @@ def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     slabs (decode, wgmma, wait: ~1100 cycles per slab and 64-channel tile, 8192² with one
     warpgroup per SM: 36.8 µs); or the weight bytes at the DRAM rate if that is longer; plus the
     permute kernel (~1.2 µs). Register-bound occupancy beyond one wave counts whole waves."""
-    from ..schedule.gemv_wgmma import wgmma_rows
+    from ..schedule.gemv_wgmma import slab_codes, wgmma_rows
     c, w = plan.config, plan.w
     R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
     NT = wgmma_rows(m)
-    vals = 16 * 8 // w.bits                            # codes per 16-byte weight vector
     blocks = math.ceil(c.N / (64 * R))
-    regs = 8 * math.ceil((40 + hint.stages * R * 8 + R * 24 + R * NT // 2) / 8)   # nvcc: 105 (R 1, NT 24), 191 (2, 64)
+    # nvcc: 105 registers at R=1, N=24, 4 slots; 191 at R=2, N=64, 2 slots
+    regs = 8 * math.ceil((40 + hint.stages * R * 8 + R * 24 + R * NT // 2) / 8)
     bps = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // (128 * KW), spec.regs_per_sm // (regs * 128 * KW))
     if bps < 1:
         return math.inf
     per_sm = blocks / spec.sm_count                   # blocks an SM runs (all of them when they fit at once)
     if per_sm > bps:
         per_sm = math.ceil(per_sm / bps) * bps
-    slabs = c.K // (4 * vals) // KW                   # per warpgroup
-    inst = per_sm * KW * slabs * (vals // 4) * R
+    slabs = c.K // slab_codes(w.bits) // KW           # per warpgroup
+    inst = per_sm * KW * slabs * (slab_codes(w.bits) // 16) * R     # m64nNk16 per tile and slab
     t_tensor = inst * (44 + 0.83 * NT) / spec.clock_hz
     t_chain = math.ceil(per_sm / bps) * slabs * 1100 * R / spec.clock_hz
     w_bytes = c.N * c.K * (_elem_bytes(w) + _scale_bytes_per_weight(plan))

@@ -197,3 +197,36 @@ def test_wgmma_codegen(name, m, hint):
     assert "C7513" not in text, text[-2000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", text)]
     assert spills and max(spills) <= 8, text[-2000:]
+
+
+@pytest.mark.parametrize("W,m,hint", [("uint4", 17, (16, 1, 4)), ("uint4", 40, (16, 4, 2)), ("int8", 64, (32, 1, 2))])
+def test_wgmma_pdl_order(W, m, hint):
+    """Programmatic dependent launch: both kernels carry TVM's PDL tag (the main kernel also the
+    dynamic shared memory tag, last); the permute kernel waits for the previous kernel before it
+    reads the activations and then lets the main kernel launch; the main kernel loads its first
+    weights before it waits for the permute kernel, and issues no TMA of the permuted activations
+    before that wait; it triggers the next kernel before its output store."""
+    R, KW, st = hint
+    cfg = _cfg(W=W, N=1000, K=4096, **(dict(group_size=-1) if W == "int8" else {}))
+    plan = make_plan(cfg, "cuda", m)
+    h = GEMVHint(rows_per_warp=R, k_warps=KW, stages=st, pdl=True, **WG)
+    mod = schedule_cuda_gemv(None, plan, h, SM90)
+    tags = {g.name_hint: [str(t) for t in f.attrs["tirx.kernel_launch_params"]] for g, f in mod.functions.items()}
+    assert tags["main"][-2:] == ["tirx.use_programtic_dependent_launch", "tirx.use_dyn_shared_memory"]
+    assert tags["permute"][-1] == "tirx.use_programtic_dependent_launch"
+    src = cuda_source(plan, SM90, h)
+
+    def body(name):                            # the kernel's definition, up to the next kernel
+        start = re.search(name + r"\([^;{]*\) \{", src).end()
+        end = src.find('extern "C"', start)
+        return src[start:end if end > 0 else len(src)]
+    perm = body("permute_kernel")
+    wait, trig = perm.index("griddepcontrol_wait();"), perm.index("griddepcontrol_launch_dependents();")
+    assert wait < trig < perm.index("A_ptr[")
+    main = body("main_kernel")
+    wait = main.index("griddepcontrol_wait();")
+    assert main.index("bb_ldw4(") < wait < main.index("cp_async_bulk_tensor")
+    assert main.index("griddepcontrol_launch_dependents();") < main.index("output_ptr[")
+    assert "tirx.use_programtic_dependent_launch" not in str(
+        schedule_cuda_gemv(None, plan, GEMVHint(rows_per_warp=R, k_warps=KW, stages=st, pdl=False, **WG),
+                           SM90)["main"].attrs.get("tirx.kernel_launch_params", []))

@@ -841,7 +841,7 @@ def _kernel_script(plan, hint: GEMVHint):
     return "\n".join(L) + "\n"
 
 
-def _device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False):
+def _device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, wait=True):
     """Kernel entry, grid (``grid`` blocks of ``threads``) and the weight registers of every GEMV
     kernel: ``wq`` words (``slots`` + ``NW`` words per vector), raw scales ``sr`` (``sdt``) and
     zeros ``zr`` (``zdt``) per vector. ``hint.pdl``: wait for the previous kernel in the stream
@@ -852,7 +852,7 @@ def _device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False):
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
-    if hint.pdl:
+    if hint.pdl and wait:                     # else the body waits (after loads of what no kernel writes)
         add("    T.ptx.griddepcontrol.wait()")
     if trigger:
         _pdl_trigger(add, hint)
@@ -893,18 +893,23 @@ def _steps(nit: int, unroll: int):
     return u, nit // u
 
 
-def _step_loop(add, NS, ST, load, process):
+def _step_loop(add, NS, ST, load, process, after_prologue=None):
     """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
     register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
     ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
-    s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant)."""
+    s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant).
+    ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop."""
     if ST == 1:
+        if after_prologue:
+            after_prologue()
         add(f"    for st in T.serial({NS}):")
         load("        ", "st", 0)
         process("        ", "st", 0)
         return
     for s0 in range(min(ST - 1, NS)):
         load("    ", str(s0), s0)
+    if after_prologue:
+        after_prologue()
     NO = -(-NS // ST)                         # outer iterations; the last one may be partial
     add(f"    for s2 in T.serial({NO}):")
     for j in range(ST):
@@ -993,14 +998,17 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     text = _kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
 
-    def pdl(f):    # the tags SplitHostDevice would derive (grid, block: no dynamic shared memory), plus PDL
+    def pdl(f, dyn_smem=False):
+        """The launch tags SplitHostDevice would derive (grid, block; the dynamic shared memory size
+        last), plus programmatic dependent launch."""
+        tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
         return f.with_attr("tirx.kernel_launch_params",
-                           ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]) if hint.pdl else f
-    if hint.wgmma:   # its main kernel has dynamic shared memory: launched plainly, after the permute kernel
+                           tags + ["tirx.use_dyn_shared_memory"] * dyn_smem) if hint.pdl else f
+    if hint.wgmma:   # the main kernel (dynamic shared memory) launches while the permute kernel runs
         from .cuda_wgmma import WGMMA_ARCH_ATTR
         from .gemv_wgmma import permute_script
         perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
-        mod = tvm.IRModule({"main": prim, "permute": perm})
+        mod = tvm.IRModule({"main": pdl(prim, dyn_smem=True), "permute": perm})
         return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
     mod = tvm.IRModule({"main": pdl(prim)})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx")

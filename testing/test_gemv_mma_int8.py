@@ -164,8 +164,8 @@ def test_mma_int8_vec_bytes_and_shift():
 def test_mma_int8_default_hint():
     """From 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6 without) the
     tensor-core kernel (sm_80+; pdl on sm_90): the float path's base tiles under 2 blocks per SM,
-    from 9 rows below N=16896 8 K warps x 4 vectors; fewer rows, sm_75 and groups too small for 4
-    vectors keep the rows kernel."""
+    from 9 rows below N=16896 8 K warps x 4 vectors, from N=16896 the 64-channel tile without the
+    next step in flight; fewer rows, sm_75 and groups too small for 4 vectors keep the rows kernel."""
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):
@@ -176,7 +176,7 @@ def test_mma_int8_default_hint():
             assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True,
                                                                          min_blocks=2)
             assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
-                GEMVHint(64, k_warps=4, unroll=2, stages=2, mma=True)
+                GEMVHint(64, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=2)
             assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma
             grouped = "group_size" in kw
             first = (5 if grouped else 6) if w.endswith("8") else 4 if grouped and w.endswith("4") else 3

@@ -113,8 +113,10 @@ def test_permute_helper_emulated(bits):
 def test_wgmma_default_tiles():
     """sm_90, 17..64 rows, N >= 8192: 4-bit codes take the wgmma GEMV (one warpgroup of 64
     channels, 128 above 40 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
-    codes on wide layers, 8-bit codes above 48 rows; sm_80, narrow layers, table formats and 16
-    rows or fewer keep the mma.sync kernels."""
+    codes on wide layers, 8-bit codes above 48 rows; 9..16 rows: 2- and 4-bit codes on wide
+    layers (one warpgroup of 64 channels); sm_80, narrow layers, table formats, 8 rows or fewer
+    and int8 activations keep the mma.sync kernels (table formats and 8-bit codes from 9 rows
+    the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
     def tile(cfg, m, target=SM90):
         h = default_hint(make_plan(cfg, "cuda", m), target)
         return (h.rows_per_warp, max(1, h.k_warps), h.stages) if getattr(h, "wgmma", False) else None
@@ -132,7 +134,17 @@ def test_wgmma_default_tiles():
     assert tile(_cfg(), 64, SM80) is None
     assert tile(_cfg(N=4096), 64) is None
     assert tile(_cfg(W="nf4"), 64) is None
-    assert tile(_cfg(), 16) is None
+    assert tile(_cfg(N=8192), 16) is None
+    assert tile(_cfg(), 8) is None
+    assert tile(_cfg(), 9) == tile(_cfg(), 16) == tile(_cfg(W="int2"), 12) == (16, 1, 4)
+    assert tile(_cfg(with_zeros=True, A_dtype="bfloat16", out_dtype="bfloat16"), 16) == (16, 1, 4)
+    assert tile(_cfg(W="int8", group_size=-1), 16) is None and tile(_cfg(W="nf4"), 16) is None
+    assert tile(_cfg(), 16, SM80) is None
+    for cfg in (_cfg(W="int8", group_size=-1), _cfg(W="nf4"), _cfg(W="fp4_e2m1")):
+        h = default_hint(make_plan(cfg, "cuda", 12), SM90)
+        assert (h.rows_per_warp, h.k_warps, h.stages, h.min_blocks, h.wgmma) == (32, 8, 1, 2, False)
+    h = default_hint(make_plan(_cfg(A_dtype="int8", W_dtype="int4", with_act_scaling=True), "cuda", 12), SM90)
+    assert h.mma and not h.wgmma
     assert tile(_cfg(K=8192 + 64, group_size=64), 32) is None     # K not a multiple of 4 weight vectors
 
 
@@ -161,17 +173,18 @@ def test_wgmma_refusals_name_the_argument():
 def test_wgmma_row_classes_and_candidates():
     """A dynamic-M operator builds the wgmma GEMV per class of 8 rows (its B operand grows in steps
     of 8), the mma.sync kernels per 8 / 16 / 32 / 48 / 64; the tuner's sm_90 space has wgmma tiles
-    for 17..64 rows, the sm_80 one none."""
+    from 9 rows, the sm_80 one none."""
     cfg = MatmulConfig(M=None, N=28672, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
     wg = GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG)
     mma = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
     assert [gemv_kernel_rows(cfg, "cuda", m, wg) for m in (17, 24, 25, 33, 57, 64)] == [24, 24, 32, 40, 64, 64]
     assert [gemv_kernel_rows(cfg, "cuda", m, mma) for m in (17, 33, 57)] == [32, 48, 64]
-    for bucket in (24, 64):
+    assert [gemv_kernel_rows(cfg, "cuda", m, wg) for m in (9, 13, 16)] == [16, 16, 16]
+    for bucket in (16, 24, 64):
         wgs = [c.hint for c in candidates(cfg, "cuda", bucket, H200_SPEC) if getattr(c.hint, "wgmma", False)]
         assert len(wgs) == 12 and all(gemv_hint_unsupported(make_plan(cfg, "cuda", bucket), h) is None for h in wgs)
     assert not [c for c in candidates(cfg, "cuda", 32, A100_SPEC) if getattr(c.hint, "wgmma", False)]
-    assert not [c for c in candidates(cfg, "cuda", 16, H200_SPEC) if getattr(c.hint, "wgmma", False)]
+    assert not [c for c in candidates(cfg, "cuda", 8, H200_SPEC) if getattr(c.hint, "wgmma", False)]
 
 
 @pytest.mark.nvcc

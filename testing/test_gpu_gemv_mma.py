@@ -209,8 +209,9 @@ def test_gemv_mma_codegen(arch, name, m, hint):
 def test_gemv_mma_default_tile_choice():
     """Float activations from 2 rows: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks
     per SM up to 8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9
-    rows take the same without the next step in flight below N=16896; 1- and 2-bit codes keep the
-    base tiles."""
+    rows take the same without the next step in flight (on wide layers since the 14th session; on
+    sm_90 int/uint 2- and 4-bit codes there take the wgmma GEMV: test_gemv_wgmma.py); 1- and 2-bit
+    codes keep the base tiles."""
     t90 = cuda_target(TARGETS["sm_90"])
 
     t80 = cuda_target(TARGETS["sm_80"])
@@ -223,7 +224,10 @@ def test_gemv_mma_default_tile_choice():
     for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan", "nf4", "bf16-fp4"):
         assert tile(name, 2) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
         assert tile(name, 9) == tile(name, 16) == (32, 8, 4, 1, 2), name
-        assert tile(name, 16, n=28672) == (64, 4, 2, 2, 0), name
+        assert tile(name, 16, n=28672, t=t80) == (32, 8, 4, 1, 2), name
+        h16 = GEMVHint.default(make_plan(MatmulConfig(N=28672, K=8192, **CONFIGS[name]), "cuda", 16), t90)
+        assert h16.wgmma == (name not in ("nf4", "bf16-fp4")), name
+        assert h16.wgmma or tile(name, 16, n=28672) == (32, 8, 4, 1, 2), name
     assert tile("nvfp4-bias", 2) == tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
     assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
     assert tile("u4", 2, W_dtype="int8", group_size=-1) == tile("u4", 4, W_dtype="int8", group_size=-1) \
@@ -303,3 +307,32 @@ def test_gemv_mma_scale_placement(name, at_store):
     body = src.split("main_kernel(")[-1]
     assert ("bb_scl_" in body) != at_store
     assert ("sr_ptr" in body) != at_store
+
+
+WIDE_DEFAULTS = {      # wide layers (N >= 16896) at 9..16 rows: the default kernel of each family on the GPU
+    "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),   # sm_90: wgmma
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),                           # 32-ch tile
+    "i8-chan": dict(W_dtype="int8", with_scaling=True),
+    "w4a8-g128": dict(A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True),
+    "w8a8": dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),
+}
+
+
+@pytest.mark.parametrize("name", list(WIDE_DEFAULTS))
+@gpu
+def test_gemv_wide_layer_defaults(name):
+    """N=16896 (a wide layer), K=1024: the default kernels of 9..16 rows (14th session: the wgmma
+    GEMV for 2-/4-bit int codes on sm_90, the 32-channel tile under 2 blocks per SM for the
+    others, the 64-channel one for int8 activations) through a dynamic-M operator, against the
+    reference, output poisoned first."""
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    kw = {"A_dtype": "float16", **WIDE_DEFAULTS[name]}
+    op = bitblas.Matmul(MatmulConfig(M=None, N=16896, K=1024, **kw))
+    for m in (9, 13, 16):
+        inp = random_inputs(op.config, m, device="cuda")
+        out_dtype = torch.float16 if op.config.out_dtype == "float16" else getattr(torch, op.config.out_dtype)
+        out = torch.full((m, op.config.N), float("nan"), dtype=out_dtype, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(op.config, **inp))
+        assert err <= tolerance(op.config), (m, err)

@@ -66,19 +66,34 @@ def test_gemv_wgmma_formats(name, hk):
     assert not [e for e in errors if e and not e.startswith("refused")], errors
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+@gpu
+def test_gemv_wgmma_few_rows(name):
+    """9..16 rows (the default on wide layers for 2- and 4-bit codes): one kernel built for 16 rows
+    (one warpgroup of 64 channels) at 9, 13 and 16 rows, N=1000, K=4096."""
+    cfg = MatmulConfig(N=1000, K=4096, **{"A_dtype": "float16", **CONFIGS[name]})
+    plan = make_plan(cfg, "cuda", 16)
+    why = gemv_hint_unsupported(plan, HINTS["r16k1s4"])
+    if why:
+        pytest.skip(why)
+    fn = build_plan(plan, cuda_target(), HINTS["r16k1s4"])
+    errors = [check_kernel(cfg, plan, fn, m) for m in (9, 13, 16)]
+    assert not [e for e in errors if e], errors
+
+
 @gpu
 def test_gemv_wgmma_through_matmul():
     """A dynamic-M operator on a wide layer (N=28672, the wgmma default on sm_90) is correct from
-    17 to 64 rows and builds one wgmma kernel per 8-row class."""
+    9 to 64 rows and builds one wgmma kernel per 8-row class (9..16 rows: one, for 16)."""
     import bitblas
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     op = bitblas.Matmul(MatmulConfig(M=None, N=28672, K=4096, A_dtype="float16", W_dtype="uint4",
                                      group_size=128, with_scaling=True, with_zeros=True))
-    for m in (17, 23, 24, 31, 47, 50, 64):
+    for m in (9, 12, 16, 17, 23, 24, 31, 47, 50, 64):
         inp = random_inputs(op.config, m, device="cuda")
         out = torch.full((m, op.config.N), float("nan"), dtype=torch.float16, device="cuda")
         op(**inp, output=out)
         err = relative_error(out, reference_matmul(op.config, **inp))
         assert err <= tolerance(op.config), (m, err)
     rows = sorted(m for kind, m, *_ in op._kernels)
-    assert rows == [24, 32, 48, 56, 64], rows
+    assert rows == [16, 24, 32, 48, 56, 64], rows

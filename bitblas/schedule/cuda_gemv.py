@@ -147,7 +147,8 @@ class GEMVHint:
         if m >= 2 and (sm is None or sm >= 80):
             mma = cls._mma_base(plan, m)
             if plan.float_acts and _mma_decodable(plan.w):
-                return cls._float_mma_tile(plan, m, mma)
+                wg = cls._wgmma_tile(plan) if m > 8 and sm is not None and sm >= 90 else None
+                return wg or cls._float_mma_tile(plan, m, mma)
             # int8: m16n8k32 (gemv_mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
             # K=8192, N=8192 / 28672, µs, 8th session, docs/benchmarks.md): 1-, 2-bit and per-channel
             # 4-bit codes from 3 rows (w2a8-g128 m=3 8.1 vs 12.6, 27.9 vs 32.2; w4a8-chan 10.5 vs 11.4,
@@ -203,7 +204,11 @@ class GEMVHint:
         b = plan.w.bits
         if m <= 8 and b == 4 and not _f8_scales(plan):
             return _MMA_WIDE
-        if m > 8 and not _wide_layer(plan) and b in (4, 8):
+        if m > 8 and b in (4, 8):
+            # wide layers too (14th session, N=28672, 9 / 16 rows, µs, vs the 64-channel base tile):
+            # nf4 63.2 / 70.4 vs 92.7 / 93.5, fp4 57.1 / 64.9 vs 76.4 / 77.4, nvfp4 64.9 / 68.1 vs
+            # 81.3 / 81.8, float8 weights 65.9 / 69.4 vs 77.1 / 77.4, w8a16 69.8 / 73.3 vs 72.0 / 74.0,
+            # W4A16 g128 56.1 / 64.3 vs 59.2 / 60.9 (on sm_90 int codes take the wgmma GEMV instead)
             return dataclasses.replace(_MMA_WIDE, stages=1)
         return base
 
@@ -211,11 +216,19 @@ class GEMVHint:
     def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
         """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
         N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
-        registers). H200, N=K=8192 (7th session): m=8 w4a8-g128 14.35 -> 10.81 µs, w8a8 22.33 ->
-        19.99; m=16 w4a8-g128 16.34 -> 11.79, w2a8-g128 13.76 -> 10.72, w8a8-g128 23.60 -> 19.67."""
+        registers), from N=16896 the 64-channel base tile likewise. H200, N=K=8192 (7th session):
+        m=8 w4a8-g128 14.35 -> 10.81 µs, w8a8 22.33 -> 19.99; m=16 w4a8-g128 16.34 -> 11.79,
+        w2a8-g128 13.76 -> 10.72, w8a8-g128 23.60 -> 19.67."""
         if m <= 8:
             return dataclasses.replace(base, min_blocks=2)
-        return base if _wide_layer(plan) else dataclasses.replace(_MMA_WIDE, stages=1)
+        if _wide_layer(plan):
+            # the 64-channel base tile took 255 registers (7 warps per SM); under 2 blocks per SM
+            # without the next step in flight (14th session, N=28672, 9 / 16 rows, µs): w4a8 g128
+            # 41.4 / 42.5 vs 46.9 / 47.6, w8a8 g128 66.3 / 67.7 vs 70.3 / 70.9, w4a8 per channel
+            # 34.8 / 35.9 vs 35.6 / 36.6, w8a8 62.3 / 63.5 vs 63.4 / 64.2, w2a8 g128 35.6 / 35.9 vs
+            # 36.2 / 37.0
+            return dataclasses.replace(base, stages=1, min_blocks=2)
+        return dataclasses.replace(_MMA_WIDE, stages=1)
 
     @classmethod
     def _chunk_tile(cls, plan) -> "GEMVHint":
@@ -273,8 +286,8 @@ class GEMVHint:
 
     @classmethod
     def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
-        """The wgmma GEMV's tile for 17..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
-        than the chunk loop, else None. H200, K=8192, µs, 13th session (docs/benchmarks.md): N=28672,
+        """The wgmma GEMV's tile for 9..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
+        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. H200, K=8192, µs, 13th session (docs/benchmarks.md): N=28672,
         one warpgroup of 64 channels per block up to 40 rows, 128 channels above (40 rows 66.9 vs
         73.2; 48 rows 80.8 vs 79.6, with float zeros 100.4 vs 86.4); W4A16 g128 17 / 32 / 64 rows
         56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros
@@ -284,9 +297,19 @@ class GEMVHint:
         splitting K): W4A16 g128 20.3 / 20.9 / 24.7 vs 23.6 / 24.6 / 36.8; int4, bfloat16 and
         quantized zeros alike; w2a16 no gain (23.0 vs 21.9 at 17 rows), w8a16 only from 33 rows
         (32.9 vs 39.3 at 64). Narrower layers (fewer than 128 blocks of 64 channels) keep the chunk
-        loop; at 16 rows or fewer the chunk loop's 16-row kernel wins (8 rows: 12.1 vs 19.5)."""
+        loop; at 16 rows or fewer the chunk loop's 16-row kernel wins (8 rows: 12.1 vs 19.5).
+
+        9..16 rows (14th session): on wide layers 2- and 4-bit codes take one warpgroup of 64
+        channels, against the tensor-core GEMV's default tile (N=28672, 9 / 16 rows, µs): W4A16
+        g128 52.0 / 58.1 vs 59.2 / 60.9, with float zeros 56.1 / 57.0 vs 79.8 / 82.2, bfloat16 with
+        zeros 57.1 / 57.1 vs 78.4 / 80.5, int4 52.6 / 58.6 vs 60.7 / 62.4, w2a16 43.4 / 42.9 vs
+        54.2 / 61.1; 8-bit codes lose (w8a16 86.6 / 88.6 vs 72.0 / 74.0)."""
         from .gemv_wgmma import wgmma_gemv_unsupported
         m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
+        if m <= GEMV_MAX_ROWS:
+            if m <= 8 or not _wide_layer(plan) or bits not in (2, 4) or not plan.float_acts:
+                return None
+            return None if wgmma_gemv_unsupported(plan, _WGMMA_WIDE) else _WGMMA_WIDE
         if N < 8192 or not plan.float_acts or (bits == 8 and m <= 48) or (bits == 2 and not _wide_layer(plan)):
             return None
         if _wide_layer(plan):

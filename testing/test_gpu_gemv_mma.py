@@ -309,9 +309,11 @@ def test_gemv_mma_scale_placement(name, at_store):
     assert ("sr_ptr" in body) != at_store
 
 
-WIDE_DEFAULTS = {      # wide layers (N >= 16896) at 9..16 rows: the default kernel of each family on the GPU
-    "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),   # sm_90: wgmma
-    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),                           # 32-ch tile
+# wide layers (N >= 16896) at 9..16 rows: the default kernel of each family on the GPU (on sm_90
+# the first takes the wgmma GEMV, nf4 and 8-bit codes the 32-channel tile, int8 activations 64)
+WIDE_DEFAULTS = {
+    "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
     "i8-chan": dict(W_dtype="int8", with_scaling=True),
     "w4a8-g128": dict(A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True),
     "w8a8": dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),

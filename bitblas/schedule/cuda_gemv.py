@@ -287,7 +287,8 @@ class GEMVHint:
     @classmethod
     def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
         """The wgmma GEMV's tile for 9..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
-        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. H200, K=8192, µs, 13th session (docs/benchmarks.md): N=28672,
+        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. H200, K=8192, µs,
+        13th session (docs/benchmarks.md): N=28672,
         one warpgroup of 64 channels per block up to 40 rows, 128 channels above (40 rows 66.9 vs
         73.2; 48 rows 80.8 vs 79.6, with float zeros 100.4 vs 86.4); W4A16 g128 17 / 32 / 64 rows
         56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros

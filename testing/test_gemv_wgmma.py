@@ -114,7 +114,7 @@ def test_wgmma_default_tiles():
     """sm_90, 17..64 rows, N >= 8192: 4-bit codes take the wgmma GEMV (one warpgroup of 64
     channels, 128 above 40 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
     codes on wide layers, 8-bit codes above 48 rows; 9..16 rows: 2- and 4-bit codes on wide
-    layers (one warpgroup of 64 channels); sm_80, narrow layers, table formats, 8 rows or fewer
+    layers (one warpgroup of 64 channels), 2-bit codes from N=8192 (4 warpgroups splitting K); sm_80, narrow layers, table formats, 8 rows or fewer
     and int8 activations keep the mma.sync kernels (table formats and 8-bit codes from 9 rows
     the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
     def tile(cfg, m, target=SM90):
@@ -135,6 +135,8 @@ def test_wgmma_default_tiles():
     assert tile(_cfg(N=4096), 64) is None
     assert tile(_cfg(W="nf4"), 64) is None
     assert tile(_cfg(N=8192), 16) is None
+    assert tile(_cfg(W="int2", N=8192), 9) == tile(_cfg(W="int2", N=8192), 16) == (16, 4, 2)
+    assert tile(_cfg(W="int2", N=8192), 8) is None and tile(_cfg(W="int2", N=4096), 16) is None
     assert tile(_cfg(), 8) is None
     assert tile(_cfg(), 9) == tile(_cfg(), 16) == tile(_cfg(W="int2"), 12) == (16, 1, 4)
     assert tile(_cfg(with_zeros=True, A_dtype="bfloat16", out_dtype="bfloat16"), 16) == (16, 1, 4)

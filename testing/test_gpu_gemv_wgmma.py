@@ -66,17 +66,19 @@ def test_gemv_wgmma_formats(name, hk):
     assert not [e for e in errors if e and not e.startswith("refused")], errors
 
 
+@pytest.mark.parametrize("hk", ["r16k1s4", "r16k4s2"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 @gpu
-def test_gemv_wgmma_few_rows(name):
-    """9..16 rows (the default on wide layers for 2- and 4-bit codes): one kernel built for 16 rows
-    (one warpgroup of 64 channels) at 9, 13 and 16 rows, N=1000, K=4096."""
+def test_gemv_wgmma_few_rows(name, hk):
+    """9..16 rows (the default for 2- and 4-bit codes on wide layers, one warpgroup of 64
+    channels, and for 2-bit codes from N=8192, 4 warpgroups splitting K): one kernel built for 16
+    rows at 9, 13 and 16 rows, N=1000, K=4096."""
     cfg = MatmulConfig(N=1000, K=4096, **{"A_dtype": "float16", **CONFIGS[name]})
     plan = make_plan(cfg, "cuda", 16)
-    why = gemv_hint_unsupported(plan, HINTS["r16k1s4"])
+    why = gemv_hint_unsupported(plan, HINTS[hk])
     if why:
         pytest.skip(why)
-    fn = build_plan(plan, cuda_target(), HINTS["r16k1s4"])
+    fn = build_plan(plan, cuda_target(), HINTS[hk])
     errors = [check_kernel(cfg, plan, fn, m) for m in (9, 13, 16)]
     assert not [e for e in errors if e], errors
 

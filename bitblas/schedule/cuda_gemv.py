@@ -304,13 +304,18 @@ class GEMVHint:
         channels, against the tensor-core GEMV's default tile (N=28672, 9 / 16 rows, µs): W4A16
         g128 52.0 / 58.1 vs 59.2 / 60.9, with float zeros 56.1 / 57.0 vs 79.8 / 82.2, bfloat16 with
         zeros 57.1 / 57.1 vs 78.4 / 80.5, int4 52.6 / 58.6 vs 60.7 / 62.4, w2a16 43.4 / 42.9 vs
-        54.2 / 61.1; 8-bit codes lose (w8a16 86.6 / 88.6 vs 72.0 / 74.0)."""
+        54.2 / 61.1; 8-bit codes lose (w8a16 86.6 / 88.6 vs 72.0 / 74.0). From N=8192 2-bit codes
+        take 4 warpgroups splitting K: w2a16 g128 8192^2 15.6 / 15.4 vs 20.2 / 23.6 (4-bit codes
+        there keep the tensor-core GEMV: 15.0 / 17.2 vs ~19 for the wgmma GEMV at 17 rows)."""
         from .gemv_wgmma import wgmma_gemv_unsupported
         m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
         if m <= GEMV_MAX_ROWS:
-            if m <= 8 or not _wide_layer(plan) or bits not in (2, 4) or not plan.float_acts:
+            if m <= 8 or N < 8192 or bits not in (2, 4) or not plan.float_acts:
                 return None
-            return None if wgmma_gemv_unsupported(plan, _WGMMA_WIDE) else _WGMMA_WIDE
+            if bits == 4 and not _wide_layer(plan):
+                return None
+            hint = _WGMMA_WIDE if _wide_layer(plan) else _WGMMA_KSPLIT
+            return None if wgmma_gemv_unsupported(plan, hint) else hint
         if N < 8192 or not plan.float_acts or (bits == 8 and m <= 48) or (bits == 2 and not _wide_layer(plan)):
             return None
         if _wide_layer(plan):

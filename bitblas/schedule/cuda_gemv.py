@@ -92,6 +92,7 @@ __all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "schedule_cuda_
 
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
 GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, gemv_mma.row_chunks)
+WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (GEMVHint._wgmma_tile) and tuned from here
 TIRX_PIPELINE_ATTR = "bitblas.tir_pipeline"   # module attribute: compile with tir_pipeline="tirx"
 
 
@@ -141,14 +142,15 @@ class GEMVHint:
         rows kernel."""
         m = plan.m or 1
         sm = _target_info(target)[0]
+        wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
+        if wg:
+            return wg
         if m > GEMV_MAX_ROWS:
-            wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
-            return wg or cls._chunk_tile(plan)
+            return cls._chunk_tile(plan)
         if m >= 2 and (sm is None or sm >= 80):
             mma = cls._mma_base(plan, m)
             if plan.float_acts and _mma_decodable(plan.w):
-                wg = cls._wgmma_tile(plan) if m > 8 and sm is not None and sm >= 90 else None
-                return wg or cls._float_mma_tile(plan, m, mma)
+                return cls._float_mma_tile(plan, m, mma)
             # int8: m16n8k32 (gemv_mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
             # K=8192, N=8192 / 28672, µs, 8th session, docs/benchmarks.md): 1-, 2-bit and per-channel
             # 4-bit codes from 3 rows (w2a8-g128 m=3 8.1 vs 12.6, 27.9 vs 32.2; w4a8-chan 10.5 vs 11.4,
@@ -309,19 +311,21 @@ class GEMVHint:
         there keep the tensor-core GEMV: 15.0 / 17.2 vs ~19 for the wgmma GEMV at 17 rows)."""
         from .gemv_wgmma import wgmma_gemv_unsupported
         m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
-        if m <= GEMV_MAX_ROWS:
-            if m <= 8 or N < 8192 or bits not in (2, 4) or not plan.float_acts:
-                return None
-            if bits == 4 and not _wide_layer(plan):
-                return None
-            hint = _WGMMA_WIDE if _wide_layer(plan) else _WGMMA_KSPLIT
-            return None if wgmma_gemv_unsupported(plan, hint) else hint
-        if N < 8192 or not plan.float_acts or (bits == 8 and m <= 48) or (bits == 2 and not _wide_layer(plan)):
+        wide = _wide_layer(plan)
+        if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
             return None
-        if _wide_layer(plan):
-            hint = _WGMMA_WIDE2 if bits == 2 or (bits == 4 and m > 40) else _WGMMA_WIDE
-        else:
+        if m <= GEMV_MAX_ROWS:                # 2-bit codes from N=8192, 4-bit ones on wide layers
+            takes = bits == 2 or (bits == 4 and wide)
+        else:                                 # 4-bit codes, 2-bit ones on wide layers, 8-bit above 48 rows
+            takes = bits == 4 or (bits == 2 and wide) or (bits == 8 and m > 48)
+        if not takes:
+            return None
+        if not wide:
             hint = _WGMMA_KSPLIT
+        elif m > GEMV_MAX_ROWS and (bits == 2 or (bits == 4 and m > 40)):
+            hint = _WGMMA_WIDE2
+        else:
+            hint = _WGMMA_WIDE
         return None if wgmma_gemv_unsupported(plan, hint) else hint
 
 

@@ -150,9 +150,8 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
         hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
         if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
             out.append(Candidate(bucket, hint))
-    if bucket > 8 and spec is not None and spec.cc >= 90:
-        # the wgmma GEMV (gemv_wgmma; from 9 rows, GEMVHint._wgmma_tile): 64 or 128 channels per
-        # warpgroup, 1 / 2 / 4 warpgroups splitting K
+    if bucket >= cuda_gemv.WGMMA_GEMV_MIN_ROWS and spec is not None and spec.cc >= 90:
+        # the wgmma GEMV (gemv_wgmma): 64 or 128 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K
         for R, kw, stages in itertools.product((16, 32), (1, 2, 4), (2, 4)):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=1, stages=stages, mma=True, wgmma=True)
             if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:

@@ -31,7 +31,13 @@ FAMILIES = {
               lambda p, t: GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2)),
              (C(M=16, N=1000, K=1536, W_dtype="int8", with_scaling=True, A_dtype="bfloat16"), 16, None),
              (C(M=1, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True), 1,
-              lambda p, t: GEMVHint(rows_per_warp=2, warps=4, unroll=2, k_warps=4))],
+              lambda p, t: GEMVHint(rows_per_warp=2, warps=4, unroll=2, k_warps=4)),
+             # the activation row staged in shared memory (the m=1 default above; 8 channels per warp for
+             # 2-bit codes, float32 pairs for 8-bit ones): 48 vector positions, a partial block of 32
+             (C(M=1, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 1,
+              lambda p, t: GEMVHint(rows_per_warp=8, warps=4, unroll=1, stages=2, min_blocks=4, act_smem=True)),
+             (C(M=1, N=1000, K=1536, W_dtype="int8", with_scaling=True, A_dtype="bfloat16"), 1,
+              lambda p, t: GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, act_smem=True))],
     "gemv_mma": [(C(M=9, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True), 9, None),
                  (C(M=3, N=1000, K=1056, W_dtype="int2", group_size=32, with_scaling=True), 3,
                   lambda p, t: GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True)),
@@ -71,6 +77,7 @@ FAMILIES = {
                    (C(M=5, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 5, None)],
     # int8 activations: the dp4a rows kernel (forced at 16 rows) and the tensor-core GEMV
     "gemv_int8": [(C(M=1, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 1, None),
+                  (C(M=1, N=1000, K=1536, W_dtype="int2", group_size=G, **S8), 1, None),      # staged row
                   (C(M=5, N=1000, K=1536, W_dtype="uint2", group_size=G, **S8), 5, None),
                   (C(M=16, N=1000, K=1536, W_dtype="int8", **S8), 16,
                    lambda p, t: GEMVHint(rows_per_warp=4, warps=1, unroll=2, stages=1)),

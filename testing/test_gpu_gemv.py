@@ -204,6 +204,45 @@ def test_gemv_decode_exact(wd, act):
                               for i, n in bad[:8]]
 
 
+STAGED = GEMVHint(2, 8, 1, stages=3, min_blocks=4, act_smem=True)      # the m=1 default (GEMVHint._staged_row)
+STAGED_FORMATS = {
+    "u4": dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True),
+    "u4-zeros-bias": dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
+                          with_bias=True),
+    "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
+                           zeros_mode="quantized", out_dtype="bfloat16"),
+    "i2": dict(A_dtype="float16", W_dtype="int2", group_size=G, with_scaling=True),
+    "u1-rescale": dict(A_dtype="float16", W_dtype="uint1", group_size=G, with_scaling=True, with_zeros=True,
+                       zeros_mode="rescale"),
+    "i8-chan-f32out": dict(A_dtype="float16", W_dtype="int8", with_scaling=True, out_dtype="float32"),
+    "bf16-u8-g128": dict(A_dtype="bfloat16", W_dtype="uint8", group_size=G, with_scaling=True, out_dtype="bfloat16"),
+    "a8-i2-g128": dict(A_dtype="int8", W_dtype="int2", group_size=G, with_scaling=True, with_act_scaling=True),
+    "a8-u4-chan": dict(A_dtype="int8", W_dtype="uint4", with_scaling=True, with_act_scaling=True),
+    **{k: TABLE_FORMATS[k] for k in ("f16-nf4-g64", "bf16-fp4-g128", "f16-e4m3-chan", "bf16-e5m2-g128",
+                                     "bf16-nvfp4")},
+}
+STAGED_HINTS = [STAGED, GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True),
+                GEMVHint(3, 2, 2, stages=2, act_smem=True), GEMVHint(4, 4, 1, stages=4, min_blocks=4, act_smem=True)]
+
+
+@pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4"])
+@pytest.mark.parametrize("fmt", list(STAGED_FORMATS))
+@gpu
+def test_gemv_staged_row(fmt, hint):
+    """The activation row staged in shared memory, every decoder, one row: N not a multiple of the
+    block's channels, K=1536 (48 vector positions: a partial block of 32 and idle staging
+    threads), and K=8192; output poisoned first (NaN / zero), fresh random data."""
+    from bitblas.build import build_plan
+    for n, k in ((1000, 1536), (520, 8192)):
+        cfg = MatmulConfig(N=n, K=k, **STAGED_FORMATS[fmt])
+        plan = make_plan(cfg, "cuda", 1)
+        from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+        assert gemv_hint_unsupported(plan, hint) is None, (fmt, hint)
+        fn = build_plan(plan, hint=hint)
+        err, tol, seed = _err(cfg, 1, fn=fn, plan=plan)
+        assert err <= tol, f"{fmt} {n}x{k} {hint} seed={seed}: rel. err {err:.3e} > {tol:.1e}"
+
+
 TABLE_HINT_FORMATS = ["f16-nf4-g64", "bf16-nvfp4", "f16-e4m3-chan", "bf16-fp4-g128", "bf16-e5m2-g128"]
 
 
@@ -297,20 +336,80 @@ def test_gemv_codegen(arch):
 @pytest.mark.nvcc
 def test_gemv_launch_bounds():
     """min_blocks reaches __launch_bounds__ (ptxas may then spend more registers on loads in
-    flight); the m=1 defaults of int/uint, fp4 and 8-bit weights use it, nf4 does not."""
+    flight): at m=1 the staged-row tiles take 4 blocks per SM (8 warps, 4 for 1-/2-bit codes),
+    2-bit codes on narrow layers and 8-bit ones off their wave window 8 (2-warp blocks)."""
     from bitblas.build import cuda_source, find_nvcc, nvcc_compile
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    for kw, bounds in ((dict(W_dtype="uint4", group_size=128, with_scaling=True), "__launch_bounds__(64, 8)"),
-                       (dict(W_dtype="int2", group_size=128, with_scaling=True), "__launch_bounds__(64, 8)"),
-                       (dict(W_dtype="int8", with_scaling=True), "__launch_bounds__(64, 8)"),
-                       (dict(W_dtype="nf4", group_size=128, with_scaling=True), "__launch_bounds__(32)")):
-        plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", **kw), "cuda", 1)
+    for kw, n, bounds in ((dict(W_dtype="uint4", group_size=128, with_scaling=True), 1000, "__launch_bounds__(256, 4)"),
+                          (dict(W_dtype="nf4", group_size=128, with_scaling=True), 1000, "__launch_bounds__(256, 4)"),
+                          (dict(W_dtype="int2", group_size=128, with_scaling=True), 1000, "__launch_bounds__(64, 8)"),
+                          (dict(W_dtype="int2", group_size=128, with_scaling=True), 8192, "__launch_bounds__(128, 4)"),
+                          (dict(W_dtype="int8", with_scaling=True), 1000, "__launch_bounds__(64, 8)")):
+        plan = make_plan(MatmulConfig(N=n, K=1536, A_dtype="float16", **kw), "cuda", 1)
         src = cuda_source(plan, "sm_90")
         assert bounds in src, (kw, src[src.find("__launch_bounds__"):][:40])
         assert nvcc_compile(src, "sm_90")
     plan = make_plan(MatmulConfig(N=256, K=512, W_dtype="uint4", group_size=128, with_scaling=True), "cuda", 5)
     assert "__launch_bounds__(32, 4)" in cuda_source(plan, "sm_90", GEMVHint(4, 1, 2, stages=1, min_blocks=4))
+
+
+
+def test_gemv_staged_row_defaults(monkeypatch):
+    """Which m=1 plans stage the activation row (GEMVHint._staged_row), and the checks of
+    ``act_smem``: one row, the rows kernel, a row that fits 48 KB of shared memory. The 8-bit
+    rule reads the SM count: an H200's 132 here, whatever GPU runs the test."""
+    from bitblas.schedule import cuda_gemv
+    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+    monkeypatch.setattr(cuda_gemv, "_SMS", [132])
+
+    def hint(n=8192, k=8192, m=1, **kw):
+        return default_hint(make_plan(MatmulConfig(N=n, K=k, **kw), "cuda", m))
+    g = dict(group_size=128, with_scaling=True)
+    assert hint(A_dtype="float16", W_dtype="uint4", **g) == STAGED
+    assert hint(A_dtype="bfloat16", W_dtype="uint4", with_zeros=True, out_dtype="bfloat16", **g) == STAGED
+    assert hint(A_dtype="float16", W_dtype="fp4_e2m1", **g) == STAGED
+    assert hint(A_dtype="float16", W_dtype="nf4", **g) == STAGED
+    assert not hint(k=14336, A_dtype="float16", W_dtype="nf4", **g).act_smem          # nf4 up to K=8192
+    assert hint(A_dtype="float16", W_dtype="int2", **g) == GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True)
+    assert not hint(n=6144, A_dtype="float16", W_dtype="int2", **g).act_smem          # 1-/2-bit from N=8192
+    assert hint(A_dtype="float16", W_dtype="int8", with_scaling=True) == STAGED      # 16-row blocks: 97% of a wave
+    assert not hint(n=10240, A_dtype="float16", W_dtype="int8", with_scaling=True).act_smem
+    assert not hint(n=4096, A_dtype="float16", W_dtype="int8", with_scaling=True).act_smem
+    i8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True, group_size=128)
+    assert hint(W_dtype="int2", **i8) == STAGED and not hint(W_dtype="int4", **i8).act_smem
+    # the staged row takes 2 bytes per value (4-bit codes): K=28672 does not fit 48 KB
+    assert not hint(n=4096, k=28672, A_dtype="float16", W_dtype="uint4", **g).act_smem
+    assert not hint(m=2, A_dtype="float16", W_dtype="uint4", **g).act_smem
+    plan = make_plan(MatmulConfig(N=4096, K=28672, A_dtype="float16", W_dtype="uint4", **g), "cuda", 1)
+    assert "57344 bytes of shared memory" in gemv_hint_unsupported(plan, STAGED)
+    plan2 = make_plan(MatmulConfig(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", **g), "cuda", 2)
+    assert "one activation row" in gemv_hint_unsupported(plan2, STAGED)
+    mma = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, act_smem=True)
+    assert "rows-kernel option" in gemv_hint_unsupported(make_plan(plan2.config, "cuda", 1), mma)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kw", [dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
+                                dict(W_dtype="nf4", group_size=64, with_scaling=True),
+                                dict(W_dtype="int8", with_scaling=True),
+                                dict(W_dtype="uint1", group_size=128, with_scaling=True)],
+                         ids=["u4-zeros", "nf4", "i8", "u1"])
+def test_gemv_staged_row_codegen(kw):
+    """The staged row: a shared buffer written once per block (16-byte stores, one barrier) and read
+    in 16-byte words in the loop, no activation loads from global memory inside it; compiles."""
+    from bitblas.build import cuda_source, find_nvcc, nvcc_resources
+    plan = make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", **kw), "cuda", 1)
+    hint = GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True) if plan.w.bits == 1 else STAGED
+    src = cuda_source(plan, "sm_90", hint)
+    body = src[src.index("void __launch_bounds__"):]
+    assert "__shared__" in body and body.count("tvm_builtin_cuda_cta_sync();") == 1
+    sync = body.index("tvm_builtin_cuda_cta_sync();")
+    assert "bb_sts4(" in body[:sync] and "bb_sts4(" not in body[sync:]
+    assert "bb_lds4(" in body[sync:] and "A_ptr[" not in body[sync:]
+    if find_nvcc() is not None:
+        res = nvcc_resources(src, "sm_90")
+        assert res["registers"] <= 65536 // (32 * hint.warps * hint.min_blocks), res
 
 
 @pytest.mark.nvcc

@@ -290,6 +290,9 @@ def test_gemv_int8_default_hint():
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
     assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
+    # one row of 2-bit codes: the row staged in shared memory (GEMVHint._staged_row)
+    assert hint("uint2", 1) == GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, pdl=True,
+                                        act_smem=True)
     assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("int4", 3) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
     assert hint("int8", 4) == GEMVHint(rows_per_warp=4, warps=1, unroll=4, stages=2, pdl=True)
@@ -368,6 +371,7 @@ def test_gemv_int8_codegen(w, arch):
         hint = None if m < 3 else GEMVHint(4, 1, 4 if m <= 8 else 2, stages=2 if m <= 4 else 1, pdl=arch == "sm_90")
         src = cuda_source(plan, tgt, hint)
         assert "dp4a." in src and "bb_dec_i8_" in src, (w, m, v)
-        if m == 1:
-            assert "__launch_bounds__(" in src and ", 8)" in src, (w, v)
+        if m == 1:              # 2-bit codes stage the row in 8-warp blocks (4 per SM), the others 8 2-warp blocks
+            bounds = "(256, 4)" if plan.w.bits == 2 else "(64, 8)"
+            assert f"__launch_bounds__{bounds}" in src, (w, v, src[src.find("__launch_bounds__"):][:30])
         assert nvcc_compile(src, arch), (w, m, v)

@@ -8,7 +8,8 @@ device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen
 
 * rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
   vectors of packed weights, ``unroll`` per row per step, through a ring of ``stages`` register
-  slots (the loads of ``stages - 1`` steps in flight while one is decoded);
+  slots (the loads of ``stages - 1`` steps in flight while one is decoded) (``act_smem``, one
+  row: the block stages the activation row in shared memory once, paired for the decoder);
 * k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
   activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
@@ -114,6 +115,8 @@ class GEMVHint:
                                # channel tile, the weights decoded once (else one block per chunk)
     wgmma: bool = False        # tensor-core kernel on sm_90a: wgmma with the decoded weights in registers and the
                                # (permuted) activations in shared memory (gemv_wgmma.py)
+    act_smem: bool = False     # rows kernel, one row: the block stages the activations in shared memory once,
+                               # already paired for the decoder, in a conflict-free lane order (gemv_rows.py)
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
@@ -166,6 +169,9 @@ class GEMVHint:
                 tile = cls._int8_mma_tile(plan, m, mma)
                 if mma_int8_unsupported(plan, tile) is None:
                     return tile
+        staged = cls._staged_row(plan) if m == 1 else None
+        if staged:
+            return staged
         if m <= 2 and _decoder(plan.w) != "lut4":
             # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
             # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
@@ -184,6 +190,37 @@ class GEMVHint:
         if m <= 8:
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
+
+    @classmethod
+    def _staged_row(cls, plan) -> Optional["GEMVHint"]:
+        """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
+        gemv_rows.py; 15th session) where it measured faster, else None. 8-warp blocks under 4
+        blocks per SM (<= 64 registers, 32 warps per SM: twice the warps of the register-bound
+        default), one vector per row and step, the loop unrolled. H200, µs, against the previous
+        defaults (docs/benchmarks.md): float activations, 2 channels per warp, 2 steps in flight:
+        W4A16 g128 8192^2 9.18 vs 9.58 (28672x8192 28.3 vs 30.3; 4096^2 3.73 vs 4.03; 4096x14336
+        10.24 vs 11.35; 10240x8192 12.3 vs 13.4), with zeros 9.90 vs 10.73 (30.7 vs 34.7), bfloat16
+        with zeros 11.5 vs 13.3 (35.9 vs 40.7), nf4 15.1 vs 17.0 (45.8 vs 53.3; at K=14336 18.7 vs
+        16.1: only up to K=8192), fp4 11.5 vs 11.7 (33.8 vs 36.9), nvfp4 15.5 vs 17.5 (49.1 vs
+        53.1); 8-bit codes only where the 16-channel blocks fill 70..100% of one wave (w8a16 8192^2
+        16.8 vs 18.0, 6144x4096 7.04 vs 7.27; 4096^2 5.49 vs 5.41, 10240x8192 25.3 vs 23.2). 1-
+        and 2-bit codes from N=8192 with 8 channels per warp in 4-warp blocks: w2a16 g128 8.58 vs
+        9.67 (23.9 vs 26.1), w1a16 9.68 vs 11.15 (29.1 vs 31.0); at 6144x4096 5.49 vs 4.92.
+        int8 activations: 2-bit codes (w2a8 g128 6.01 vs 6.52, 16.1 vs 16.7); 4- and 8-bit codes
+        tie or lose (w8a8 16.1 vs 16.0)."""
+        b, dec, N = plan.w.bits, _decoder(plan.w), plan.config.N
+        if not plan.float_acts:
+            hint = _ROWS_STAGED if b == 2 else None
+        elif b <= 2:
+            hint = _ROWS_STAGED_8 if N >= 8192 else None
+        elif b == 8:
+            blocks, slots = -(-N // 16), 4 * _num_sms()
+            hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
+        elif dec == "lut4":
+            hint = _ROWS_STAGED if plan.config.K <= 8192 else None
+        else:
+            hint = _ROWS_STAGED
+        return None if hint is None or gemv_hint_unsupported(plan, hint) else hint
 
     @classmethod
     def _mma_base(cls, plan, m) -> "GEMVHint":
@@ -336,6 +373,11 @@ def _wide_layer(plan) -> bool:
     return plan.config.N >= 16896
 
 
+# one activation row staged in shared memory (GEMVHint._staged_row): 2 channels per warp, 8-warp blocks,
+# one vector per row and step, 2 steps in flight, 4 blocks per SM; for 1- and 2-bit codes 8 channels per
+# warp in 4-warp blocks, 1 step in flight
+_ROWS_STAGED = GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, act_smem=True)
+_ROWS_STAGED_8 = GEMVHint(rows_per_warp=8, warps=4, unroll=1, stages=2, min_blocks=4, act_smem=True)
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
 _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
 # 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
@@ -926,16 +968,18 @@ def _steps(nit: int, unroll: int):
     return u, nit // u
 
 
-def _step_loop(add, NS, ST, load, process, after_prologue=None):
+def _step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False):
     """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
     register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
     ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
     s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant).
-    ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop."""
+    ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop.
+    ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source)."""
+    loop = "T.unroll" if unroll else "T.serial"
     if ST == 1:
         if after_prologue:
             after_prologue()
-        add(f"    for st in T.serial({NS}):")
+        add(f"    for st in {loop}({NS}):")
         load("        ", "st", 0)
         process("        ", "st", 0)
         return
@@ -944,7 +988,7 @@ def _step_loop(add, NS, ST, load, process, after_prologue=None):
     if after_prologue:
         after_prologue()
     NO = -(-NS // ST)                         # outer iterations; the last one may be partial
-    add(f"    for s2 in T.serial({NO}):")
+    add(f"    for s2 in {loop}({NO}):")
     for j in range(ST):
         ind = "        "
         cur = f"s2 * {ST} + {j}" if j else f"s2 * {ST}"
@@ -972,6 +1016,10 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if not plan.float_acts and hint.k_warps:
         return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the tensor-core "
                 f"kernel (k_warps=0 or mma=True; got k_warps={hint.k_warps}, mma={hint.mma})")
+    if hint.act_smem:
+        why = _act_smem_unsupported(plan, hint)
+        if why:
+            return why
     if hint.mma:
         return mma_gemv_unsupported(plan, hint)
     if (plan.m or 1) > GEMV_MAX_ROWS:
@@ -979,6 +1027,36 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
                 f"(mma=True: up to {GEMV_MMA_MAX_ROWS})")
     if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
         return "rows_per_warp * m must be <= 32 * k_warps"
+    return None
+
+
+ACT_SMEM_MAX_BYTES = 48 * 1024      # static shared memory of one block
+
+
+def act_smem_bytes(plan, hint: GEMVHint) -> Optional[int]:
+    """Shared memory of the rows kernel's staged activation row (``hint.act_smem``): the paired
+    activations of every vector position (float32 per value for 8-bit codes with float
+    activations, else 4 bytes per pair / per 4 int8 values) and, where the kernel uses them, one
+    4-byte activation sum per position; None if the hint's vector does not fit the plan."""
+    vb = _vec_bytes(plan, hint.vec_bytes)
+    if vb is None:
+        return None
+    i8, b = not plan.float_acts, plan.w.bits
+    V = vb * 8 // b
+    words = V if (b == 8 and not i8) else (V // 4 if i8 else V // 2)
+    keep_sum = i8 or (plan.config.with_zeros and plan.config.zeros_mode != "quantized")
+    return -(-(plan.config.K // V) // 32) * 32 * 4 * (words + keep_sum)
+
+
+def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:
+    if hint.mma or hint.k_warps:
+        return "act_smem=True is a rows-kernel option (mma=False, k_warps=0)"
+    if (plan.m or 1) != 1:
+        return f"act_smem=True stages one activation row; the plan has {plan.m} rows"
+    nbytes = act_smem_bytes(plan, hint)
+    if nbytes is not None and nbytes > ACT_SMEM_MAX_BYTES:
+        return (f"act_smem=True: the staged row of K={plan.config.K} takes {nbytes} bytes of shared memory, "
+                f"more than {ACT_SMEM_MAX_BYTES}")
     return None
 
 

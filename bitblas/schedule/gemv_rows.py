@@ -4,12 +4,80 @@ of packed weights (one warp pass over a row reads 512 contiguous bytes), ``unrol
 per step. ``stages`` register slots of weights form a ring: the loads of ``stages - 1`` steps are
 in flight while a step is decoded (on the H200 the default, 2 slots of 4 vectors, beat every
 smaller step with a deeper ring: docs/benchmarks.md). Each lane's sums are warp-reduced and one
-lane stores each output. The decode, scale and store lines come from cuda_gemv's ``_kernel_script``
-(its locals, ``e``); the decode and the int8 (dp4a) path: cuda_gemv's docstring.
+lane stores each output.
+
+``act_smem`` (one activation row): the block first stages the whole row in shared memory, each
+vector position's activations already paired for the decoder (``bb_prep``) and laid out
+``[position // 32, word // 4, position % 32, word % 4]``, so that a warp's read of a word quad is
+one conflict-free 16-byte load per lane. The loop then reads 16-byte words from shared memory
+instead of re-reading the activations through L1 (a lane's 64 bytes lie 64 bytes apart from its
+neighbour's: 16 L1 wavefronts per load instead of 4) and pairing them with ``prmt`` per step.
+
+The decode, scale and store lines come from cuda_gemv's ``_kernel_script`` (its locals, ``e``);
+the decode and the int8 (dp4a) path: cuda_gemv's docstring.
 """
 from __future__ import annotations
 
 from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
+
+# 16 bytes between a local quad of words and shared memory (vector accesses; ``p`` 16-byte aligned)
+_LDS4 = r"""
+__device__ __forceinline__ void bb_lds4(const void* p, void* d) {
+  *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(p);
+}
+"""
+_STS4 = r"""
+__device__ __forceinline__ void bb_sts4(void* p, const void* s) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(s);
+}
+"""
+
+
+def _keeps_sum(e) -> bool:
+    """Whether the kernel uses the prep's activation sum (float zero points; int8 activations: the
+    dp4a chain's start)."""
+    return e["need_asum"] or e["i8"]
+
+
+def _stage_acts(add, e, threads, il):
+    """Every thread stages vector positions ``tx``, ``tx + threads``, ..: the raw activations
+    (``ar``) paired by the decoder's prep into ``ap``, stored as word quads into ``aps`` (and the
+    vector's activation sum into ``ass``); then the block synchronises."""
+    NC, APW = e["NC"], e["ap_len"]
+    apbase = "ap.ptr_to([0, 0])" if il else "ap.ptr_to([0])"
+    ap_at = (lambda j: f"ap.ptr_to([0, {j}])") if il else (lambda j: f"ap.ptr_to([{j}])")
+    add(f"    for it in T.serial({-(-NC // threads)}):")
+    ind = "        "
+    if NC % threads:
+        add(f"{ind}if it * {threads} + tx < {NC}:")
+        ind += "    "
+    cs = f"(it * {threads} + tx)"
+    for ln in e["lda_lines"](ind, "0", cs, "ar"):
+        add(ln)
+    add(f"{ind}asum[0] = {e['prep_expr']('ar', apbase)}")
+    for j in range(APW // 4):
+        add(f"{ind}T.cuda.func_call('bb_sts4', aps.ptr_to([{cs} // 32, {j}, {cs} % 32, 0]), {ap_at(4 * j)}, "
+            f"source_code={_STS4!r})")
+    if _keeps_sum(e):
+        add(f"{ind}ass[{cs}] = asum[0]")
+    add("    T.cuda.cta_sync()")
+
+
+def _row_acts(add, e, ind, col, staged, apdst, asum_dst):
+    """The paired activations of activation row ``i`` at vector position ``col`` into the local
+    ``apdst(word)`` (a pointer text) and their sum into ``asum_dst``: loaded and paired (``prep``),
+    or with ``staged`` = (``col // 32``, ``col % 32``) as index texts, read from shared memory."""
+    if not staged:
+        for ln in e["lda_lines"](ind, "i", col, "ar"):
+            add(ln)
+        add(f"{ind}{asum_dst} = {e['prep_expr']('ar', apdst(0))}")
+        return
+    blk, lane = staged
+    for j in range(e["ap_len"] // 4):
+        add(f"{ind}T.cuda.func_call('bb_lds4', aps.ptr_to([{blk}, {j}, {lane}, 0]), {apdst(4 * j)}, "
+            f"source_code={_LDS4!r})")
+    if _keeps_sum(e):
+        add(f"{ind}{asum_dst} = ass[({blk}) * 32 + {lane}]")
 
 
 def _row_locals(add, e, R, m, WARPS, interleave=False):
@@ -40,13 +108,12 @@ def _row_locals(add, e, R, m, WARPS, interleave=False):
     add(f"        acc[r, i] = T.{e['acc_dtype']}(0)")
 
 
-def _row_dot(add, e, ind1, R, m, col):
-    """Per activation row: load and pair the activations of vector ``col``, then accumulate the
-    dot products with the ``R`` decoded weight vectors."""
+def _row_dot(add, e, ind1, R, m, col, staged=None):
+    """Per activation row: load and pair the activations of vector ``col`` (``staged``: read
+    them paired from shared memory, at (block, lane) index texts), then accumulate the dot
+    products with the ``R`` decoded weight vectors."""
     add(f"{ind1}for i in T.unroll({m}):")
-    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
-        add(ln)
-    add(f"{ind1}    asum[0] = {e['prep_expr']('ar', 'ap.ptr_to([0])')}")
+    _row_acts(add, e, ind1 + "    ", col, staged, lambda j: f"ap.ptr_to([{j}])", "asum[0]")
     add(f"{ind1}    for r in T.unroll({R}):")
     if e["i8"]:                               # exact int32 per vector; float32 with group scales
         dot = e["idot_expr"]("dq.ptr_to([r, 0])", "ap.ptr_to([0])", "asum[0]")
@@ -65,14 +132,12 @@ def _row_decode(add, e, ind, slot, cidx, sdt, zdt, dst):
     add(e["dec_line"](ind, f"wq.ptr_to([{slot}, u, r, 0])", "ov[r]", dst))
 
 
-def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt):
+def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt, staged=None):
     """Float activations, interleaved: the paired activations of every row first, then each of the
     ``R`` weight vectors decoded and used at once (one decoded vector live instead of ``R``: more
     channels per warp fit the registers, and each activation load serves more of them)."""
     add(f"{ind1}for i in T.unroll({m}):")
-    for ln in e["lda_lines"](ind1 + "    ", "i", col, "ar"):
-        add(ln)
-    add(f"{ind1}    asums[i] = {e['prep_expr']('ar', 'ap.ptr_to([i, 0])')}")
+    _row_acts(add, e, ind1 + "    ", col, staged, lambda j: f"ap.ptr_to([i, {j}])", "asums[i]")
     add(f"{ind1}for r in T.unroll({R}):")
     _row_decode(add, e, ind1 + "    ", slot, step_cidx, sdt, zdt, "dq.ptr_to([0])")
     add(f"{ind1}    for i in T.unroll({m}):")
@@ -109,6 +174,12 @@ def _body_rows(plan, hint, add, e):
     # 30.0 -> 30.2-30.7), so the default keeps the decoded vectors of all rows
     il = not e["i8"] and (R >= 8 or e["dec"] == "lut4")
     _row_locals(add, e, R, m, WARPS, interleave=il)
+    if hint.act_smem:                         # m == 1 (gemv_hint_unsupported)
+        add(f"    aps = T.alloc_buffer(({-(-NC // 32)}, {e['ap_len'] // 4}, 32, 4), {e['ap_dtype']!r}, "
+            "scope='shared')")
+        if _keeps_sum(e):
+            add(f"    ass = T.alloc_buffer(({-(-NC // 32) * 32},), {'int32' if e['i8'] else 'float32'!r}, "
+                "scope='shared')")
     nr = f"T.min(n0 + r, {N - 1})"
 
     def cexpr(step):
@@ -129,13 +200,16 @@ def _body_rows(plan, hint, add, e):
         if NC % 32:
             add(f"{ind1}if {cexpr(step)} < {NC}:")
             ind1 += "    "
+        staged = (f"({step}) * {U} + u", "lane") if hint.act_smem else None
         if il:
-            _row_dot_il(add, e, ind1, R, m, cexpr(step), slot, cload(step), sdt, zdt)
+            _row_dot_il(add, e, ind1, R, m, cexpr(step), slot, cload(step), sdt, zdt, staged)
             return
         add(f"{ind1}for r in T.unroll({R}):")
         _row_decode(add, e, ind1 + "    ", slot, cload(step), sdt, zdt, "dq.ptr_to([r, 0])")
-        _row_dot(add, e, ind1, R, m, cexpr(step))
+        _row_dot(add, e, ind1, R, m, cexpr(step), staged)
 
-    _step_loop(add, NS, ST, load, process)
+    # staged activations: the first steps' weight loads go out before the staging and its barrier
+    stage = (lambda: _stage_acts(add, e, 32 * WARPS, il)) if hint.act_smem else None
+    _step_loop(add, NS, ST, load, process, after_prologue=stage, unroll=hint.act_smem)
     _pdl_trigger(add, hint)
     _row_store(add, e, R, m, N)

@@ -128,6 +128,11 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
     for R, warps in itertools.product((2, 4, 8), (1, 2)):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
+    if bucket == 1:                           # the activation row staged in shared memory, 4 blocks per SM
+        for R, warps, stages in itertools.product((2, 4, 8), (4, 8), (2, 3, 4)):
+            hint = GEMVHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages, min_blocks=4, act_smem=True)
+            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+                out.append(Candidate(bucket, hint))
     if plan.float_acts:                       # the k-split variant (float activations only): k_warps warps
         sms = spec.sm_count if spec is not None else 108     # share K, persistent grid of a few blocks per SM
         for R, kw, per_sm, vb in itertools.product((1, 2, 4, 8), (2, 4, 8), (2, 4, 8), vbs):

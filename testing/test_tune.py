@@ -325,3 +325,19 @@ def test_cost_model_chunk_loop():
     p16 = make_plan(cfg, "cuda", 16)
     h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1)
     assert estimate(p16, h, 16, H200) == estimate(p16, GEMVHint(**{**h.__dict__, "chunk_loop": True}), 16, H200)
+
+
+def test_topk_includes_staged_rows():
+    """Bucket 1: the rows kernel with a staged activation row is a template family of its own in the
+    top-k (the cost model ranks it low), the default staged tile included."""
+    from bitblas.schedule import GEMVHint
+    from bitblas.tune.tuner import select_topk
+    cfg = MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    ranked = ranked_candidates(cfg, 1, H200)
+    staged = [c for c in ranked if isinstance(c.hint, GEMVHint) and c.hint.act_smem]
+    assert len(staged) == 18, len(staged)                  # 2/4/8 channels x 4/8 warps x 1-3 steps in flight
+    top = select_topk(ranked, 12)
+    top_staged = [c.hint for c in top if isinstance(c.hint, GEMVHint) and c.hint.act_smem]
+    assert len(top_staged) >= 3, [c.hint for c in top]
+    assert any(not (isinstance(c.hint, GEMVHint) and c.hint.act_smem) for c in top)

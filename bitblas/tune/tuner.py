@@ -106,7 +106,7 @@ def _shape_key(hint):
     if isinstance(hint, WGMMAHint):
         return ("wgmma", hint.BM, hint.BN)
     if isinstance(hint, GEMVHint):
-        return ("gemv", hint.mma, hint.wgmma, hint.rows_per_warp, hint.warps, hint.k_warps)
+        return ("gemv", hint.mma, hint.wgmma, hint.act_smem, hint.rows_per_warp, hint.warps, hint.k_warps)
     d = hint_to_dict(hint)
     return (d.pop("class"),) + tuple(sorted(d.items()))[:1]
 
@@ -114,12 +114,15 @@ def _shape_key(hint):
 def select_topk(ranked: Sequence[Candidate], topk: int, per_shape: int = 2) -> List[Candidate]:
     """``topk`` of ``ranked`` (best first): at most ``per_shape`` per tile shape while others are
     left, and at least ``ceil(topk / 4)`` of each template family present (the wgmma GEMV counts as
-    a family of its own)."""
+    a family of its own, and so does the rows kernel with a staged activation row: the cost model
+    does not see its saved activation traffic, so it ranks it below the register-bound rows tiles
+    that it beat on the H200)."""
     if topk < 1:
         raise ValueError(f"topk={topk!r} is invalid; accepted: an int >= 1")
     families = {}
     for c in ranked:
-        fam = type(c.hint).__name__ + ("-wgmma" if getattr(c.hint, "wgmma", False) else "")
+        fam = type(c.hint).__name__ + ("-wgmma" if getattr(c.hint, "wgmma", False) else "") + (
+            "-staged" if getattr(c.hint, "act_smem", False) else "")
         families.setdefault(fam, []).append(c)
     chosen, seen = [], {}
 

@@ -233,10 +233,10 @@ def test_gemv_staged_row(fmt, hint):
     block's channels, K=1536 (48 vector positions: a partial block of 32 and idle staging
     threads), and K=8192; output poisoned first (NaN / zero), fresh random data."""
     from bitblas.build import build_plan
+    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
     for n, k in ((1000, 1536), (520, 8192)):
         cfg = MatmulConfig(N=n, K=k, **STAGED_FORMATS[fmt])
         plan = make_plan(cfg, "cuda", 1)
-        from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
         assert gemv_hint_unsupported(plan, hint) is None, (fmt, hint)
         fn = build_plan(plan, hint=hint)
         err, tol, seed = _err(cfg, 1, fn=fn, plan=plan)

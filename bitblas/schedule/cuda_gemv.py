@@ -757,7 +757,7 @@ def _kernel_script(plan, hint: GEMVHint):
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
-    f32_path = b == 8 and not i8 and not hint.mma     # the tensor-core kernel takes 8-bit codes as half pairs
+    f32_path = _f32_path(plan, hint)
     helpers = _helpers(tag, act, b, signed, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
     s_f8 = _f8_scales(plan)
     dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
@@ -775,7 +775,7 @@ def _kernel_script(plan, hint: GEMVHint):
         return repr(helpers[name])
 
     ap_dtype = "float32" if f32_path else "uint32"
-    ap_len = V if f32_path else NA
+    ap_len = _prep_words(plan, hint, V)
 
     L = []
     add = L.append
@@ -1033,19 +1033,36 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
 ACT_SMEM_MAX_BYTES = 48 * 1024      # static shared memory of one block
 
 
+def _f32_path(plan, hint: GEMVHint) -> bool:
+    """8-bit codes with float activations on the rows / k-split kernels: decoded to float32, the
+    activations converted to float32 (the tensor-core kernel takes 8-bit codes as half pairs)."""
+    return plan.w.bits == 8 and plan.float_acts and not hint.mma
+
+
+def _prep_words(plan, hint: GEMVHint, V: int) -> int:
+    """4-byte words of prepared (paired) activations per weight vector of ``V`` values: one
+    float32 per value on the float32 path, else two float16 / bfloat16 or four int8 values."""
+    if _f32_path(plan, hint):
+        return V
+    return V // 2 if plan.float_acts else V // 4
+
+
+def keeps_act_sum(plan) -> bool:
+    """Whether the rows kernel uses each vector's activation sum from the prep (float zero points;
+    int8 activations: the dp4a chain's start), so that a staged row keeps it too."""
+    c = plan.config
+    return not plan.float_acts or (c.with_zeros and c.zeros_mode != "quantized")
+
+
 def act_smem_bytes(plan, hint: GEMVHint) -> Optional[int]:
-    """Shared memory of the rows kernel's staged activation row (``hint.act_smem``): the paired
-    activations of every vector position (float32 per value for 8-bit codes with float
-    activations, else 4 bytes per pair / per 4 int8 values) and, where the kernel uses them, one
-    4-byte activation sum per position; None if the hint's vector does not fit the plan."""
+    """Shared memory of the rows kernel's staged activation row (``hint.act_smem``): the prepared
+    activations of every vector position (:func:`_prep_words`) and, where the kernel uses them
+    (:func:`keeps_act_sum`), one 4-byte sum per position; None if the hint's vector does not fit."""
     vb = _vec_bytes(plan, hint.vec_bytes)
     if vb is None:
         return None
-    i8, b = not plan.float_acts, plan.w.bits
-    V = vb * 8 // b
-    words = V if (b == 8 and not i8) else (V // 4 if i8 else V // 2)
-    keep_sum = i8 or (plan.config.with_zeros and plan.config.zeros_mode != "quantized")
-    return -(-(plan.config.K // V) // 32) * 32 * 4 * (words + keep_sum)
+    V = vb * 8 // plan.w.bits
+    return -(-(plan.config.K // V) // 32) * 32 * 4 * (_prep_words(plan, hint, V) + keeps_act_sum(plan))
 
 
 def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:

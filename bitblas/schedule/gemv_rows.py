@@ -18,7 +18,7 @@ the decode and the int8 (dp4a) path: cuda_gemv's docstring.
 """
 from __future__ import annotations
 
-from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps
+from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps, keeps_act_sum
 
 # 16 bytes between a local quad of words and shared memory (vector accesses; ``p`` 16-byte aligned)
 _LDS4 = r"""
@@ -31,12 +31,6 @@ __device__ __forceinline__ void bb_sts4(void* p, const void* s) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(s);
 }
 """
-
-
-def _keeps_sum(e) -> bool:
-    """Whether the kernel uses the prep's activation sum (float zero points; int8 activations: the
-    dp4a chain's start)."""
-    return e["need_asum"] or e["i8"]
 
 
 def _stage_acts(add, e, threads, il):
@@ -58,7 +52,7 @@ def _stage_acts(add, e, threads, il):
     for j in range(APW // 4):
         add(f"{ind}T.cuda.func_call('bb_sts4', aps.ptr_to([{cs} // 32, {j}, {cs} % 32, 0]), {ap_at(4 * j)}, "
             f"source_code={_STS4!r})")
-    if _keeps_sum(e):
+    if keeps_act_sum(e["plan"]):
         add(f"{ind}ass[{cs}] = asum[0]")
     add("    T.cuda.cta_sync()")
 
@@ -76,7 +70,7 @@ def _row_acts(add, e, ind, col, staged, apdst, asum_dst):
     for j in range(e["ap_len"] // 4):
         add(f"{ind}T.cuda.func_call('bb_lds4', aps.ptr_to([{blk}, {j}, {lane}, 0]), {apdst(4 * j)}, "
             f"source_code={_LDS4!r})")
-    if _keeps_sum(e):
+    if keeps_act_sum(e["plan"]):
         add(f"{ind}{asum_dst} = ass[({blk}) * 32 + {lane}]")
 
 
@@ -177,7 +171,7 @@ def _body_rows(plan, hint, add, e):
     if hint.act_smem:                         # m == 1 (gemv_hint_unsupported)
         add(f"    aps = T.alloc_buffer(({-(-NC // 32)}, {e['ap_len'] // 4}, 32, 4), {e['ap_dtype']!r}, "
             "scope='shared')")
-        if _keeps_sum(e):
+        if keeps_act_sum(e["plan"]):
             add(f"    ass = T.alloc_buffer(({-(-NC // 32) * 32},), {'int32' if e['i8'] else 'float32'!r}, "
                 "scope='shared')")
     nr = f"T.min(n0 + r, {N - 1})"

@@ -113,6 +113,83 @@ def test_pack_weight_rejects_out_of_range_codes(name, naming):
             pack_weight(config, codes)
 
 
+# -- code checks: every code-valued input (issue 26 item 2) -------------------------------------
+def _qzeros_config(bits=4, n=8, k=64, g=32):
+    return bitblas.MatmulConfig(N=n, K=k, W_dtype=f"uint{bits}", group_size=g, with_scaling=True, with_zeros=True,
+                                zeros_mode="quantized")
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("bad", ["above", "below", "fraction"])
+@pytest.mark.parametrize("path", ["pack_weight", "transform_weight", "Linear"])
+def test_quantized_zero_codes_are_checked(bits, bad, path, naming):
+    """zeros_mode="quantized": a zero point outside 0 .. 2**bits - 1 (16 for 4 bits, -1) or not an
+    integer (7.6) is refused, naming ``zeros`` and the accepted range, on every path that packs
+    them; before, 16 was packed as 0, -1 as 15 and 7.6 as 7."""
+    config = _qzeros_config(bits)
+    hi = (1 << bits) - 1
+    codes = torch.randint(0, hi + 1, (config.N, config.K), dtype=torch.int32)
+    scale = torch.rand(config.N, 2, dtype=torch.float16) + 0.5
+    zeros = torch.randint(0, hi + 1, (config.N, 2), dtype=torch.int32)
+    if bad == "above":
+        zeros[3, 1] = hi + 1
+    elif bad == "below":
+        zeros[0, 0] = -1
+    else:
+        zeros = zeros.to(torch.float32)
+        zeros[5, 1] = min(7.6, hi - 0.4)
+    with naming(ValueError, "zeros") as e:
+        if path == "pack_weight":
+            pack_weight(config, codes, scale, zeros)
+        elif path == "transform_weight":
+            bitblas.Matmul(config).transform_weight(codes.to(torch.int8), scale, zeros)
+        else:
+            lin = bitblas.Linear(config.K, config.N, W_dtype=config.W_dtype, group_size=32, with_zeros=True,
+                                 zeros_mode="quantized", opt_M=1)
+            lin.load_and_transform_weight(codes.to(torch.int8), scale, zeros)
+    assert f"[0, {hi}]" in str(e.value)
+
+
+def test_quantized_zero_codes_integral_floats_accepted():
+    """Zero points given as floats with integer values (GPTQ's float zeros) are exact codes."""
+    config = _qzeros_config(4)
+    codes = torch.randint(0, 16, (config.N, config.K), dtype=torch.int32)
+    scale = torch.ones(config.N, 2, dtype=torch.float16)
+    zeros = torch.randint(0, 16, (config.N, 2))
+    a = pack_weight(config, codes, scale, zeros)
+    b = pack_weight(config, codes, scale, zeros.to(torch.float16))
+    assert torch.equal(a["zeros"], b["zeros"])
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4", "int2", "uint8", "nf4"])
+def test_fractional_weight_codes_refused(name, naming):
+    """Codes given as a float tensor must be integers: 7.6 is refused naming the argument and the
+    range (pack_weight: ``codes``; transform_weight: ``weight``), integral floats are exact codes."""
+    fmt = FORMATS[name]
+    lo, hi = fmt.code_range
+    config = bitblas.MatmulConfig(N=2, K=8, W_dtype=name)
+    codes = torch.randint(lo, hi + 1, (2, 8)).to(torch.float32)
+    assert torch.equal(pack_weight(config, codes)["W"], pack_weight(config, codes.to(torch.int32))["W"])
+    codes[1, 2] = lo + 0.6
+    with naming(ValueError, "codes") as e:
+        pack_weight(config, codes)
+    assert f"[{lo}, {hi}]" in str(e.value)
+    with naming(ValueError, "weight"):
+        bitblas.Matmul(config).transform_weight(codes)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_general_compress_checks_codes(bits, naming):
+    """BitBLAS's general_compress packs non-negative codes; outside 0 .. 2**bits - 1 (for 8 bits the
+    byte range -128 .. 255) or non-integers the bits would spill into the neighbour: refused."""
+    hi = (1 << bits) - 1
+    for bad in (hi + 1, -129 if bits == 8 else -1, 0.5):
+        w = np.zeros((2, 8), dtype=np.float32 if bad == 0.5 else np.int32)
+        w[1, 3] = bad
+        with naming(ValueError, "lowprecision_weight"):
+            general_compress(w, source_bits=bits)
+
+
 def _general_compress_loop(w, bits):
     """BitBLAS's general_compress, written as the loop it is: little-endian along the last axis."""
     per = 8 // bits

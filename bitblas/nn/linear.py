@@ -248,7 +248,7 @@ class Linear(nn.Module):
             weight, scales, zeros, global_scale = q.codes, q.scale, q.zeros, q.global_scale
         packed = pack_weight(c, weight.detach(), None if scales is None else scales.detach(),
                              None if zeros is None else zeros.detach(),
-                             None if global_scale is None else global_scale.detach())
+                             None if global_scale is None else global_scale.detach(), _weight_arg="weight")
         new = {self._weight_name: packed["W"]}
         for k in ("scale", "zeros", "global_scale"):
             if k in packed:

@@ -159,35 +159,62 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype), zeros)
 
 
+def integer_codes(t: torch.Tensor, name: str, lo: int, hi: int, what: str, bit_patterns: bool = False) -> torch.Tensor:
+    """``t`` as int32 codes, checked: integers (an integer tensor, or a float tensor holding whole
+    numbers) in [lo, hi]; else ValueError naming ``name``, the range and ``what`` they are codes of.
+    ``bit_patterns``: an int8 tensor carries codes 0..255 as its bytes (uint8 / float8 codes)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of integer codes, got {type(t).__name__}")
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name}: expected integer codes in [{lo}, {hi}] for {what}, got a {t.dtype} tensor")
+    if t.dtype.is_floating_point:
+        f = t.detach().to(torch.float64)
+        bad = ~torch.isfinite(f) | (f != f.round())
+        if bool(bad.any()):
+            v = f[bad][0].item()
+            raise ValueError(f"{name}: codes must be integers in [{lo}, {hi}] for {what}, got {v:g} "
+                             f"at index {tuple(int(i) for i in bad.nonzero()[0])}")
+        if f.numel() and (float(f.min()) < lo or float(f.max()) > hi):
+            raise ValueError(f"{name}: codes must lie in [{lo}, {hi}] for {what}, got values in "
+                             f"[{float(f.min()):g}, {float(f.max()):g}]")
+        return f.to(torch.int32)
+    q = t.to(torch.int64)
+    if bit_patterns and t.dtype == torch.int8:
+        q = q & 0xFF
+    if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"{name}: codes must lie in [{lo}, {hi}] for {what}, got values in "
+                         f"[{int(q.min())}, {int(q.max())}]")
+    return q.to(torch.int32)
+
+
 def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=None,
-                global_scale=None) -> Dict[str, torch.Tensor]:
-    """Turn unpacked codes (and scales, zeros) into exactly the tensors ``Matmul(config)`` takes."""
+                global_scale=None, *, _weight_arg: str = "codes") -> Dict[str, torch.Tensor]:
+    """Turn unpacked codes (and scales, zeros) into exactly the tensors ``Matmul(config)`` takes.
+
+    Integer codes (and the zero-point codes of zeros_mode "quantized") may come as integer tensors
+    or as float tensors of whole numbers; values outside the format's code range or not integers
+    raise ValueError naming the argument and the range."""
     plan = make_plan(config)
     w = plan.w
     out: Dict[str, torch.Tensor] = {}
+    name = _weight_arg
     if not isinstance(codes, torch.Tensor):
-        raise TypeError(f"codes: expected a torch.Tensor, got {type(codes).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(codes).__name__}")
     c = config
     want = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     if tuple(codes.shape) != want:
-        raise ValueError(f"codes: expected shape {list(want)} for layout={c.layout!r}, got {list(codes.shape)}")
+        raise ValueError(f"{name}: expected shape {list(want)} for layout={c.layout!r}, got {list(codes.shape)}")
     if w.kind == "float" or (w.torch_dtype and codes.dtype == TORCH_DTYPES[w.torch_dtype]):
         wanted = TORCH_DTYPES[w.torch_dtype]
         if codes.dtype != wanted:
             if w.kind != "float" or not codes.dtype.is_floating_point:
-                raise TypeError(f"codes: expected {wanted} for W_dtype={w.name!r}, got {codes.dtype}")
+                raise TypeError(f"{name}: expected {wanted} for W_dtype={w.name!r}, got {codes.dtype}")
             codes = codes.to(wanted)
         out["W"] = codes.contiguous()
     else:
-        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
-            raise TypeError(f"codes: expected integer codes for W_dtype={w.name!r}, got {codes.dtype}")
         lo, hi = w.code_range
-        q = codes.to(torch.int32)
-        if w.kind != "int" and codes.dtype == torch.int8:
-            q = q & 0xFF                     # int8 tensors carry uint8 / float8 codes as bit patterns
-        if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
-            raise ValueError(f"codes: values must lie in [{lo}, {hi}] for W_dtype={w.name!r}, "
-                             f"got [{int(q.min())}, {int(q.max())}]")
+        # int8 tensors carry uint8 / float8 codes as bit patterns
+        q = integer_codes(codes, name, lo, hi, f"W_dtype={w.name!r}", bit_patterns=w.kind != "int")
         packed = pack_codes(q, w)
         if w.torch_dtype:
             packed = packed.view(TORCH_DTYPES[w.torch_dtype])
@@ -198,14 +225,19 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
             continue
         if spec is None:
             raise ValueError(f"{name} given, but the config has with_{'scaling' if name == 'scale' else 'zeros'}=False")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         t = t.reshape(c.N, -1) if t.dim() == 1 and spec.shape[1] == 1 else t
         if name == "zeros" and c.zeros_mode == "quantized":
             if tuple(t.shape) != (c.N, plan.groups):
                 raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(t.shape)}")
+            lo, hi = w.code_range
+            z = integer_codes(t, "zeros", lo, hi, f"the zero points of W_dtype={w.name!r} (zeros_mode='quantized')",
+                              bit_patterns=True)
             cpb = w.codes_per_byte
             pad = (-plan.groups) % cpb
-            t = torch.nn.functional.pad(t.to(torch.int32), (0, pad))
-            out[name] = pack_codes(t, w).contiguous()
+            z = torch.nn.functional.pad(z, (0, pad))
+            out[name] = pack_codes(z, w).contiguous()
             continue
         if tuple(t.shape) != tuple(spec.shape):
             raise ValueError(f"{name}: expected shape {list(spec.shape)}, got {list(t.shape)}")

@@ -55,13 +55,34 @@ def unpack_codes(packed: torch.Tensor, fmt) -> torch.Tensor:
 
 
 def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np.int8):
-    """BitBLAS's name: pack non-negative ``source_bits``-bit values (numpy, last axis) into bytes."""
-    w = np.asarray(lowprecision_weight)
+    """BitBLAS's name: pack ``source_bits``-bit codes (numpy, last axis) little-endian into bytes,
+    ``[..., n]`` -> ``[..., n * source_bits / 8]`` (code j at bit ``(j % per_byte) * source_bits``).
+
+    The codes are the stored fields, 0 .. 2**source_bits - 1 (for signed weights BitBLAS's
+    offset-binary ``q + 2**(bits-1)``; 8 bits: any byte, -128 .. 255); float arrays must hold
+    whole numbers (BitBLAS casts float16 to int8). Anything else raises ValueError."""
     if source_bits not in (1, 2, 4, 8):
         raise ValueError(f"source_bits={source_bits} is invalid; accepted: 1, 2, 4, 8")
     if np.dtype(storage_dtype).itemsize != 1:
         raise ValueError(f"storage_dtype={storage_dtype} is invalid; accepted: a 1-byte dtype (np.int8, np.uint8)")
-    packed = pack_codes(torch.from_numpy(w.astype(np.int32)), f"uint{source_bits}")
+    w = lowprecision_weight
+    if isinstance(w, torch.Tensor):
+        w = w.detach().cpu().numpy()
+    w = np.asarray(w)
+    if w.ndim < 1 or w.dtype.kind not in "iuf":
+        raise ValueError(f"lowprecision_weight: expected an integer (or whole-number float) array of codes, "
+                         f"got {w.dtype} of shape {list(w.shape)}")
+    lo, hi = (-128, 255) if source_bits == 8 else (0, (1 << source_bits) - 1)
+    per = 8 // source_bits
+    if w.shape[-1] % per:
+        raise ValueError(f"lowprecision_weight: last dimension {w.shape[-1]} must be a multiple of {per} "
+                         f"for source_bits={source_bits}")
+    if w.dtype.kind == "f" and w.size and not (np.isfinite(w).all() and (w == np.round(w)).all()):
+        raise ValueError(f"lowprecision_weight: codes must be integers in [{lo}, {hi}] for source_bits={source_bits}")
+    if w.size and (w.min() < lo or w.max() > hi):
+        raise ValueError(f"lowprecision_weight: codes must lie in [{lo}, {hi}] for source_bits={source_bits}, got "
+                         f"values in [{w.min():g}, {w.max():g}]")
+    packed = pack_codes(torch.from_numpy(w.astype(np.int64) & 0xFF), f"uint{source_bits}")
     return packed.numpy().view(np.dtype(storage_dtype))
 
 

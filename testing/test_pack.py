@@ -36,22 +36,53 @@ def test_pack_unpack_round_trip(name):
 
 @pytest.mark.parametrize("name", CODE_FORMATS)
 def test_pack_bit_layout(name):
-    """Code k sits at bit offset (k % codes_per_byte) * bits of byte k // codes_per_byte."""
+    """Code k sits at bit offset (k % codes_per_byte) * bits of byte k // codes_per_byte; signed
+    sub-byte weight codes are stored offset-binary (q + 2**(bits-1), BitBLAS's layout), int8 ones
+    two's complement."""
     fmt = FORMATS[name]
     codes = _random_codes(fmt, (4, 32))
     packed = pack_codes(codes, fmt).view(torch.uint8).to(torch.int64)
     cpb, mask = fmt.codes_per_byte, (1 << fmt.bits) - 1
+    offset = (1 << (fmt.bits - 1)) if fmt.kind == "int" and fmt.bits < 8 else 0
+    assert fmt.storage == ("offset" if offset else "twos" if fmt.kind == "int" else "plain")
     expect = torch.zeros_like(packed)
     for k in range(codes.shape[-1]):
-        expect[:, k // cpb] |= (codes[:, k].to(torch.int64) & mask) << ((k % cpb) * fmt.bits)
+        expect[:, k // cpb] |= ((codes[:, k].to(torch.int64) + offset) & mask) << ((k % cpb) * fmt.bits)
     assert torch.equal(packed, expect)
 
 
 def test_pack_known_bytes():
     assert pack_codes(torch.tensor([1, 2, 15, 0]), "uint4").view(torch.uint8).tolist() == [0x21, 0x0F]
-    assert pack_codes(torch.tensor([-1, 1, -2, 0]), "int2").view(torch.uint8).tolist() == [0b00_10_01_11]
+    # int2 -1, 1, -2, 0 stored 1, 3, 0, 2 (offset-binary)
+    assert pack_codes(torch.tensor([-1, 1, -2, 0]), "int2").view(torch.uint8).tolist() == [0b10_00_11_01]
     assert pack_codes(torch.tensor([1, 0, 0, 0, 0, 0, 0, 1]), "uint1").view(torch.uint8).tolist() == [0x81]
-    assert unpack_codes(torch.tensor([0x8F], dtype=torch.uint8).view(torch.int8), "int4").tolist() == [-1, -8]
+    assert unpack_codes(torch.tensor([0x8F], dtype=torch.uint8).view(torch.int8), "int4").tolist() == [7, 0]
+    assert pack_codes(torch.tensor([-8, 7]), "int4").view(torch.uint8).tolist() == [0xF0]
+    # int1: q -1 / 0 stored as bits 0 / 1
+    assert pack_codes(torch.tensor([-1, 0, 0, -1, -1, -1, -1, 0]), "int1").view(torch.uint8).tolist() == [0x86]
+    assert pack_codes(torch.tensor([-128, 127]), "int8").view(torch.uint8).tolist() == [0x80, 0x7F]
+    # two's complement on request (int4 activations; int4 weights with int4 activations)
+    assert pack_codes(torch.tensor([-1, -8]), "int4", "twos").view(torch.uint8).tolist() == [0x8F]
+    assert unpack_codes(torch.tensor([0x8F], dtype=torch.uint8).view(torch.int8), "int4", "twos").tolist() == [-1, -8]
+
+
+def test_storage_follows_the_activations():
+    """int4 weights with int4 activations are two's complement (BitBLAS: native s4 multiply, the weight
+    taken as it is); with float / int8 activations, and int2 / int1 with int4 activations, offset-binary."""
+    from bitblas.formats import code_storage
+    from bitblas.plan import make_plan
+    a4 = FORMATS["int4"]
+    assert code_storage(FORMATS["int4"], "W", a4) == "twos" and code_storage(a4, "A") == "twos"
+    assert code_storage(FORMATS["int2"], "W", a4) == "offset"
+    assert code_storage(FORMATS["int4"], "W", FORMATS["int8"]) == "offset"
+    assert code_storage(FORMATS["uint4"], "W", a4) == "plain"
+    plan = make_plan(bitblas.MatmulConfig(N=4, K=16, A_dtype="int4", W_dtype="int4"))
+    assert (plan.w_storage, plan.a_storage) == ("twos", "twos")
+    config = bitblas.MatmulConfig(N=2, K=8, A_dtype="int4", W_dtype="int4", out_dtype="int32")
+    codes = torch.tensor([[-8, -1, 0, 7, 3, -3, 1, 2], [0] * 8])
+    assert pack_weight(config, codes)["W"][0].view(torch.uint8).tolist() == [0xF8, 0x70, 0xD3, 0x21]
+    with pytest.raises(ValueError, match="storage"):
+        pack_codes(codes, "int4", "sign-magnitude")
 
 
 @pytest.mark.parametrize("name", FLOAT8)

@@ -279,10 +279,10 @@ class Linear(nn.Module):
         ``bias``, ``perm``: what :meth:`load_and_transform_weight` takes back (perm aside)."""
         c, w, b = self.config, FORMATS[self.config.W_dtype], self._buffers
         W = b[self._weight_name]
-        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w)
+        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage)
         zeros = b.get("zeros")
         if zeros is not None and c.zeros_mode == "quantized":
-            zeros = unpack_codes(zeros, w)[:, :self._plan.groups]
+            zeros = unpack_codes(zeros, w, self._plan.w_storage)[:, :self._plan.groups]
         return {"codes": codes, "scales": b.get("scales"), "zeros": zeros, "global_scale": b.get("global_scale"),
                 "bias": b.get("bias"), "perm": b.get("perm")}
 

@@ -13,7 +13,7 @@ from typing import Dict, Optional
 import torch
 
 from ..config import MatmulConfig
-from ..formats import FORMATS, Format, get_format
+from ..formats import FORMATS, Format, code_storage, get_format
 from ..plan import make_plan
 from .utils import pack_codes, unpack_codes
 
@@ -215,7 +215,7 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
         lo, hi = w.code_range
         # int8 tensors carry uint8 / float8 codes as bit patterns
         q = integer_codes(codes, name, lo, hi, f"W_dtype={w.name!r}", bit_patterns=w.kind != "int")
-        packed = pack_codes(q, w)
+        packed = pack_codes(q, w, plan.w_storage)
         if w.torch_dtype:
             packed = packed.view(TORCH_DTYPES[w.torch_dtype])
         out["W"] = packed.contiguous()
@@ -237,7 +237,7 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
             cpb = w.codes_per_byte
             pad = (-plan.groups) % cpb
             z = torch.nn.functional.pad(z, (0, pad))
-            out[name] = pack_codes(z, w).contiguous()
+            out[name] = pack_codes(z, w, plan.w_storage).contiguous()
             continue
         if tuple(t.shape) != tuple(spec.shape):
             raise ValueError(f"{name}: expected shape {list(spec.shape)}, got {list(t.shape)}")
@@ -277,7 +277,7 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
     w, c = plan.w, config
     if w.kind == "float":
         return W.to(torch.float64)
-    v = decode_values(unpack_codes(W.view(torch.int8), w), w)
+    v = decode_values(unpack_codes(W.view(torch.int8), w, plan.w_storage), w)
     if not c.with_scaling:
         return v
     gs = c.K if plan.groups == 1 else c.group_size
@@ -289,7 +289,7 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
     if not c.with_zeros:
         out = v * s
     elif c.zeros_mode == "quantized":
-        z = unpack_codes(zeros, w)[:, :plan.groups].to(torch.float64)
+        z = unpack_codes(zeros, w, plan.w_storage)[:, :plan.groups].to(torch.float64)
         out = (v - expand(z)) * s
     elif c.zeros_mode == "rescale":
         out = v * s - expand(zeros.to(torch.float64))
@@ -319,7 +319,7 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
     if fmt.kind == "table":
         return y.clamp(-qmax, qmax).to(TORCH_DTYPES[fmt.torch_dtype]), s
     q = y.round().clamp(*fmt.code_range).to(torch.int32)
-    return (pack_codes(q, fmt) if fmt.packed else q.to(torch.int8)), s
+    return (pack_codes(q, fmt, code_storage(fmt, "A")) if fmt.packed else q.to(torch.int8)), s
 
 
 def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -328,5 +328,5 @@ def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Ten
     if fmt.kind in ("float", "table"):
         v = q.to(torch.float64)
     else:
-        v = unpack_codes(q.view(torch.int8), fmt).to(torch.float64)
+        v = unpack_codes(q.view(torch.int8), fmt, code_storage(fmt, "A")).to(torch.float64)
     return v if scale is None else v * scale.to(torch.float64).unsqueeze(-1)

@@ -1,12 +1,15 @@
 """Packing of integer codes into int8 storage, and BitBLAS's packing helpers by their names."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
-from ..formats import Format, get_format, FORMATS
+from ..formats import FORMATS, STORAGES, Format
 
-__all__ = ["pack_codes", "unpack_codes", "general_compress", "interleave_weight", "deinterleave_weight"]
+__all__ = ["pack_codes", "unpack_codes", "unpack_fields", "general_compress", "interleave_weight",
+           "deinterleave_weight"]
 
 
 def _fmt(fmt) -> Format:
@@ -17,40 +20,62 @@ def _fmt(fmt) -> Format:
     return FORMATS[fmt]
 
 
-def pack_codes(codes: torch.Tensor, fmt) -> torch.Tensor:
+def _storage(f: Format, storage: Optional[str]) -> str:
+    if storage is None:
+        return f.storage
+    if storage not in STORAGES:
+        raise ValueError(f"storage={storage!r} is invalid; accepted: {', '.join(STORAGES)} or None")
+    return storage
+
+
+def pack_codes(codes: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
     """Pack integer codes [..., K] into int8 [..., K * bits / 8], little-endian inside each byte.
 
     Codes must lie in the format's code range (for uint8, int8 bit patterns are taken as is).
+    ``storage`` (:func:`bitblas.formats.code_storage`): how signed codes are stored, "offset"
+    (``q + 2**(bits-1)``) or "twos"; None: the format's weight storage (``fmt.storage``:
+    offset-binary for int1/int2/int4, two's complement for int8). Activations: "twos".
     """
     f = _fmt(fmt)
+    st = _storage(f, storage)
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
+    q = codes.to(torch.int32)
+    if st == "offset":
+        q = q + (1 << (f.bits - 1))
     if not f.packed:
-        return codes.to(torch.int32).bitwise_and(0xFF).to(torch.uint8).view(torch.int8)
+        return q.bitwise_and(0xFF).to(torch.uint8).view(torch.int8)
     cpb, bits = f.codes_per_byte, f.bits
     k = codes.shape[-1]
     if k % cpb:
         raise ValueError(f"codes: last dimension {k} must be a multiple of {cpb} for {f.name}")
-    u = codes.to(torch.int32).bitwise_and((1 << bits) - 1).reshape(*codes.shape[:-1], k // cpb, cpb)
+    u = q.bitwise_and((1 << bits) - 1).reshape(*codes.shape[:-1], k // cpb, cpb)
     shifts = torch.arange(cpb, dtype=torch.int32, device=codes.device) * bits
     return (u << shifts).sum(-1).to(torch.uint8).view(torch.int8)
 
 
-def unpack_codes(packed: torch.Tensor, fmt) -> torch.Tensor:
+def unpack_fields(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """The stored ``bits``-bit fields (0 .. 2**bits - 1, int32) of int8 storage [..., n] -> [..., n * 8 / bits]."""
+    b = packed.view(torch.uint8).to(torch.int32)
+    if bits < 8:
+        shifts = torch.arange(8 // bits, dtype=torch.int32, device=packed.device) * bits
+        b = ((b.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*packed.shape[:-1], -1)
+    return b
+
+
+def unpack_codes(packed: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: int16 codes [..., K] (signed for int formats, else unsigned).
 
     Also takes a float8 tensor (returns its bit patterns as codes 0..255).
     """
     f = _fmt(fmt)
+    st = _storage(f, storage)
     if packed.dtype.itemsize != 1:
         raise TypeError(f"packed: expected a 1-byte tensor (int8 storage), got {packed.dtype}")
-    b = packed.view(torch.uint8).to(torch.int32)
-    if f.packed:
-        shifts = torch.arange(f.codes_per_byte, dtype=torch.int32, device=packed.device) * f.bits
-        b = ((b.unsqueeze(-1) >> shifts) & ((1 << f.bits) - 1)).reshape(*packed.shape[:-1], -1)
+    b = unpack_fields(packed, f.bits if f.packed else 8)
     if f.kind == "int":
         half = 1 << (f.bits - 1)
-        b = (b ^ half) - half
+        b = b - half if st == "offset" else (b ^ half) - half
     return b.to(torch.int16)
 
 

@@ -120,7 +120,8 @@ def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] =
         add("scale", (c.N, groups), scale_dtype, doc=f"weight scale, one per {c.group_size if groups > 1 else c.K} K elements")
     if c.with_zeros:
         if c.zeros_mode == "quantized":
-            add("zeros", (c.N, -(-groups // w.codes_per_byte)), "int8", doc="zero-point codes packed like W")
+            add("zeros", (groups, -(-c.N // w.codes_per_byte)), "int8",
+                doc="zero-point codes [groups, N], packed along N like GPTQ's qzeros and BitBLAS")
         else:
             add("zeros", (c.N, groups), scale_dtype, doc="zero points")
     if c.with_bias:

@@ -48,7 +48,7 @@ from bitblas.build import cuda_target, find_nvcc, nvcc_compile
 from bitblas.formats import FORMATS, WEIGHT_FORMATS
 from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
-from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, dequantize
+from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, dequantize, unpack_zeros
 from bitblas.quantization.utils import unpack_codes
 from bitblas.reference import random_inputs
 from bitblas.schedule.cuda_dequant import (build_dequant, dequant_args, dequant_source, dequant_unsupported,
@@ -152,7 +152,7 @@ def _terms(cfg, inputs) -> torch.Tensor:
     m = (v * s).abs()
     if cfg.with_zeros:
         if cfg.zeros_mode == "quantized":
-            z = expand(unpack_codes(inputs["zeros"].cpu(), plan.w, plan.w_storage))
+            z = expand(unpack_zeros(cfg, inputs["zeros"].cpu()))
         else:
             z = expand(inputs["zeros"])
         m = torch.maximum(m, z.abs() if cfg.zeros_mode == "rescale" else (z * s).abs())

@@ -404,3 +404,87 @@ def test_int_decode_float_acts(act, wd, nw, half_pairs):
                     # rounded to the pair's dtype: exact but for bfloat16 8-bit values beyond 256
                     want = [_round_act(q[j * n + k] + x_shift - off, act) for p in range(P) for k in (p, p + P)]
                 assert got == [float(v) for v in want], (wd, act, nw, hex(ws[j]), off)
+
+
+# -- quantized zero points: where every GEMV kernel family reads them -------------------------------
+_FAMILIES = {   # name: (rows of the plan, hint)
+    "rows": (1, dict()),
+    "rows-r8": (4, dict(rows_per_warp=8)),
+    "staged-row": (1, dict(rows_per_warp=2, warps=8, act_smem=True)),
+    "k-split": (2, dict(k_warps=4, rows_per_warp=2)),
+    "tensor-core": (16, dict(rows_per_warp=16, k_warps=4, unroll=2, stages=2, mma=True)),
+    "chunk-loop": (64, dict(rows_per_warp=32, k_warps=4, unroll=1, stages=2, mma=True, min_blocks=1, chunk_loop=True)),
+    "wgmma": (32, dict(rows_per_warp=16, k_warps=1, stages=4, unroll=1, mma=True, wgmma=True)),
+}
+
+
+class _TShim:
+    """The TVMScript operators the zero-point reads use, on Python ints (GPU int semantics)."""
+
+    @staticmethod
+    def Cast(dtype, x):
+        x = int(x)
+        return ((x + 128) & 255) - 128 if dtype == "int8" else x
+
+    @staticmethod
+    def shift_right(a, b):
+        return a >> b
+
+    min = staticmethod(min)
+
+
+@pytest.mark.parametrize("family", list(_FAMILIES))
+@pytest.mark.parametrize("wd", ["uint4", "uint2", "uint8", "uint1"])
+def test_quantized_zero_reads(family, wd):
+    """zeros_mode="quantized": each generated kernel's zero-point read (``zr[...] = ...``), evaluated
+    for random values of the loop variables on real packed zeros [groups, N * bits / 8], gives the
+    code of the channel and group it names; the byte index and the shift name the same channel."""
+    import ast
+    import re
+    from bitblas import MatmulConfig
+    from bitblas.plan import make_plan
+    from bitblas.quantization import pack_weight
+    from bitblas.schedule.cuda_gemv import GEMVHint, _kernel_script
+    m, hint = _FAMILIES[family]
+    if wd == "uint1" and family == "wgmma":
+        pytest.skip("the wgmma GEMV takes 2-, 4- and 8-bit codes")
+    N, K, gs = 1000, 8192, 128
+    cfg = MatmulConfig(M=1, N=N, K=K, W_dtype=wd, group_size=gs, with_scaling=True, with_zeros=True,
+                       zeros_mode="quantized")
+    bits = int(wd[4:])
+    codes = torch.randint(0, 1 << bits, (N, K // gs), dtype=torch.int32)
+    packed = pack_weight(cfg, torch.zeros(N, K, dtype=torch.int32), torch.ones(N, K // gs), codes)["zeros"]
+    zeros = packed.numpy()
+    script = _kernel_script(make_plan(cfg, "cuda", m), GEMVHint(**hint))
+    reads = [ln.split(" = ", 1)[1] for ln in script.splitlines() if re.match(r"\s*zr\[[^]]*\] = ", ln)]
+    assert reads, "no zero-point read in the kernel"
+    rng = random.Random(bits)
+    checked = 0
+    for expr in reads:
+        tree = ast.parse(expr, mode="eval")
+        sub = next(n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "zeros")
+        g_node, n_node = sub.slice.elts
+        if bits < 8:          # zeros[g, chan // per] and a shift (chan % per) * bits of the same chan
+            assert isinstance(n_node, ast.BinOp) and isinstance(n_node.op, ast.FloorDiv)
+            chan = n_node.left
+            mods = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+            assert mods and all(ast.dump(x.left) == ast.dump(chan) for x in mods), expr
+        else:
+            chan = n_node
+        # roles from the kernel's own index math: the group is a K position // group_size, the
+        # channel is clamped to N - 1
+        assert f"// {gs}" in ast.unparse(g_node) and f", {N - 1})" in ast.unparse(chan), expr
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - {"T", "zeros"}
+        for _ in range(300):
+            env = {v: rng.randint(0, 40) if v in ("n0", "bx") else rng.choice((0, 0, 1, 2, 3)) for v in names}
+            if "n0" in env:
+                env["n0"] *= 16
+            env.update(T=_TShim, zeros=zeros)
+            g = eval(compile(ast.Expression(g_node), "g", "eval"), env)
+            n = eval(compile(ast.Expression(chan), "n", "eval"), env)
+            if not (0 <= g < K // gs and 0 <= n < N):
+                continue
+            got = int(eval(compile(tree, "zr", "eval"), env)) & 255      # scale_lines: ov = int32(zr) & 255
+            assert got == int(codes[n, g]), (family, wd, expr, env, n, g)
+            checked += 1
+    assert checked > 30, (family, wd)     # reads of steps past K (guarded in the kernel) have no valid group

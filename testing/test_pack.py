@@ -9,7 +9,8 @@ import bitblas
 from bitblas.formats import FORMATS
 from bitblas.quantization import (deinterleave_weight, dequantize, general_compress, interleave_weight, pack_codes,
                                   pack_weight, unpack_codes)
-from bitblas.quantization.quantize import TORCH_DTYPES, decode_values
+from bitblas.plan import make_plan
+from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, unpack_zeros
 
 CODE_FORMATS = [n for n in bitblas.WEIGHT_FORMATS if FORMATS[n].kind != "float"]
 FLOAT8 = [n for n in CODE_FORMATS if FORMATS[n].torch_dtype]
@@ -219,6 +220,28 @@ def test_general_compress_checks_codes(bits, naming):
         w[1, 3] = bad
         with naming(ValueError, "lowprecision_weight"):
             general_compress(w, source_bits=bits)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [48, 37])
+def test_quantized_zeros_layout(bits, n):
+    """zeros_mode="quantized": the codes [N, groups] are packed [groups, N * bits / 8] along N, code of
+    channel n at bit (n % per_byte) * bits of byte n // per_byte (GPTQ's qzeros layout, BitBLAS's
+    ``general_compress(intzeros.T)``); N off a whole byte is padded with zero fields."""
+    per, g = 8 // bits, 4
+    config = bitblas.MatmulConfig(N=n, K=64, W_dtype=f"uint{bits}", group_size=16, with_scaling=True,
+                                  with_zeros=True, zeros_mode="quantized")
+    zeros = torch.randint(0, 1 << bits, (n, g), dtype=torch.int32)
+    packed = pack_weight(config, torch.zeros(n, 64, dtype=torch.int32), torch.ones(n, g), zeros)["zeros"]
+    spec = make_plan(config).arg("zeros")
+    assert list(packed.shape) == list(spec.shape) == [g, -(-n // per)] and packed.dtype == torch.int8
+    expect = np.zeros((g, -(-n // per)), dtype=np.int64)
+    for j in range(n):
+        expect[:, j // per] |= zeros[j].numpy().astype(np.int64) << (bits * (j % per))
+    assert np.array_equal(packed.view(torch.uint8).numpy().astype(np.int64), expect)
+    if n % per == 0:
+        assert np.array_equal(packed.numpy(), general_compress(zeros.T.numpy(), source_bits=bits))
+    assert torch.equal(unpack_zeros(config, packed).to(torch.int32), zeros)
 
 
 def _general_compress_loop(w, bits):

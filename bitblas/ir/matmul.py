@@ -84,8 +84,8 @@ def decoded_weight(plan: Plan, ph: dict, dec: str):
     def zero_at(n, k):
         z = ph["zeros"]
         g = k // gsize
-        if c.zeros_mode == "quantized":
-            return decode_code(z, n, g, w, plan.w_storage).astype(dec)
+        if c.zeros_mode == "quantized":    # codes [groups, N] packed along N
+            return decode_code(z, g, n, w, plan.w_storage).astype(dec)
         return z[n, g].astype(dec)
 
     def weight(n, k):

@@ -23,7 +23,7 @@ from .. import torch_op
 from ..config import MatmulConfig
 from ..formats import FORMATS, get_format
 from ..plan import make_plan
-from ..quantization.quantize import TORCH_DTYPES, pack_weight, quantize_activation, quantize_weight
+from ..quantization.quantize import TORCH_DTYPES, pack_weight, quantize_activation, quantize_weight, unpack_zeros
 from ..quantization.utils import unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
@@ -282,7 +282,7 @@ class Linear(nn.Module):
         codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage)
         zeros = b.get("zeros")
         if zeros is not None and c.zeros_mode == "quantized":
-            zeros = unpack_codes(zeros, w, self._plan.w_storage)[:, :self._plan.groups]
+            zeros = unpack_zeros(c, zeros)
         return {"codes": codes, "scales": b.get("scales"), "zeros": zeros, "global_scale": b.get("global_scale"),
                 "bias": b.get("bias"), "perm": b.get("perm")}
 

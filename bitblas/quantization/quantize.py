@@ -19,8 +19,8 @@ from .utils import pack_codes, unpack_codes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "decode_values",
-           "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
+__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "unpack_zeros",
+           "decode_values", "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -234,9 +234,8 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
             lo, hi = w.code_range
             z = integer_codes(t, "zeros", lo, hi, f"the zero points of W_dtype={w.name!r} (zeros_mode='quantized')",
                               bit_patterns=True)
-            cpb = w.codes_per_byte
-            pad = (-plan.groups) % cpb
-            z = torch.nn.functional.pad(z, (0, pad))
+            # [N, G] codes -> [G, N] packed along N (GPTQ's qzeros, BitBLAS), N padded to whole bytes
+            z = torch.nn.functional.pad(z.T, (0, (-c.N) % w.codes_per_byte))
             out[name] = pack_codes(z, w, plan.w_storage).contiguous()
             continue
         if tuple(t.shape) != tuple(spec.shape):
@@ -271,6 +270,17 @@ def decode_values(codes: torch.Tensor, fmt) -> torch.Tensor:
     return codes.to(torch.float64)
 
 
+def unpack_zeros(config: MatmulConfig, zeros: torch.Tensor) -> torch.Tensor:
+    """The zero-point codes [N, groups] (int16) of zeros_mode "quantized" from the operator's packed
+    ``zeros`` [groups, N * bits / 8] (packed along N: GPTQ's qzeros layout, as BitBLAS takes it)."""
+    plan = make_plan(config)
+    g = plan.groups
+    if not isinstance(zeros, torch.Tensor) or zeros.dim() != 2 or zeros.shape[0] != g or zeros.dtype.itemsize != 1:
+        raise ValueError(f"zeros: expected packed codes int8 {list(plan.arg('zeros').shape)}, got "
+                         f"{getattr(zeros, 'dtype', type(zeros).__name__)} {list(getattr(zeros, 'shape', []))}")
+    return unpack_codes(zeros, plan.w, plan.w_storage)[:, :config.N].T.contiguous()
+
+
 def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, global_scale=None) -> torch.Tensor:
     """float64 [N, K] (or [K, N] for layout "nn") weight that ``Matmul(config)`` multiplies by."""
     plan = make_plan(config)
@@ -289,7 +299,7 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
     if not c.with_zeros:
         out = v * s
     elif c.zeros_mode == "quantized":
-        z = unpack_codes(zeros, w, plan.w_storage)[:, :plan.groups].to(torch.float64)
+        z = unpack_zeros(config, zeros).to(torch.float64)
         out = (v - expand(z)) * s
     elif c.zeros_mode == "rescale":
         out = v * s - expand(zeros.to(torch.float64))

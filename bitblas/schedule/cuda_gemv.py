@@ -808,9 +808,16 @@ def _kernel_script(plan, hint: GEMVHint):
         return "0" if plan.groups == 1 else f"({cidx} * {V} // {G})"
 
     def zsrc(nr, cidx):
-        """The zero-point element (float zeros) or the byte holding the code (quantized)."""
+        """The zero-point element (float zeros) or the zero-point code (quantized: codes [groups, N]
+        packed along N, the field of channel ``nr`` shifted out of its byte here, int8)."""
         g = gidx(cidx)
-        return f"zeros[{nr}, {g} // {w.codes_per_byte}]" if quant_zeros else f"zeros[{nr}, {g}]"
+        if not quant_zeros:
+            return f"zeros[{nr}, {g}]"
+        cpb = w.codes_per_byte
+        if cpb == 1:
+            return f"zeros[{g}, {nr}]"
+        return (f"T.Cast('int8', T.shift_right(T.Cast('int32', zeros[{g}, {nr} // {cpb}]), ({nr} % {cpb}) * {b}) "
+                f"& {(1 << b) - 1})")
 
     def scale_lines(ind, cidx, idx, s_raw, z_raw):
         """sv (scale), ov (integer offset subtracted exactly in the decode), cv (coefficient of
@@ -820,7 +827,6 @@ def _kernel_script(plan, hint: GEMVHint):
         cv * sum(a)."""
         if i8:                                 # int8: the group scale only (dp4a sums are exact)
             return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
-        g = gidx(cidx)
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
         if s_f8:
             s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
@@ -828,13 +834,8 @@ def _kernel_script(plan, hint: GEMVHint):
         if dec_factor != 1.0:
             s_expr = f"{s_expr} * {_fmt_float(dec_factor)}" if c.with_scaling else _fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
-        if quant_zeros:
-            cpb = w.codes_per_byte
-            if cpb == 1:
-                zc = f"T.Cast('int32', {z_raw}) & 255"
-            else:
-                zc = f"T.shift_right(T.Cast('int32', {z_raw}), ({g} % {cpb}) * {b}) & {(1 << b) - 1}"
-            out += [f"{ind}ov[{idx}] = {zc}", f"{ind}cv[{idx}] = T.float32(0)"]
+        if quant_zeros:                        # z_raw: the code (zsrc), an int8 holding 0 .. 2**b - 1
+            out += [f"{ind}ov[{idx}] = T.Cast('int32', {z_raw}) & 255", f"{ind}cv[{idx}] = T.float32(0)"]
         elif float_zeros:
             z = f"T.Cast('float32', {z_raw})"
             # original: (q - z) * s -> off ~ z; rescale: q * s - z -> off ~ z / s

@@ -112,7 +112,11 @@ def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np
 
 
 def _interleave_positions(nbits: int, target_dtype: str):
-    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order."""
+    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order (its numpy
+    ``interleave_weight``): code j goes to lane ``j % lanes``, slot ``j // lanes`` of that lane's
+    bits; then 2-bit codes for float16 swap bytes 1 and 2 of the word, and 1-bit codes for int8
+    swap nibbles 1 <-> 4 and 3 <-> 6 (1-bit codes for float16: BitBLAS computes a further move
+    and returns the word without it, so the base order stands)."""
     if target_dtype not in ("float16", "int8"):
         raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: 'float16', 'int8'")
     if nbits not in (1, 2, 4):
@@ -120,8 +124,14 @@ def _interleave_positions(nbits: int, target_dtype: str):
     stride = 16 if target_dtype == "float16" else 8      # bits per lane the decoder produces
     lanes, per_lane = 32 // stride, stride // nbits
     n = 32 // nbits
-    # code j (0-based in the word) goes to lane j % lanes, slot j // lanes of that lane's bits
-    return [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
+    base = [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
+    if nbits == 2 and target_dtype == "float16":
+        unit, swap = 4, {1: 2, 2: 1}                         # bytes (4 codes each)
+    elif nbits == 1 and target_dtype == "int8":
+        unit, swap = 4, {1: 4, 4: 1, 3: 6, 6: 3}             # nibbles (4 codes each)
+    else:
+        return base
+    return [swap.get(p // unit, p // unit) * unit + p % unit for p in base]
 
 
 def _move_codes(qweight, nbits: int, target_dtype: str, inverse: bool):

@@ -19,8 +19,9 @@ from .utils import pack_codes, unpack_codes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "unpack_zeros",
-           "decode_values", "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
+__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "pack_zeros",
+           "unpack_zeros", "decode_values", "quantize_activation", "dequantize_activation", "TORCH_DTYPES",
+           "torch_dtype"]
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -229,14 +230,7 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         t = t.reshape(c.N, -1) if t.dim() == 1 and spec.shape[1] == 1 else t
         if name == "zeros" and c.zeros_mode == "quantized":
-            if tuple(t.shape) != (c.N, plan.groups):
-                raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(t.shape)}")
-            lo, hi = w.code_range
-            z = integer_codes(t, "zeros", lo, hi, f"the zero points of W_dtype={w.name!r} (zeros_mode='quantized')",
-                              bit_patterns=True)
-            # [N, G] codes -> [G, N] packed along N (GPTQ's qzeros, BitBLAS), N padded to whole bytes
-            z = torch.nn.functional.pad(z.T, (0, (-c.N) % w.codes_per_byte))
-            out[name] = pack_codes(z, w, plan.w_storage).contiguous()
+            out[name] = pack_zeros(config, t)
             continue
         if tuple(t.shape) != tuple(spec.shape):
             raise ValueError(f"{name}: expected shape {list(spec.shape)}, got {list(t.shape)}")
@@ -268,6 +262,24 @@ def decode_values(codes: torch.Tensor, fmt) -> torch.Tensor:
         t = torch.tensor(f.table, dtype=torch.float64, device=codes.device)
         return t[codes.to(torch.long)]
     return codes.to(torch.float64)
+
+
+def pack_zeros(config: MatmulConfig, zeros: torch.Tensor) -> torch.Tensor:
+    """Zero-point codes [N, groups] of zeros_mode "quantized" (integers in the weight format's code
+    range, else ValueError naming ``zeros``) -> the operator's ``zeros`` [groups, N * bits / 8],
+    packed along N (GPTQ's qzeros layout, as BitBLAS takes it), N padded to whole bytes."""
+    plan = make_plan(config)
+    w, c = plan.w, config
+    if not isinstance(zeros, torch.Tensor):
+        raise TypeError(f"zeros: expected a torch.Tensor, got {type(zeros).__name__}")
+    t = zeros.reshape(c.N, -1) if zeros.dim() == 1 and plan.groups == 1 else zeros
+    if tuple(t.shape) != (c.N, plan.groups):
+        raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(zeros.shape)}")
+    lo, hi = w.code_range
+    z = integer_codes(t, "zeros", lo, hi, f"the zero points of W_dtype={w.name!r} (zeros_mode='quantized')",
+                      bit_patterns=True)
+    z = torch.nn.functional.pad(z.T, (0, (-c.N) % w.codes_per_byte))
+    return pack_codes(z, w, plan.w_storage).contiguous()
 
 
 def unpack_zeros(config: MatmulConfig, zeros: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from .formats import get_format
 from .nn.convert import QuantizationConfig, _new_linear, _swap, find_linear_layers, quantize_model
 from .nn.linear import Linear
 
-__all__ = ["BitBLASConfig", "BitBLASHfQuantizer", "QUANT_METHOD"]
+__all__ = ["BitBLASConfig", "BitBLASHfQuantizer", "QUANT_METHOD", "record_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,36 @@ class BitBLASHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def record_config(model: nn.Module) -> Optional[BitBLASConfig]:
+    """Set ``model.config.quantization_config`` of a transformers model converted outside
+    ``from_pretrained`` (``quantize_model``, ``load_gptq_model``, ...) to the :class:`BitBLASConfig` its
+    bitblas layers share, so that ``save_pretrained`` records it and ``from_pretrained`` rebuilds them;
+    the float ``nn.Linear`` layers are listed in ``modules_to_not_convert``. Returns the config, or
+    None (with a warning) when the layers differ in format, which one config cannot describe."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    if not layers:
+        return None
+    kinds = set()
+    for m in layers:
+        a_float = get_format(m.A_dtype, "A", "A_dtype").kind == "float"
+        kinds.add((m.W_dtype, None if a_float else m.A_dtype, m.group_size, m.with_scaling, m.with_zeros,
+                   m.zeros_mode if m.with_zeros else "original", None if m.out_dtype == m.A_dtype else m.out_dtype))
+    if len(kinds) != 1:
+        warnings.warn(f"bitblas: the model's bitblas layers use {len(kinds)} different formats; save_pretrained "
+                      "cannot record one quantization_config for them (from_pretrained would not rebuild them)",
+                      UserWarning, stacklevel=3)
+        return None
+    (w, a, g, sc, z, zm, out), = kinds
+    floats = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+    qc = BitBLASConfig(W_dtype=w, A_dtype=a, group_size=g, with_scaling=sc, with_zeros=z, zeros_mode=zm,
+                       out_dtype=out, modules_to_not_convert=floats)
+    config.quantization_config = qc
+    return qc
 
 
 def _register():

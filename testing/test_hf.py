@@ -120,6 +120,25 @@ def test_meta_skeleton_loads_saved_state(case):
         assert torch.equal(m(_ids()).logits, case.q_logits)
 
 
+def test_quantize_model_then_save_pretrained_round_trips(case, tmp_path):
+    """quantize_model on a transformers model records the config, so save_pretrained / from_pretrained
+    round-trip (the layers left float are listed in modules_to_not_convert)."""
+    m = AutoModelForCausalLM.from_config(_config(case.arch), dtype=torch.float16).eval()
+    m.load_state_dict(case.ref.state_dict())
+    bitblas.quantize_model(m, dict(W_dtype="int4", group_size=64), skip=["lm_head", "*.mlp.down_proj"])
+    qc = m.config.quantization_config
+    assert isinstance(qc, BitBLASConfig) and qc.W_dtype == "int4" and qc.group_size == 64
+    assert sorted(qc.modules_to_not_convert) == ["lm_head", "model.layers.0.mlp.down_proj",
+                                                 "model.layers.1.mlp.down_proj"]
+    m.save_pretrained(tmp_path)
+    m2, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(m2.model.layers[1].mlp.down_proj) is nn.Linear
+    assert isinstance(m2.model.layers[1].mlp.up_proj, bitblas.Linear)
+    with torch.no_grad():
+        assert torch.equal(m2(_ids()).logits, m(_ids()).logits)
+
+
 def test_torch_compile(case):
     torch._dynamo.reset()
     compiled = torch.compile(case.q, backend="aot_eager")
@@ -167,7 +186,7 @@ def test_config_round_trip_and_errors(naming):
         BitBLASConfig(groupsize=64)
 
 
-def test_compressed_tensors_checkpoint_into_transformers_model():
+def test_compressed_tensors_checkpoint_into_transformers_model(tmp_path):
     """A transformers model's Linear layers packed by compressed-tensors itself, loaded with
     load_compressed_tensors_model: the logits of the model with compressed-tensors' dequantized weights."""
     pytest.importorskip("compressed_tensors")
@@ -189,6 +208,10 @@ def test_compressed_tensors_checkpoint_into_transformers_model():
     with torch.no_grad():
         a, b = ref(_ids()).logits, model(_ids()).logits
     assert cosine(a, b) >= 0.9999, cosine(a, b)
+    model.save_pretrained(tmp_path)                                # the config is recorded: a round trip
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(again(_ids()).logits, b)
 
 
 @pytest.mark.gpu
@@ -217,3 +240,28 @@ def test_gpu_quantize_on_load_save_reload_compile(arch, tmp_path):
         torch._dynamo.reset()
         c = torch.compile(q2)(ids).logits
     assert cosine(c, b) >= 0.9999
+
+
+def test_gptq_act_order_checkpoint_saves_and_reloads(tmp_path):
+    """load_gptq_model (act-order: each layer keeps an input permutation) on a transformers model, then
+    save_pretrained / from_pretrained: the permutation and packed tensors come back exactly."""
+    from nn_helpers import gptq_pack, ref_quantize
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).eval()
+    sd = {k: v for k, v in ref.state_dict().items()}
+    for name, m in ref.named_modules():
+        if type(m) is nn.Linear and name != "lm_head":
+            r = ref_quantize(m.weight.float(), 4, 32, act_order=True, zmin=1, seed=len(sd))
+            qweight, qzeros = gptq_pack(r, 4)
+            del sd[f"{name}.weight"]
+            sd.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": r.s,
+                       f"{name}.g_idx": r.g_idx})
+    model = AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).eval()
+    bitblas.nn.load_gptq_model(model, sd, bits=4, group_size=32)
+    assert model.model.layers[0].self_attn.q_proj.perm is not None
+    model.save_pretrained(tmp_path)
+    again, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert torch.equal(again.model.layers[0].self_attn.q_proj.perm, model.model.layers[0].self_attn.q_proj.perm)
+    with torch.no_grad():
+        assert torch.equal(again(_ids()).logits, model(_ids()).logits)

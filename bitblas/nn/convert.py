@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -100,6 +101,17 @@ def find_linear_layers(model: nn.Module, skip: Iterable[str] = ()) -> List[Tuple
     name suffixes such as "lm_head", or fnmatch patterns such as "*.mlp.*")."""
     skip = list(skip)
     return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _matches(n, skip)]
+
+
+def _record_hf_config(model: nn.Module):
+    """A transformers model (transformers already imported): record the bitblas quantization_config on
+    ``model.config``, so that ``save_pretrained`` / ``from_pretrained`` round-trip (bitblas.hf)."""
+    if "transformers" not in sys.modules or not hasattr(getattr(model, "config", None), "to_dict"):
+        return
+    if not type(model).__module__.startswith("transformers."):
+        return
+    from .. import hf
+    hf.record_config(model)
 
 
 def _swap(model: nn.Module, replacements: Dict[str, nn.Module]):
@@ -216,6 +228,8 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
                       UserWarning, stacklevel=3)
     if skipped or skip_unsupported:
         model.bitblas_skipped_layers = dict(skipped)
+    if replacements:
+        _record_hf_config(model)
     logger.info("quantize_model: replaced %d linear layers (%s)%s", len(replacements), cfg.W_dtype,
                 f", {len(skipped)} left float" if skipped else "")
     return model
@@ -271,6 +285,7 @@ def _finish_load(model, state_dict, used, replacements, strict, fmt):
         raise ValueError(f"state_dict lacks keys of the model: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     _swap(model, replacements)
     model.load_state_dict({k: v for k, v in rest.items() if k in own}, strict=False)
+    _record_hf_config(model)
     logger.info("loaded %s checkpoint: %d quantized layers", fmt, len(replacements))
     return model
 

@@ -117,6 +117,11 @@ def test_backward_through_a_layer_raises_a_clear_error():
         (y * 2).sum().backward()
     with torch.no_grad():
         assert lin(xg).grad_fn is None
+    ql = bitblas.QuantLinear(64, 16, bits=4, group_size=32)       # a subclass with its own forward (casts)
+    y = ql(xg)
+    assert y.dtype == torch.float32 and torch.equal(y.detach(), ql(x))
+    with pytest.raises(RuntimeError, match="QuantLinear.*no backward"):
+        y.sum().backward()
 
 
 def test_quantize_model_meta_skeleton_and_unsupported_layers(naming):

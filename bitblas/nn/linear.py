@@ -130,7 +130,7 @@ class Linear(nn.Module):
                 a_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         if getattr(x, "requires_grad", False) and torch.is_grad_enabled() and not _is_compiling():
             # no backward: the output carries a node that raises a clear error if backward reaches it
-            return _NoBackward.apply(x, self.forward(x.detach(), output, a_scale), self._name())
+            return _NoBackward.apply(x, Linear.forward(self, x.detach(), output, a_scale), self._name())
         # hot path (eager, activations already in A_dtype): the operator bound to this layer's tensors,
         # which were checked when bound; it is rebound whenever a buffer is replaced (.to(device), a
         # load, a new perm), so per call only the input is checked (BoundMatmul._try: None when the

@@ -123,10 +123,10 @@ class _Deserialize(ConversionOps):
     def convert(self, input_dict, model=None, full_layer_name=None, missing_keys=None, **kwargs):
         name = full_layer_name.rpartition(".")[0]
         layer = model.get_submodule(name)
-        if not isinstance(layer, Linear):
-            raise ValueError(f"{name}: the checkpoint holds bitblas tensors ({sorted(input_dict)}) but the model's "
-                             f"module is a {type(layer).__name__}")
         state = {k.lstrip("."): (v[0] if isinstance(v, list) else v) for k, v in input_dict.items()}
+        if not isinstance(layer, Linear) and set(state) != {"_extra_state"}:
+            raise ValueError(f"{name}: the checkpoint holds bitblas tensors ({sorted(state)}) but the model's "
+                             f"module is a {type(layer).__name__}")
         try:
             result = layer.load_state_dict(state, strict=False, assign=True)
         except (ValueError, TypeError, RuntimeError) as e:

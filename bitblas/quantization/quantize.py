@@ -156,8 +156,8 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
             if bool(neg.any()):
                 _warn_clamp(f"quantize_weight: W_dtype={fmt.name!r} with scales but no zero points cannot represent "
                             f"negative weights; {int(neg.sum())} of {neg.numel()} weights are clamped to 0 (use "
-                            "with_zeros=True or a signed format such as "
-                            f"{'int' + str(fmt.bits)!r})")
+                            "with_zeros=True" + (f" or a signed format such as {'int' + str(fmt.bits)!r})"
+                                                 if fmt.bits > 1 else ")"))
             s = wg.clamp(min=0).amax(-1) / hi
         s = _safe(rounded(s))
         q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)

@@ -77,6 +77,26 @@ def test_quantize_on_load_matches_quantize_model(case):
         assert torch.equal(got[k], v), k
 
 
+def test_quantize_on_load_never_holds_the_float_model(tmp_path, monkeypatch):
+    """Each float weight is quantized as it is read: when a layer is quantized, the layers still waiting
+    hold no float weight (they are meta), and the ones done hold only packed tensors."""
+    from bitblas import hf
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).save_pretrained(tmp_path)
+    seen = []
+    orig = hf._Quantize.convert
+
+    def convert(self, input_dict, model=None, full_layer_name=None, **kw):
+        pending = self.hf_quantizer._pending
+        seen.append((sum(not model.get_submodule(n).weight.is_meta for n in pending),
+                     sum(type(m) is nn.Linear and m.weight.device.type != "meta" and n != "lm_head"
+                         for n, m in model.named_modules())))
+        return orig(self, input_dict, model=model, full_layer_name=full_layer_name, **kw)
+    monkeypatch.setattr(hf._Quantize, "convert", convert)
+    AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float16, quantization_config=BitBLASConfig(**QCFG))
+    assert len(seen) == 14 and all(s == (0, 0) for s in seen), seen
+
+
 def test_logits_close_to_float(case):
     cos = cosine(case.ref_logits, case.q_logits)
     print(f"\n{case.arch}: logits cosine {cos:.4f}, max |diff| "

@@ -1,7 +1,7 @@
 """Benchmark bitblas.Matmul against torch baselines on LLM layer shapes (needs a CUDA GPU).
 
-    python benchmark/matmul.py --formats w4a16-g128,w4a16-g128-zeros --shapes brief --m 1,16 \
-        --json out.json
+    python -m benchmark.matmul --formats w4a16-g128,w4a16-g128-zeros --shapes brief --m 1,16 \
+        --json out.json --plot out.png
 
 Each (format, shape, m) row times our kernel and the baselines with CUDA-graph replays that cycle
 over enough weight copies to exceed the L2 (see benchmark/timing.py), and reports µs, achieved
@@ -9,8 +9,10 @@ TB/s (bytes: packed weights + scales + zeros + activations + output [+ bias]), T
 speed-up over fp16 cuBLAS (``torch.nn.functional.linear`` on a float16 [N, K] weight). 4-bit
 formats also get ``torch._weight_int4pack_mm`` (bfloat16 activations, group 128) as a baseline;
 ``w8a8`` is compared with ``torch._int_mm`` and ``fp8`` with ``torch._scaled_mm`` (row-wise
-scales) in the ``vs base`` column. ``--plot FILE.svg`` draws time per call, grouped by layer and m
-(no plotting library needed).
+scales) in the ``vs base`` column. Each row is printed as it finishes, under a progress bar, and
+the rows so far are written to ``--json`` (default benchmark_matmul.json) after every row, so a run
+cut short (Ctrl-C) keeps what it finished. ``--plot FILE.png`` draws time per call, grouped by layer
+and m, with matplotlib (``pip install -e ".[plot]"``).
 Inputs are random bit patterns / values on the GPU; ``--check`` (default on) compares our output
 with bitblas.reference.reference_matmul (float64 dequantization, float32 product on the GPU).
 """
@@ -264,15 +266,16 @@ def main(argv=None):
                     help=f"comma list of: {', '.join(FORMATS)}")
     ap.add_argument("--shapes", default="brief", help=f"comma list of shape sets: {', '.join(SHAPES)}")
     ap.add_argument("--m", default="1,16", help="comma list of row counts")
-    ap.add_argument("--json", default=None, help="write all rows to this JSON file")
-    ap.add_argument("--plot", default=None, help="write an SVG bar chart (µs per call) to this file")
+    ap.add_argument("--json", default="benchmark_matmul.json",
+                    help="rows so far are written to this JSON file after every row ('' for none)")
+    ap.add_argument("--plot", default=None, help="write a bar chart (µs per call) to this file (.png, .svg, .pdf; "
+                                                 "needs matplotlib: pip install -e '.[plot]')")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 correctness check")
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (rows are still printed)")
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
     ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("benchmark/matmul.py needs a CUDA GPU")
     fmts = [f for f in args.formats.split(",") if f]
     for f in fmts:
         if f not in FORMATS:
@@ -284,98 +287,144 @@ def main(argv=None):
         shapes += [(s, *x) for x in SHAPES[s]]
     ms = [int(x) for x in args.m.split(",") if x]
     hints = parse_hints(args.gemv_hints) + parse_hint_specs(args.hints)
-    p = torch.cuda.get_device_properties(0)
-    print(f"# {p.name}, torch {torch.__version__}, formats={fmts}, m={ms}")
+    if args.plot:
+        _matplotlib()                        # fail now, not after the run
+    if not torch.cuda.is_available():
+        sys.exit("benchmark/matmul.py needs a CUDA GPU")
+    device = torch.cuda.get_device_properties(0).name
     rows = []
-    for sset, layer, N, K in shapes:
-        for m in ms:
-            base = {}
-            if not args.no_baselines:
-                base["cublas"] = bench_cublas(N, K, m)
-                rows.append(dict(format="fp16(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m, **base["cublas"]))
-                if any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
-                    r = bench_int4pack(N, K, m)
-                    rows.append(dict(format="int4(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m, **r))
-                for name, fn in (("int_mm", bench_int_mm), ("scaled_mm", bench_scaled_mm)):
-                    if any(BASELINE.get(f) == name for f in fmts):
-                        base[name] = fn(N, K, m)
-                        rows.append(dict(format=f"{name}(torch)", layer=f"{sset}/{layer}", N=N, K=K, m=m,
-                                         **base[name]))
-            for f in fmts:
-                for h in [None] + hints:
-                    try:
-                        r = bench_row(f, f"{sset}/{layer}", N, K, m, check=not args.no_check, hint=h)
-                    except Exception as e:  # report and go on
-                        r = dict(format=f, layer=f"{sset}/{layer}", N=N, K=K, m=m, kernel=str(h),
-                                 error=f"{type(e).__name__}: {str(e)[:300]}")
-                    if "cublas" in base and "us" in r:
-                        r["vs_cublas"] = base["cublas"]["us"] / r["us"]
-                    b = base.get(BASELINE.get(f, "cublas"), {})
-                    if "us" in b and "us" in r:
-                        r["vs_base"] = b["us"] / r["us"]
-                        r["base"] = b["kernel"]
-                    rows.append(r)
-                    _print_row(r)
-            torch.cuda.empty_cache()
+    try:
+        run(fmts, shapes, ms, hints, args, device, rows)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {len(rows)} rows finished" + (f" (saved in {args.json})" if args.json else ""))
     print()
     print_table(rows)
-    if args.plot:
-        write_svg(rows, args.plot)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(device=p.name, torch=torch.__version__, argv=sys.argv, rows=rows), fh, indent=1)
+    if args.plot and rows:
+        write_plot(rows, args.plot, title=device)
+        print(f"plot: {args.plot}")
 
 
-def write_svg(rows, path):
-    """A grouped bar chart (µs per call, log scale) of every timed row: one group per (layer, m)."""
-    import math as _m
+def _total_rows(fmts, shapes, ms, hints, args) -> int:
+    per = len(fmts) * (1 + len(hints))
+    if not args.no_baselines:
+        per += 1 + any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts)
+        per += sum(any(BASELINE.get(f) == name for f in fmts) for name in ("int_mm", "scaled_mm"))
+    return per * len(shapes) * len(ms)
+
+
+def run(fmts, shapes, ms, hints, args, device: str, rows: list):
+    """Time every row; each one is printed as it finishes (with a progress bar) and, with ``args.json``,
+    the rows so far are written after every row, so an interrupted run keeps what it finished."""
+    from tqdm import tqdm
+    bar = tqdm(total=_total_rows(fmts, shapes, ms, hints, args), unit="row", disable=args.no_progress,
+               dynamic_ncols=True, file=sys.stderr)
+    out = sys.stdout
+
+    def emit(r):
+        rows.append(r)
+        bar.write(_row_line(r), file=out)
+        bar.update(1)
+        if args.json:
+            _save_json(args.json, dict(device=device, torch=torch.__version__, argv=sys.argv, rows=rows))
+
+    bar.write(f"# {device}, torch {torch.__version__}, formats={fmts}, m={ms}", file=out)
+    try:
+        for sset, layer, N, K in shapes:
+            for m in ms:
+                base = {}
+                lname = f"{sset}/{layer}"
+                if not args.no_baselines:
+                    bar.set_description(f"{lname} m={m} cublas")
+                    base["cublas"] = bench_cublas(N, K, m)
+                    emit(dict(format="fp16(torch)", layer=lname, N=N, K=K, m=m, **base["cublas"]))
+                    if any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
+                        emit(dict(format="int4(torch)", layer=lname, N=N, K=K, m=m, **bench_int4pack(N, K, m)))
+                    for name, fn in (("int_mm", bench_int_mm), ("scaled_mm", bench_scaled_mm)):
+                        if any(BASELINE.get(f) == name for f in fmts):
+                            base[name] = fn(N, K, m)
+                            emit(dict(format=f"{name}(torch)", layer=lname, N=N, K=K, m=m, **base[name]))
+                for f in fmts:
+                    for h in [None] + hints:
+                        bar.set_description(f"{lname} m={m} {f}")
+                        try:
+                            r = bench_row(f, lname, N, K, m, check=not args.no_check, hint=h)
+                        except KeyboardInterrupt:
+                            raise
+                        except Exception as e:  # report and go on
+                            r = dict(format=f, layer=lname, N=N, K=K, m=m, kernel=str(h),
+                                     error=f"{type(e).__name__}: {str(e)[:300]}")
+                        if "cublas" in base and "us" in r:
+                            r["vs_cublas"] = base["cublas"]["us"] / r["us"]
+                        b = base.get(BASELINE.get(f, "cublas"), {})
+                        if "us" in b and "us" in r:
+                            r["vs_base"] = b["us"] / r["us"]
+                            r["base"] = b["kernel"]
+                        emit(r)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    finally:
+        bar.close()
+
+
+def _save_json(path, payload):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("--plot needs matplotlib: pip install -e '.[plot]' (or pip install matplotlib)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def write_plot(rows, path, title=""):
+    """A grouped bar chart (µs per call, log scale) of every timed row: one group per (layer, m), one bar per
+    format / kernel (torch baselines by name), with matplotlib; the file type follows the extension."""
+    plt = _matplotlib()
     timed = [r for r in rows if "us" in r]
     groups = list(dict.fromkeys((r["layer"], r["m"]) for r in timed))
-    def label(r):            # torch baselines by name, ours by format and kernel
-        return r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:12]}]"
+
+    def label(r):
+        return r["format"] if r["format"].endswith(")") else f"{r['format']} [{str(r['kernel'])[:16]}]"
     labels = list(dict.fromkeys(label(r) for r in timed))
-    colors = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-              "#9c755f", "#bab0ac"]
-    bw, gap, h, top, left = 10, 16, 300, 20, 50
-    gw = bw * len(labels) + gap
-    width = left + gw * len(groups) + 240
-    lo = min(r["us"] for r in timed) / 1.5
-    hi = max(r["us"] for r in timed) * 1.5
-
-    def y(v):
-        return top + h - h * (_m.log10(v) - _m.log10(lo)) / (_m.log10(hi) - _m.log10(lo))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + top + 90}" font-size="10" '
-           'font-family="sans-serif">']
-    dec = 10 ** _m.floor(_m.log10(lo))
-    while dec <= hi:
-        if dec >= lo:
-            out.append(f'<line x1="{left}" x2="{left + gw * len(groups)}" y1="{y(dec):.1f}" y2="{y(dec):.1f}" '
-                       f'stroke="#ddd"/><text x="{left - 4}" y="{y(dec) + 3:.1f}" text-anchor="end">{dec:g} µs</text>')
-        dec *= 10
-    for gi, (layer, m) in enumerate(groups):
-        x0 = left + gi * gw
-        for r in timed:
-            if (r["layer"], r["m"]) != (layer, m):
-                continue
-            lab = label(r)
-            li = labels.index(lab)
-            out.append(f'<rect x="{x0 + li * bw}" y="{y(r["us"]):.1f}" width="{bw - 1}" '
-                       f'height="{top + h - y(r["us"]):.1f}" fill="{colors[li % len(colors)]}">'
-                       f'<title>{lab}: {r["us"]:.2f} µs</title></rect>')
-        out.append(f'<text x="{x0 + gw / 2 - gap / 2:.1f}" y="{top + h + 12}" text-anchor="middle">{layer}</text>'
-                   f'<text x="{x0 + gw / 2 - gap / 2:.1f}" y="{top + h + 24}" text-anchor="middle">m={m}</text>')
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) + 3), 4.5))
     for li, lab in enumerate(labels):
-        yy = top + 12 * li
-        out.append(f'<rect x="{left + gw * len(groups) + 10}" y="{yy}" width="9" height="9" '
-                   f'fill="{colors[li % len(colors)]}"/><text x="{left + gw * len(groups) + 24}" y="{yy + 8}">{lab}</text>')
-    out.append("</svg>")
-    with open(path, "w") as fh:
-        fh.write("\n".join(out))
+        xs, ys = [], []
+        for gi, g in enumerate(groups):
+            for r in timed:
+                if (r["layer"], r["m"]) == g and label(r) == lab:
+                    xs.append(gi - 0.4 + (li + 0.5) * width)
+                    ys.append(r["us"])
+        ax.bar(xs, ys, width=width, label=lab)
+    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_ylabel("µs per call")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{layer}\nm={m}" for layer, m in groups], fontsize=8)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
-def _print_row(r):
+def _row_line(r) -> str:
     if "error" in r:
-        print(f"  {r['format']} {r['layer']} m={r['m']} {r.get('kernel')}: ERROR {r['error']}")
+        return f"  {r['format']} {r['layer']} m={r['m']} {r.get('kernel')}: ERROR {r['error']}"
+    vs = f"  {r['vs_cublas']:.2f}x cuBLAS" if r.get("vs_cublas") else ""
+    err = f"  rel.err {r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+    return (f"  {r['format']:18s} {r['layer']:22s} m={r['m']:<4d} {str(r.get('kernel'))[:28]:28s} "
+            f"{r['us']:9.2f} µs  {r['tbps']:5.2f} TB/s{vs}{err}")
 
 
 def print_table(rows):

@@ -31,11 +31,49 @@ __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeight
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
-def set_log_level(level) -> None:
-    """Set the level of the "bitblas" logger (a logging level or its name, e.g. "INFO")."""
+class _StderrHandler(logging.StreamHandler):
+    """The handler set_log_level / BITBLAS_LOG_LEVEL attach to the "bitblas" logger: it writes to
+    stderr only while the root logger has no handler of its own, so an application that configures
+    logging sees each record once (through its own handlers)."""
+
+    def __init__(self):
+        super().__init__()          # sys.stderr, looked up per record
+        self.setFormatter(logging.Formatter("%(asctime)s [bitblas:%(levelname)s] %(message)s", "%H:%M:%S"))
+
+    def emit(self, record):
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def _level_of(level, what: str) -> int:
     if isinstance(level, str):
-        name = level.upper()
+        name = level.strip().upper()
         if name not in logging.getLevelNamesMapping():
-            raise ValueError(f"level={level!r} is invalid; accepted: DEBUG, INFO, WARNING, ERROR, CRITICAL")
-        level = logging.getLevelNamesMapping()[name]
-    logging.getLogger(__name__).setLevel(level)
+            raise ValueError(f"{what}={level!r} is invalid; accepted: DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return logging.getLevelNamesMapping()[name]
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"{what}: expected a level name or a logging level int, got {type(level).__name__}")
+    return level
+
+
+def set_log_level(level) -> None:
+    """Set the level of the "bitblas" logger (a logging level or its name, e.g. "INFO") and make its
+    records visible: a stderr handler is attached to the "bitblas" logger (once), which prints while
+    the application has not configured logging itself (records also propagate to the root logger)."""
+    logger = logging.getLogger(__name__)
+    logger.setLevel(_level_of(level, "level"))
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        logger.addHandler(_StderrHandler())
+
+
+def _init_logging_from_env():
+    from . import env
+    if env.LOG_LEVEL_SET:
+        try:
+            set_log_level(env.LOG_LEVEL)
+        except ValueError:
+            raise ValueError(f"BITBLAS_LOG_LEVEL={env.LOG_LEVEL!r} is invalid; accepted: DEBUG, INFO, WARNING, "
+                             "ERROR, CRITICAL") from None
+
+
+_init_logging_from_env()

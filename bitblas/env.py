@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOG_LEVEL", "TARGET", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
+__all__ = ["LOG_LEVEL", "LOG_LEVEL_SET", "TARGET", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
 
-# BITBLAS_LOG_LEVEL: level name for the "bitblas" logger (default WARNING); see bitblas.set_log_level.
+# BITBLAS_LOG_LEVEL: level name for the "bitblas" logger (default WARNING); when set, `import bitblas`
+# calls bitblas.set_log_level with it (a stderr handler on the "bitblas" logger).
 LOG_LEVEL = os.environ.get("BITBLAS_LOG_LEVEL", "WARNING")
+LOG_LEVEL_SET = bool(os.environ.get("BITBLAS_LOG_LEVEL"))
 # TVM_TARGET (BitBLAS's name) or BITBLAS_TARGET: the CUDA target used when Matmul(target=None).
 TARGET = os.environ.get("BITBLAS_TARGET") or os.environ.get("TVM_TARGET")
 # CUDA toolkit used to compile generated CUDA with nvcc (tests, get_source checks).

@@ -21,3 +21,61 @@ def test_parse_hint_specs_rejects(bad):
 
 def test_parse_gemv_hints():
     assert parse_hints("4,1,4,16;32,4,2,16,4,0,2,1") == [GEMVHint(4, 1, 4, 16), GEMVHint(32, 4, 2, 16, 4, 0, 2, 1)]
+
+
+def _fake_benches(monkeypatch, interrupt_at=None):
+    """benchmark.matmul's timing functions replaced by fakes (no GPU); the row ``interrupt_at`` (0-based
+    call to bench_row) raises KeyboardInterrupt like a Ctrl-C."""
+    import benchmark.matmul as bm
+    calls = []
+
+    def row(fmt, layer, N, K, m, check=True, hint=None):
+        calls.append(fmt)
+        if interrupt_at is not None and len(calls) > interrupt_at:
+            raise KeyboardInterrupt
+        return dict(format=fmt, layer=layer, N=N, K=K, m=m, kernel="GEMV", us=10.0 + len(calls), tbps=1.0,
+                    tflops=1.0, bytes=1, build_s=0.0, rel_err=1e-4)
+
+    def base(name):
+        return lambda N, K, m: dict(kernel=name, us=20.0, tbps=0.5, tflops=0.5)
+    monkeypatch.setattr(bm, "bench_row", row)
+    monkeypatch.setattr(bm, "bench_cublas", base("cublas-fp16"))
+    monkeypatch.setattr(bm, "bench_int4pack", base("torch-int4pack-bf16"))
+    monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bm.torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "FakeGPU"})())
+    monkeypatch.setattr(bm.torch.cuda, "empty_cache", lambda: None)
+    return bm
+
+
+def test_rows_print_as_they_finish_and_are_saved(monkeypatch, tmp_path, capsys):
+    import json
+    bm = _fake_benches(monkeypatch)
+    out = tmp_path / "rows.json"
+    bm.main(["--formats", "w4a16-g128,w4a16-g128-zeros", "--shapes", "gemm4k", "--m", "1,16", "--json", str(out),
+             "--no-progress"])
+    text = capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * (2 + 2)              # per m: cuBLAS, int4pack, two formats
+    assert [r["format"] for r in rows[:4]] == ["fp16(torch)", "int4(torch)", "w4a16-g128", "w4a16-g128-zeros"]
+    assert rows[2]["vs_cublas"] == 20.0 / rows[2]["us"]
+    assert text.count("w4a16-g128-zeros") >= 2 and "| format" in text
+
+
+def test_interrupted_run_keeps_finished_rows(monkeypatch, tmp_path, capsys):
+    import json
+    bm = _fake_benches(monkeypatch, interrupt_at=3)
+    out = tmp_path / "rows.json"
+    bm.main(["--formats", "w4a16-g128,w4a16-g128-zeros", "--shapes", "gemm4k", "--m", "1,16", "--json", str(out),
+             "--no-progress"])
+    rows = json.loads(out.read_text())["rows"]
+    ours = [r for r in rows if not r["format"].endswith(")")]
+    assert len(ours) == 3 and "interrupted: " in capsys.readouterr().out
+
+
+def test_plot_with_matplotlib(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    bm = _fake_benches(monkeypatch)
+    png = tmp_path / "plot.png"
+    bm.main(["--formats", "w4a16-g128", "--shapes", "small", "--m", "1", "--json", "", "--plot", str(png),
+             "--no-progress"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

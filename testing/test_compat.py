@@ -123,6 +123,8 @@ def test_set_log_level():
         assert logger.level == logging.ERROR
     finally:
         logger.setLevel(before)
+        for h in [h for h in logger.handlers if type(h).__name__ == "_StderrHandler"]:
+            logger.removeHandler(h)
 
 
 def test_import_adds_only_a_null_handler():

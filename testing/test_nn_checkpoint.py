@@ -8,6 +8,7 @@ import torch
 
 import bitblas
 from bitblas.nn import from_awq, from_gptq, load_awq_model, load_gptq_model
+from bitblas.nn.checkpoint import gptq_v1_to_v2_qzeros, unpack_int32
 from nn_helpers import FakeGPTQLayer, awq_pack, gptq_pack, ref_quantize, rel_err
 
 TOL = 4e-3      # float16 activations and output (bitblas.reference.TOLERANCES["float16"])
@@ -62,17 +63,33 @@ def test_gptq_other_zero_modes(zeros_mode):
     assert rel_err(lin(x), x.double() @ r.w_deq.T) <= TOL
 
 
-def test_gptq_zero_16_needs_original_zeros():
-    r = ref_quantize(_weight(4), 4, 64, zmin=1)
-    r.z[0, 0] = 0                                      # stored as -1: GPTQ v1 decodes it as 16
-    qweight, qzeros = gptq_pack(r, 4, zero_offset=True)
-    imp = from_gptq(qweight, qzeros, r.s, bits=4)
-    assert imp.zeros[0, 0] == 16
-    lin = bitblas.Linear(K, N, W_dtype="uint4", group_size=64, with_zeros=True, zeros_mode="quantized")
-    before = lin.qweight.clone()
-    with pytest.raises(ValueError, match="zeros_mode='original'"):
-        lin.repack_from_gptq(qweight=qweight, qzeros=qzeros, scales=r.s)
-    assert torch.equal(lin.qweight, before)            # nothing half-loaded
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gptq_v1_zero_points_borrow_across_the_word(bits):
+    """GPTQ v1 (GPTQModel / optimum / transformers exports) stores the v2 qzeros word minus one per
+    slot as one 32-bit subtraction (GPTQModel's convert_gptq_v2_to_v1_format_module): a zero point of 0
+    borrows from the next slot. Reading must add the constant back to the whole word."""
+    per, gs = 32 // bits, 32
+    r = ref_quantize(_weight(4), bits, gs)
+    g = torch.Generator().manual_seed(bits)
+    zero = torch.rand(r.z.shape, generator=g) < 0.4       # zero points of 0 in many groups and columns
+    r.z[zero] = 0
+    r.z[0, :per] = 0                                       # a word of all zeros: a borrow chain through it
+    sk = r.s.double()[r.g_idx.long()].T
+    r.q = torch.round(_weight(4).double() / sk + r.z[r.g_idx.long()].T).clamp(0, (1 << bits) - 1).long()
+    r.w_deq = (r.q - r.z[r.g_idx.long()].T).double() * sk
+    qweight, qzeros_v2 = gptq_pack(r, bits, zero_offset=False)
+    one_per_slot = sum(1 << (bits * i) for i in range(per))
+    v1 = (qzeros_v2.to(torch.int64) - one_per_slot) % (1 << 32)
+    qzeros_v1 = torch.where(v1 >= 1 << 31, v1 - (1 << 32), v1).to(torch.int32)
+    assert bool((unpack_int32(qzeros_v1, bits, 1) == (1 << bits) - 1).any())      # slots that borrowed
+    # reading each slot plus one (the old rule) gets them wrong
+    assert not torch.equal(unpack_int32(qzeros_v1, bits, 1).long() + 1, r.z)
+    imp = from_gptq(qweight, qzeros_v1, r.s, bits=bits, checkpoint_format="gptq")
+    assert torch.equal(imp.zeros.T.long(), r.z)
+    assert torch.equal(gptq_v1_to_v2_qzeros(qzeros_v1, bits), qzeros_v2)
+    lin = bitblas.Linear(K, N, W_dtype=f"uint{bits}", group_size=gs, with_zeros=True)
+    lin.repack_from_gptq(qweight=qweight, qzeros=qzeros_v1, scales=r.s)
+    assert torch.equal(lin.dequantized_weight(), r.w_deq.to(torch.float32))
 
 
 def test_awq_into_linear():

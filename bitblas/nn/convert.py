@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -16,10 +18,11 @@ import torch.nn as nn
 
 from ..formats import get_format
 from ..quantization.quantize import QuantizedWeight
+from .checkpoint import from_compressed_tensors
 from .linear import Linear
 
-__all__ = ["QuantizationConfig", "quantize_model", "load_gptq_model", "load_awq_model", "find_linear_layers",
-           "check_state_dict"]
+__all__ = ["QuantizationConfig", "quantize_model", "load_gptq_model", "load_awq_model",
+           "load_compressed_tensors_model", "find_linear_layers", "check_state_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +34,18 @@ class QuantizationConfig:
     """How :func:`quantize_model` builds each ``bitblas.Linear``.
 
     ``A_dtype=None``: each layer's weight dtype (float16, bfloat16 or float32). ``with_scaling=None``:
-    True for quantized formats. ``group_size`` -1: per output channel. Integer / float8 ``A_dtype``
-    quantizes activations per token inside the layer (e.g. BitNet: A_dtype="int8", W_dtype="int2").
+    True for quantized formats. ``with_zeros=None``: True for unsigned integer formats with scales
+    (uint8/4/2/1: asymmetric min/max quantization, so negative weights are represented), False
+    otherwise (signed formats are symmetric). ``group_size`` -1: per output channel. Integer /
+    float8 ``A_dtype`` quantizes activations per token inside the layer (e.g. BitNet:
+    A_dtype="int8", W_dtype="int2").
     """
 
     W_dtype: str = "uint4"
     A_dtype: Optional[str] = None
     group_size: int = 128
     with_scaling: Optional[bool] = None
-    with_zeros: bool = False
+    with_zeros: Optional[bool] = None
     zeros_mode: str = "original"
     out_dtype: Optional[str] = None
     opt_M: Optional[Tuple[int, ...]] = Linear.opt_M
@@ -66,8 +72,14 @@ class QuantizationConfig:
             if a is None:
                 raise ValueError(f"weight dtype {layer.weight.dtype} has no bitblas activation format; set A_dtype")
         return dict(A_dtype=a, W_dtype=self.W_dtype, group_size=self.group_size, with_scaling=self.with_scaling,
-                    with_zeros=self.with_zeros, zeros_mode=self.zeros_mode, out_dtype=self.out_dtype,
+                    with_zeros=self.zeros_default(), zeros_mode=self.zeros_mode, out_dtype=self.out_dtype,
                     opt_M=self.opt_M)
+
+    def zeros_default(self) -> bool:
+        """``with_zeros``, or for None: True for unsigned integer formats with scales."""
+        if self.with_zeros is not None:
+            return bool(self.with_zeros)
+        return get_format(self.W_dtype).kind == "uint" and self.with_scaling is not False
 
 
 def _as_config(config) -> QuantizationConfig:
@@ -89,6 +101,17 @@ def find_linear_layers(model: nn.Module, skip: Iterable[str] = ()) -> List[Tuple
     name suffixes such as "lm_head", or fnmatch patterns such as "*.mlp.*")."""
     skip = list(skip)
     return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _matches(n, skip)]
+
+
+def _record_hf_config(model: nn.Module):
+    """A transformers model (transformers already imported): record the bitblas quantization_config on
+    ``model.config``, so that ``save_pretrained`` / ``from_pretrained`` round-trip (bitblas.hf)."""
+    if "transformers" not in sys.modules or not hasattr(getattr(model, "config", None), "to_dict"):
+        return
+    if not type(model).__module__.startswith("transformers."):
+        return
+    from .. import hf
+    hf.record_config(model)
 
 
 def _swap(model: nn.Module, replacements: Dict[str, nn.Module]):
@@ -116,9 +139,9 @@ def _check_before_load(module, state_dict, prefix, *args):
 
 
 def _new_linear(layer: nn.Linear, kwargs: dict, target) -> Linear:
-    dev = layer.weight.device
+    """A bitblas.Linear shaped like ``layer``, its buffers on ``layer``'s device (meta for a meta skeleton)."""
     return Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, target=target,
-                  device=None if dev.type == "meta" else dev, **kwargs)
+                  device=layer.weight.device, **kwargs)
 
 
 def _load_prequantized(new: Linear, q, layer_bias):
@@ -152,7 +175,8 @@ def _load_prequantized(new: Linear, q, layer_bias):
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_head",),
-                   weights: Optional[Mapping[str, object]] = None, target=None) -> nn.Module:
+                   weights: Optional[Mapping[str, object]] = None, target=None,
+                   skip_unsupported: bool = False) -> nn.Module:
     """Replace every plain ``nn.Linear`` of ``model`` (in place) by a ``bitblas.Linear``; returns ``model``.
 
     ``config``: a :class:`QuantizationConfig` or a dict of its fields. ``skip``: layers left as they
@@ -161,7 +185,13 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
     ``{"codes", "scale", "zeros", "global_scale", "bias"}``, or a GPTQ / AWQ layer's tensors
     ``{"qweight", "qzeros", "scales", "g_idx", "bias", "format": "gptq" | "gptq_v2" | "awq"}``;
     other layers are quantized round-to-nearest from their float weights. New layers live on each old
-    layer's device. Nothing changes unless every layer converts.
+    layer's device. A layer on the meta device (a skeleton, e.g. built under ``torch.device("meta")``)
+    becomes a bitblas layer with meta buffers, to be filled by ``load_state_dict(..., assign=True)``.
+
+    ``skip_unsupported=True``: layers the config cannot take (e.g. ``in_features`` 1376 with
+    ``group_size=128``) stay float; they are listed in a warning and in
+    ``model.bitblas_skipped_layers`` (name -> reason). Otherwise such a layer raises, naming it.
+    Nothing changes unless every (other) layer converts.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -174,18 +204,34 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
     if unknown:
         raise ValueError(f"weights given for {unknown}, which are not nn.Linear layers of the model (or are skipped)")
     replacements: Dict[str, Linear] = {}
+    skipped: Dict[str, str] = {}
     for name, layer in layers:
         try:
             new = _new_linear(layer, cfg.linear_kwargs(layer), target)
+        except (ValueError, NotImplementedError) as e:
+            if skip_unsupported and name not in weights:
+                skipped[name] = str(e)
+                continue
+            raise type(e)(f"layer {name!r}: {e}") from e
+        try:
             if name in weights:
                 _load_prequantized(new, weights[name], layer.bias)
-            else:
+            elif not layer.weight.is_meta:
                 new.load_and_transform_weight(layer.weight, bias=layer.bias)
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         replacements[name] = new
     _swap(model, replacements)
-    logger.info("quantize_model: replaced %d linear layers (%s)", len(replacements), cfg.W_dtype)
+    if skipped:
+        listed = "; ".join(f"{n} ({r})" for n, r in skipped.items())
+        warnings.warn(f"quantize_model: {len(skipped)} layer(s) the config does not support stay float: {listed}",
+                      UserWarning, stacklevel=3)
+    if skipped or skip_unsupported:
+        model.bitblas_skipped_layers = dict(skipped)
+    if replacements:
+        _record_hf_config(model)
+    logger.info("quantize_model: replaced %d linear layers (%s)%s", len(replacements), cfg.W_dtype,
+                f", {len(skipped)} left float" if skipped else "")
     return model
 
 
@@ -216,6 +262,11 @@ def _load_checkpoint_model(model, state_dict, fmt, bits, group_size, skip, linea
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         replacements[name] = new
+    return _finish_load(model, state_dict, used, replacements, strict, fmt)
+
+
+def _finish_load(model, state_dict, used, replacements, strict, fmt):
+    """Check the checkpoint's other tensors against the model, swap the new layers in, load the rest."""
     rest = {k: v for k, v in state_dict.items() if k not in used}
     # check the remaining tensors against the model before anything changes
     own = model.state_dict()
@@ -234,6 +285,7 @@ def _load_checkpoint_model(model, state_dict, fmt, bits, group_size, skip, linea
         raise ValueError(f"state_dict lacks keys of the model: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     _swap(model, replacements)
     model.load_state_dict({k: v for k, v in rest.items() if k in own}, strict=False)
+    _record_hf_config(model)
     logger.info("loaded %s checkpoint: %d quantized layers", fmt, len(replacements))
     return model
 
@@ -261,3 +313,113 @@ def load_awq_model(model: nn.Module, state_dict: Mapping[str, torch.Tensor], bit
                    strict: bool = True) -> nn.Module:
     """Load an AutoAWQ (GEMM) checkpoint into a float model of the same architecture (in place)."""
     return _load_checkpoint_model(model, state_dict, "awq", bits, group_size, skip, linear_kwargs, target, strict)
+
+
+_CT_KEYS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+
+
+def _ct_bits(packed: torch.Tensor, K: int, name: str) -> int:
+    fits = [b for b in (1, 2, 4, 8) if packed.shape[-1] == -(-K * b // 32)]
+    if len(fits) != 1:
+        raise ValueError(f"{name}.weight_packed of shape {list(packed.shape)} does not tell the bit width for "
+                         f"in_features={K}; pass quantization_config (its config_groups give num_bits)")
+    return fits[0]
+
+
+def _ct_schemes(quantization_config) -> List[Tuple[List[str], dict]]:
+    """(targets, weights args) of every config group of a compressed-tensors ``quantization_config``."""
+    if quantization_config is None:
+        return []
+    if not isinstance(quantization_config, Mapping):
+        raise TypeError(f"quantization_config: expected the checkpoint's quantization_config dict, got "
+                        f"{type(quantization_config).__name__}")
+    fmt = quantization_config.get("format", "pack-quantized")
+    out = []
+    for gname, group in (quantization_config.get("config_groups") or {}).items():
+        w = dict(group.get("weights") or {})
+        gfmt = group.get("format") or fmt
+        if gfmt != "pack-quantized":
+            raise NotImplementedError(f"quantization_config: config group {gname!r} has format {gfmt!r}; "
+                                      "supported: 'pack-quantized'")
+        if w.get("type", "int") != "int":
+            raise NotImplementedError(f"quantization_config: config group {gname!r} has weights of type "
+                                      f"{w.get('type')!r}; supported: 'int'")
+        if group.get("input_activations"):
+            raise NotImplementedError(f"quantization_config: config group {gname!r} quantizes activations; "
+                                      "supported: weight-only schemes (W4A16, W8A16)")
+        out.append((list(group.get("targets") or []), w))
+    return out
+
+
+def _ct_match(name: str, module: nn.Module, targets: Sequence[str]) -> bool:
+    import re
+    for t in targets:
+        if t.startswith("re:"):
+            if re.match(t[3:], name):
+                return True
+        elif t == type(module).__name__ or t == name or name.endswith("." + t):
+            return True
+    return False
+
+
+@torch.no_grad()
+def load_compressed_tensors_model(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
+                                  quantization_config: Optional[Mapping] = None, skip: Iterable[str] = (),
+                                  linear_kwargs: Optional[dict] = None, target=None,
+                                  strict: bool = True) -> nn.Module:
+    """Load a compressed-tensors ``pack-quantized`` checkpoint (llm-compressor W4A16 / W8A16, int weights,
+    group or channel scales, symmetric or with zero points, act-order ``weight_g_idx``) into a float model
+    of the same architecture (in place).
+
+    Every ``nn.Linear`` whose ``<name>.weight_packed`` is in ``state_dict`` becomes a ``bitblas.Linear``:
+    ``int{bits}`` with scales for symmetric schemes, ``uint{bits}`` with zero points otherwise. Bits and
+    group size are read from the tensors; ``quantization_config`` (the checkpoint's
+    ``config.json["quantization_config"]``) is checked against them. All shapes are checked before
+    the model changes.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict: expected a mapping of tensors, got {type(state_dict).__name__}")
+    schemes = _ct_schemes(quantization_config)
+    skip = [skip] if isinstance(skip, str) else list(skip)
+    layers = [(n, m) for n, m in find_linear_layers(model, skip) if n + ".weight_packed" in state_dict]
+    used = set()
+    replacements: Dict[str, Linear] = {}
+    for name, layer in layers:
+        t = {k: state_dict.get(f"{name}.{k}") for k in _CT_KEYS}
+        bias = state_dict.get(f"{name}.bias")
+        used.update(f"{name}.{k}" for k in _CT_KEYS + ("bias",))
+        try:
+            if t["weight_scale"] is None:
+                raise ValueError(f"the checkpoint has {name}.weight_packed but no {name}.weight_scale")
+            K = layer.in_features
+            bits = _ct_bits(t["weight_packed"], K, name)
+            scheme = next((w for targets, w in schemes if _ct_match(name, layer, targets)), None)
+            if schemes and scheme is None:
+                raise ValueError("no config group of quantization_config targets this layer")
+            if scheme is not None and scheme.get("num_bits", bits) != bits:
+                raise ValueError(f"quantization_config says num_bits={scheme.get('num_bits')}, but "
+                                 f"weight_packed holds {bits}-bit values")
+            ws = t["weight_scale"]
+            groups = ws.shape[-1] if ws.dim() == 2 else 1
+            gs = -1 if groups == 1 else K // max(groups, 1)
+            imp = from_compressed_tensors(t["weight_packed"], ws, t["weight_shape"], t["weight_zero_point"],
+                                          t["weight_g_idx"], bits=bits, in_features=K,
+                                          out_features=layer.out_features, group_size=gs)
+            symmetric = t["weight_zero_point"] is None
+            kw = dict(dict(A_dtype=_TORCH_NAMES.get(layer.weight.dtype, "float16")), **(linear_kwargs or {}))
+            kw.update(W_dtype=f"{'int' if symmetric else 'uint'}{bits}", group_size=gs, with_scaling=True,
+                      with_zeros=not symmetric)
+            if not symmetric:
+                kw.setdefault("zeros_mode", "original")
+            new = _new_linear(layer, kw, target)
+            if symmetric:
+                new.load_and_transform_weight((imp.codes.to(torch.int16) - (1 << (bits - 1))), imp.scale, None,
+                                              bias)
+                if imp.perm is not None:
+                    new.load_state_dict({"perm": imp.perm}, strict=False)
+            else:
+                new.load_imported(imp, bias)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise type(e)(f"layer {name!r}: {e}") from e
+        replacements[name] = new
+    return _finish_load(model, state_dict, used, replacements, strict, "compressed-tensors")

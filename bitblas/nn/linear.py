@@ -133,6 +133,9 @@ class Linear(nn.Module):
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, output: Optional[torch.Tensor] = None,
                 a_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if getattr(x, "requires_grad", False) and torch.is_grad_enabled() and not _is_compiling():
+            # no backward: the output carries a node that raises a clear error if backward reaches it
+            return _NoBackward.apply(x, Linear.forward(self, x.detach(), output, a_scale), self._name())
         # hot path (eager, activations already in A_dtype): the operator bound to this layer's tensors,
         # which were checked when bound; it is rebound whenever a buffer is replaced (.to(device), a
         # load, a new perm), so per call only the input is checked (BoundMatmul._try: None when the
@@ -520,6 +523,22 @@ class Linear(nn.Module):
         if self._buffers.get("perm") is not None:
             s += ", act_order=True"
         return s
+
+
+class _NoBackward(torch.autograd.Function):
+    """Identity on a layer's output whose backward raises: the kernels compute no gradients."""
+
+    @staticmethod
+    def forward(ctx, x, out, name):
+        ctx.name = name
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(f"{ctx.name}: bitblas layers are inference-only and have no backward (no gradient "
+                           "for the input or the quantized weights); run the model under torch.no_grad() or "
+                           "torch.inference_mode(), or keep this layer out of what you differentiate (e.g. "
+                           "quantize_model(..., skip=[...]))")
 
 
 def _from_module(mod, qweight, qzeros, scales, g_idx, bias):

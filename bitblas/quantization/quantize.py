@@ -7,6 +7,7 @@ exact inverse rule the kernels and the torch reference apply.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -19,9 +20,9 @@ from .utils import pack_codes, unpack_codes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "pack_zeros",
-           "unpack_zeros", "decode_values", "quantize_activation", "dequantize_activation", "TORCH_DTYPES",
-           "torch_dtype"]
+__all__ = ["LossyQuantizationWarning", "QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize",
+           "pack_zeros", "unpack_zeros", "decode_values", "quantize_activation", "dequantize_activation",
+           "TORCH_DTYPES", "torch_dtype"]
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -29,6 +30,14 @@ TORCH_DTYPES = {
     "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
     "float8_e4m3": torch.float8_e4m3fn,
 }
+
+
+class LossyQuantizationWarning(UserWarning):
+    """Quantization clamped weights the format cannot represent (beyond rounding)."""
+
+
+def _warn_clamp(msg: str):
+    warnings.warn(msg, LossyQuantizationWarning, stacklevel=3)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -111,12 +120,19 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         if with_zeros:
             raise ValueError("with_zeros=True needs with_scaling=True")
         if fmt.kind == "table":
+            lim = fmt.max_abs
+            if bool((w.abs() > lim).any()):
+                _warn_clamp(f"quantize_weight: W_dtype={fmt.name!r} without scales represents |w| <= {lim:g}; "
+                            f"weights up to {float(w.abs().max()):g} are clamped (use with_scaling=True)")
             if fmt.torch_dtype:
-                lim = fmt.max_abs
                 return QuantizedWeight(w.clamp(-lim, lim).to(TORCH_DTYPES[fmt.torch_dtype]))
             return QuantizedWeight(_nearest_code(w, fmt))
         lo, hi = fmt.code_range
-        return QuantizedWeight(w.round().clamp(lo, hi).to(torch.int16))
+        r = w.round()
+        if bool(((r < lo) | (r > hi)).any()):
+            _warn_clamp(f"quantize_weight: W_dtype={fmt.name!r} without scales holds integers in [{lo}, {hi}]; "
+                        f"weights in [{float(w.min()):g}, {float(w.max()):g}] are clamped (use with_scaling=True)")
+        return QuantizedWeight(r.clamp(lo, hi).to(torch.int16))
 
     def rounded(s):  # scales and zeros as the kernel will see them
         return s.to(scale_dtype).to(torch.float32)
@@ -136,9 +152,12 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         if fmt.kind == "int":
             s = wg.abs().amax(-1) / max(hi, 1)
         else:
-            if bool((wg < 0).any()):
-                logger.warning("quantize_weight: %s with scales but no zeros cannot represent negative weights; "
-                               "they are clamped to 0 (use with_zeros=True or a signed format)", fmt.name)
+            neg = wg < 0
+            if bool(neg.any()):
+                _warn_clamp(f"quantize_weight: W_dtype={fmt.name!r} with scales but no zero points cannot represent "
+                            f"negative weights; {int(neg.sum())} of {neg.numel()} weights are clamped to 0 (use "
+                            "with_zeros=True" + (f" or a signed format such as {'int' + str(fmt.bits)!r})"
+                                                 if fmt.bits > 1 else ")"))
             s = wg.clamp(min=0).amax(-1) / hi
         s = _safe(rounded(s))
         q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)

@@ -1,0 +1,287 @@
+"""transformers integration (bitblas.hf): quantize on load, save / reload, meta skeletons, generate,
+torch.compile, on small Llama, Qwen2 and Mistral models built from configs with random weights (CPU).
+
+Skips without transformers (``pip install -e ".[hf]"``)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+transformers = pytest.importorskip("transformers")
+
+import bitblas  # noqa: E402
+from bitblas.hf import BitBLASConfig  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+ARCHS = {
+    "llama": transformers.LlamaConfig,
+    "qwen2": transformers.Qwen2Config,        # q/k/v with bias
+    "mistral": transformers.MistralConfig,
+}
+QCFG = dict(W_dtype="uint4", group_size=128)   # the README's call: zero points on by default for uint4
+MIN_COS = 0.98          # uint4 g128 on random weights (measured 0.985; clamping negatives gave 0.008)
+
+
+def _config(arch, **kw):
+    base = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    return ARCHS[arch](**(base | kw))
+
+
+def _ids(s=12, seed=0):
+    return torch.randint(0, 256, (2, s), generator=torch.Generator().manual_seed(seed))
+
+
+def cosine(a, b):
+    return float(nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), 0))
+
+
+class Case:
+    def __init__(self, arch, tmp):
+        torch.manual_seed(0)
+        self.arch = arch
+        self.ref = AutoModelForCausalLM.from_config(_config(arch), dtype=torch.float16).eval()
+        self.float_dir = str(tmp / "float")
+        self.ref.save_pretrained(self.float_dir)
+        self.q = AutoModelForCausalLM.from_pretrained(self.float_dir, dtype=torch.float16,
+                                                      quantization_config=BitBLASConfig(**QCFG))
+        self.saved_dir = str(tmp / "bitblas")
+        self.q.save_pretrained(self.saved_dir)
+        with torch.no_grad():
+            self.ref_logits = self.ref(_ids()).logits
+            self.q_logits = self.q(_ids()).logits
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def case(request, tmp_path_factory):
+    return Case(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def test_quantize_on_load_matches_quantize_model(case):
+    q = case.q
+    layers = {n: m for n, m in q.named_modules() if isinstance(m, bitblas.Linear)}
+    assert len(layers) == 7 * 2 and type(q.lm_head) is nn.Linear
+    assert all(m.W_dtype == "uint4" and m.with_zeros for m in layers.values())
+    # the same tensors quantize_model gives on the float model
+    ref = AutoModelForCausalLM.from_config(_config(case.arch), dtype=torch.float16).eval()
+    ref.load_state_dict(case.ref.state_dict())
+    bitblas.quantize_model(ref, QCFG, skip=["lm_head"])
+    want = ref.state_dict()
+    got = q.state_dict()
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_quantize_on_load_never_holds_the_float_model(tmp_path, monkeypatch):
+    """Each float weight is quantized as it is read: when a layer is quantized, the layers still waiting
+    hold no float weight (they are meta), and the ones done hold only packed tensors."""
+    from bitblas import hf
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).save_pretrained(tmp_path)
+    seen = []
+    orig = hf._Quantize.convert
+
+    def convert(self, input_dict, model=None, full_layer_name=None, **kw):
+        pending = self.hf_quantizer._pending
+        seen.append((sum(not model.get_submodule(n).weight.is_meta for n in pending),
+                     sum(type(m) is nn.Linear and m.weight.device.type != "meta" and n != "lm_head"
+                         for n, m in model.named_modules())))
+        return orig(self, input_dict, model=model, full_layer_name=full_layer_name, **kw)
+    monkeypatch.setattr(hf._Quantize, "convert", convert)
+    AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float16, quantization_config=BitBLASConfig(**QCFG))
+    assert len(seen) == 14 and all(s == (0, 0) for s in seen), seen
+
+
+def test_logits_close_to_float(case):
+    cos = cosine(case.ref_logits, case.q_logits)
+    print(f"\n{case.arch}: logits cosine {cos:.4f}, max |diff| "
+          f"{float((case.ref_logits - case.q_logits).abs().max()):.4f}")
+    assert cos >= MIN_COS
+
+
+def test_generate(case):
+    ids = _ids(6, seed=1)
+    out = case.q.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape == (2, 10) and torch.equal(out[:, :6], ids)
+    with torch.no_grad():            # greedy: the first new token is the argmax of the prompt's last logits
+        assert torch.equal(out[:, 6], case.q(ids).logits[:, -1].argmax(-1))
+
+
+def test_save_records_config_and_reload_is_exact(case):
+    with open(os.path.join(case.saved_dir, "config.json")) as fh:
+        qc = json.load(fh)["quantization_config"]
+    assert qc["quant_method"] == "bitblas" and qc["W_dtype"] == "uint4" and qc["group_size"] == 128
+    q2, info = AutoModelForCausalLM.from_pretrained(case.saved_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert q2.dtype == torch.float16
+    a, b = case.q.state_dict(), q2.state_dict()
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    with torch.no_grad():
+        assert torch.equal(q2(_ids()).logits, case.q_logits)
+
+
+def test_meta_skeleton_loads_saved_state(case):
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(_config(case.arch), dtype=torch.float16)
+    bitblas.quantize_model(m, QCFG, skip=["lm_head"])
+    assert all(b.is_meta for n, b in m.named_buffers() if n.endswith("qweight"))
+    m.load_state_dict(case.q.state_dict(), assign=True)
+    m.eval()
+    # buffers a checkpoint does not hold (rotary inv_freq) are rebuilt by the model
+    m.model.rotary_emb.inv_freq = case.q.model.rotary_emb.inv_freq
+    with torch.no_grad():
+        assert torch.equal(m(_ids()).logits, case.q_logits)
+
+
+def test_quantize_model_then_save_pretrained_round_trips(case, tmp_path):
+    """quantize_model on a transformers model records the config, so save_pretrained / from_pretrained
+    round-trip (the layers left float are listed in modules_to_not_convert)."""
+    m = AutoModelForCausalLM.from_config(_config(case.arch), dtype=torch.float16).eval()
+    m.load_state_dict(case.ref.state_dict())
+    bitblas.quantize_model(m, dict(W_dtype="int4", group_size=64), skip=["lm_head", "*.mlp.down_proj"])
+    qc = m.config.quantization_config
+    assert isinstance(qc, BitBLASConfig) and qc.W_dtype == "int4" and qc.group_size == 64
+    assert sorted(qc.modules_to_not_convert) == ["lm_head", "model.layers.0.mlp.down_proj",
+                                                 "model.layers.1.mlp.down_proj"]
+    m.save_pretrained(tmp_path)
+    m2, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(m2.model.layers[1].mlp.down_proj) is nn.Linear
+    assert isinstance(m2.model.layers[1].mlp.up_proj, bitblas.Linear)
+    with torch.no_grad():
+        assert torch.equal(m2(_ids()).logits, m(_ids()).logits)
+
+
+def test_torch_compile(case):
+    torch._dynamo.reset()
+    compiled = torch.compile(case.q, backend="aot_eager")
+    with torch.no_grad():
+        out = compiled(_ids()).logits
+    assert torch.equal(out, case.q_logits)
+
+
+def test_backward_raises_a_clear_error(case):
+    with pytest.raises(RuntimeError, match="no backward"):
+        case.q(_ids()).logits.sum().backward()
+
+
+def test_unsupported_layers_error_or_stay_float(tmp_path):
+    """intermediate_size 1376 is not a multiple of group_size 128: an error naming the layer, or with
+    skip_unsupported=True those layers stay float and the model saves and reloads."""
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(_config("llama", intermediate_size=1376, num_hidden_layers=1),
+                                           dtype=torch.float16).eval()
+    ref.save_pretrained(tmp_path / "f")
+    with pytest.raises(ValueError, match=r"layer 'model\.layers\.0\.mlp\.down_proj': group_size=128"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "f", dtype=torch.float16,
+                                             quantization_config=BitBLASConfig(**QCFG))
+    with pytest.warns(UserWarning, match=r"model\.layers\.0\.mlp\.down_proj"):
+        q = AutoModelForCausalLM.from_pretrained(tmp_path / "f", dtype=torch.float16,
+                                                 quantization_config=BitBLASConfig(**QCFG, skip_unsupported=True))
+    down = q.model.layers[0].mlp.down_proj
+    assert type(down) is nn.Linear and torch.equal(down.weight, ref.model.layers[0].mlp.down_proj.weight)
+    assert isinstance(q.model.layers[0].mlp.up_proj, bitblas.Linear)
+    q.save_pretrained(tmp_path / "q")
+    q2, info = AutoModelForCausalLM.from_pretrained(tmp_path / "q", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(q2.model.layers[0].mlp.down_proj) is nn.Linear
+    with torch.no_grad():
+        assert torch.equal(q2(_ids()).logits, q(_ids()).logits)
+
+
+def test_config_round_trip_and_errors(naming):
+    from transformers.quantizers import AutoQuantizationConfig
+    c = AutoQuantizationConfig.from_dict(BitBLASConfig(W_dtype="int4", group_size=64).to_dict())
+    assert isinstance(c, BitBLASConfig) and c.W_dtype == "int4" and c.group_size == 64
+    with naming(ValueError, "W_dtype"):
+        BitBLASConfig(W_dtype="uint5")
+    with pytest.raises(ValueError, match="groupsize"):
+        BitBLASConfig(groupsize=64)
+
+
+def test_compressed_tensors_checkpoint_into_transformers_model(tmp_path):
+    """A transformers model's Linear layers packed by compressed-tensors itself, loaded with
+    load_compressed_tensors_model: the logits of the model with compressed-tensors' dequantized weights."""
+    pytest.importorskip("compressed_tensors")
+    from test_real_packers import ct_compress
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(_config("qwen2"), dtype=torch.float16).eval()
+    sd, deq = {}, ref.state_dict()
+    for name, m in ref.named_modules():
+        if type(m) is nn.Linear and name != "lm_head":
+            comp, w = ct_compress(m.weight.float(), 4, False, 32)
+            sd.update({f"{name}.{k}": v for k, v in comp.items()})
+            deq[f"{name}.weight"] = w.half()
+    sd.update({k: v for k, v in ref.state_dict().items() if not any(k == n + ".weight" for n in
+               (n for n, m in ref.named_modules() if type(m) is nn.Linear and n != "lm_head"))})
+    ref.load_state_dict(deq)
+    model = AutoModelForCausalLM.from_config(_config("qwen2"), dtype=torch.float16).eval()
+    bitblas.nn.load_compressed_tensors_model(model, sd)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, bitblas.Linear)
+    with torch.no_grad():
+        a, b = ref(_ids()).logits, model(_ids()).logits
+    assert cosine(a, b) >= 0.9999, cosine(a, b)
+    model.save_pretrained(tmp_path)                                # the config is recorded: a round trip
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(again(_ids()).logits, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_gpu_quantize_on_load_save_reload_compile(arch, tmp_path):
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(_config(arch, hidden_size=256, intermediate_size=512),
+                                           dtype=torch.float16).eval()
+    ref.save_pretrained(tmp_path / "f")
+    ref = ref.cuda()
+    q = AutoModelForCausalLM.from_pretrained(tmp_path / "f", dtype=torch.float16, device_map="cuda",
+                                             quantization_config=BitBLASConfig(**QCFG))
+    assert q.model.layers[0].self_attn.q_proj.qweight.is_cuda
+    ids = _ids().cuda()
+    with torch.no_grad():
+        a, b = ref(ids).logits, q(ids).logits
+    assert cosine(a, b) >= MIN_COS - 0.01, cosine(a, b)
+    out = q.generate(ids[:, :6], max_new_tokens=4, do_sample=False)
+    assert out.shape == (2, 10)
+    q.save_pretrained(tmp_path / "q")
+    q2, info = AutoModelForCausalLM.from_pretrained(tmp_path / "q", device_map="cuda", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert torch.equal(q2(ids).logits, b)
+        torch._dynamo.reset()
+        c = torch.compile(q2)(ids).logits
+    assert cosine(c, b) >= 0.9999
+
+
+def test_gptq_act_order_checkpoint_saves_and_reloads(tmp_path):
+    """load_gptq_model (act-order: each layer keeps an input permutation) on a transformers model, then
+    save_pretrained / from_pretrained: the permutation and packed tensors come back exactly."""
+    from nn_helpers import gptq_pack, ref_quantize
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).eval()
+    sd = {k: v for k, v in ref.state_dict().items()}
+    for name, m in ref.named_modules():
+        if type(m) is nn.Linear and name != "lm_head":
+            r = ref_quantize(m.weight.float(), 4, 32, act_order=True, zmin=1, seed=len(sd))
+            qweight, qzeros = gptq_pack(r, 4)
+            del sd[f"{name}.weight"]
+            sd.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": r.s,
+                       f"{name}.g_idx": r.g_idx})
+    model = AutoModelForCausalLM.from_config(_config("llama"), dtype=torch.float16).eval()
+    bitblas.nn.load_gptq_model(model, sd, bits=4, group_size=32)
+    assert model.model.layers[0].self_attn.q_proj.perm is not None
+    model.save_pretrained(tmp_path)
+    again, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert torch.equal(again.model.layers[0].self_attn.q_proj.perm, model.model.layers[0].self_attn.q_proj.perm)
+    with torch.no_grad():
+        assert torch.equal(again(_ids()).logits, model(_ids()).logits)

@@ -23,7 +23,8 @@ from .. import torch_op
 from ..config import MatmulConfig
 from ..formats import FORMATS, get_format
 from ..plan import make_plan
-from ..quantization.quantize import TORCH_DTYPES, pack_weight, quantize_activation, quantize_weight
+from ..quantization.quantize import (TORCH_DTYPES, pack_weight, pack_zeros, quantize_activation, quantize_weight,
+                                     unpack_zeros)
 from ..quantization.utils import unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
@@ -34,7 +35,11 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack     # 0 outside any TorchDi
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_TAG = "bitblas.Linear/1"
+# The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
+# quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
+# quantized zero points [groups, N * bits / 8]). /1 checkpoints are migrated on load.
+_FORMAT_TAG = "bitblas.Linear/2"
+_FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
 _BUFFERS = {"scale": "scales", "zeros": "zeros", "bias": "bias", "global_scale": "global_scale"}
 # fields of the extra state a checkpoint must agree on
@@ -251,7 +256,7 @@ class Linear(nn.Module):
             weight, scales, zeros, global_scale = q.codes, q.scale, q.zeros, q.global_scale
         packed = pack_weight(c, weight.detach(), None if scales is None else scales.detach(),
                              None if zeros is None else zeros.detach(),
-                             None if global_scale is None else global_scale.detach())
+                             None if global_scale is None else global_scale.detach(), _weight_arg="weight")
         new = {self._weight_name: packed["W"]}
         for k in ("scale", "zeros", "global_scale"):
             if k in packed:
@@ -282,10 +287,10 @@ class Linear(nn.Module):
         ``bias``, ``perm``: what :meth:`load_and_transform_weight` takes back (perm aside)."""
         c, w, b = self.config, FORMATS[self.config.W_dtype], self._buffers
         W = b[self._weight_name]
-        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w)
+        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage)
         zeros = b.get("zeros")
         if zeros is not None and c.zeros_mode == "quantized":
-            zeros = unpack_codes(zeros, w)[:, :self._plan.groups]
+            zeros = unpack_zeros(c, zeros)
         return {"codes": codes, "scales": b.get("scales"), "zeros": zeros, "global_scale": b.get("global_scale"),
                 "bias": b.get("bias"), "perm": b.get("perm")}
 
@@ -378,12 +383,16 @@ class Linear(nn.Module):
     def set_extra_state(self, state):
         pass      # checked in _load_from_state_dict, before any tensor is copied
 
-    def _check_extra(self, state, prefix):
+    @staticmethod
+    def _record(state, prefix) -> dict:
         try:
-            got = json.loads(bytes(state.cpu().numpy().tobytes()).decode()) if isinstance(state, torch.Tensor) \
+            return json.loads(bytes(state.cpu().numpy().tobytes()).decode()) if isinstance(state, torch.Tensor) \
                 else dict(state)
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"{prefix}_extra_state: not a bitblas.Linear format record ({e})") from None
+
+    def _check_extra(self, state, prefix):
+        got = self._record(state, prefix)
         mine = self._state_fields()
         bad = [f"{k}={got.get(k)!r} (this layer: {mine[k]!r})" for k in _STATE_FIELDS if got.get(k) != mine[k]]
         if bad:
@@ -393,11 +402,53 @@ class Linear(nn.Module):
     def _convert_foreign(self, state_dict, prefix):
         """Hook for subclasses that accept other checkpoint layouts (QuantLinear: GPTQ)."""
 
+    def _migrate(self, state_dict, prefix):
+        """Bring a checkpoint saved by an earlier bitblas to this version's byte layouts (in
+        ``state_dict``, new tensors; the caller's are not changed). A record of format
+        ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement -> offset-binary (each field's
+        top bit flipped), quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8].
+        A checkpoint without a record is taken as this version's (and BitBLAS's) layout; an unknown
+        format is refused naming it."""
+        key = prefix + "_extra_state"
+        state = state_dict.get(key)
+        if state is None:
+            return
+        rec = self._record(state, prefix)
+        fmt = rec.get("format")
+        if fmt == _FORMAT_TAG:
+            return
+        if fmt != _FORMAT_V1:
+            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r} "
+                             f"(migrated) and {_FORMAT_TAG!r}; load it with the bitblas version that wrote it")
+        mine = self._state_fields()
+        if any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
+            return                            # another layer's checkpoint: _check_extra refuses it
+        c, plan = self.config, self._plan
+        w = FORMATS[c.W_dtype]
+        wkey = prefix + self._weight_name
+        if plan.w_storage == "offset" and isinstance(state_dict.get(wkey), torch.Tensor):
+            # two's complement -> offset-binary: flip the top bit of every field
+            flip = sum(1 << (w.bits * (i + 1) - 1) for i in range(w.codes_per_byte))
+            t = state_dict[wkey]
+            state_dict[wkey] = (t.view(torch.uint8) ^ flip).view(t.dtype)
+        zkey = prefix + "zeros"
+        z = state_dict.get(zkey)
+        if c.with_zeros and c.zeros_mode == "quantized" and isinstance(z, torch.Tensor):
+            old = (c.N, -(-plan.groups // w.codes_per_byte))
+            if tuple(z.shape) != old or z.dtype.itemsize != 1:
+                raise ValueError(f"{zkey}: a {_FORMAT_V1} checkpoint's quantized zero points are int8 {list(old)}, "
+                                 f"got {z.dtype} {list(z.shape)}")
+            codes = unpack_codes(z.view(torch.int8).cpu(), w, "plain")[:, :plan.groups]    # [N, groups]
+            state_dict[zkey] = pack_zeros(c, codes).to(z.device)
+        state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
+                                                     .encode()), dtype=torch.uint8)
+
     def check_state_dict(self, state_dict, prefix: str = ""):
         """Raise ValueError / TypeError naming the key if ``state_dict`` (this layer's tensors under
         ``prefix``) cannot be loaded into this layer; changes nothing."""
         state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
         self._convert_foreign(state_dict, prefix)
+        self._migrate(state_dict, prefix)
         self._check_state(state_dict, prefix)
 
     def _check_state(self, state_dict, prefix):
@@ -427,6 +478,7 @@ class Linear(nn.Module):
                               error_msgs):
         # everything is checked before any tensor is copied
         self._convert_foreign(state_dict, prefix)
+        self._migrate(state_dict, prefix)
         self._check_state(state_dict, prefix)
         extra_key = prefix + "_extra_state"
         if extra_key not in state_dict:

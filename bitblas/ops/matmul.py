@@ -363,7 +363,7 @@ class Matmul:
 
         Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?].
         """
-        packed = pack_weight(self.config, weight, scale, zeros)
+        packed = pack_weight(self.config, weight, scale, zeros, _weight_arg="weight")
         if scale is None and zeros is None and bias is None:
             return packed["W"]
         out = [packed["W"]] + [packed[k] for k in ("scale", "zeros") if k in packed]

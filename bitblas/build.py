@@ -43,8 +43,9 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     if isinstance(target, tvm.target.Target):
         t = target
     elif isinstance(target, str) and target.startswith("sm_"):
-        t = tvm.target.Target({"kind": "cuda", "arch": target, "max_shared_memory_per_block": 49152,
-                               "max_threads_per_block": 1024, "thread_warp_size": 32})
+        t = tvm.target.Target(_arch_target(target))
+    elif isinstance(target, str) and target.split()[0] in ("cuda", "nvidia/cuda") and len(target.split()) > 1:
+        t = tvm.target.Target(_cli_target(target))
     elif isinstance(target, (str, dict)):
         if target == "cuda":
             from .utils import auto_detect_nvidia_target
@@ -59,6 +60,48 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
         raise ValueError(f"target={target!r} is a {t.kind.name} target; a CUDA target is needed "
                          "(CPU tensors always use the CPU backend)")
     return t
+
+
+def _arch_target(arch: str) -> dict:
+    """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
+    else generic ones (48 KB shared memory per block)."""
+    from .utils import auto_detect_nvidia_target
+    info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
+            "thread_warp_size": 32}
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    try:
+        import torch
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            if f"{p.major}{p.minor}" == digits:
+                local = dict(auto_detect_nvidia_target().export())
+                info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
+    except Exception:  # noqa: BLE001 - a broken driver: generic limits
+        pass
+    return info
+
+
+def _cli_target(text: str) -> dict:
+    """TVM's older CLI target form, which TVM 0.27 refuses ("cuda -arch=sm_80
+    -max_shared_memory_per_block=49152 -keys=cuda,gpu"), as a target dict."""
+    kind, *opts = text.split()
+    attrs = {}
+    for opt in opts:
+        if not opt.startswith("-") or "=" not in opt:
+            raise ValueError(f"target={text!r}: cannot read {opt!r}; expected -key=value options")
+        k, v = opt.lstrip("-").split("=", 1)
+        if k in ("keys", "libs", "mattr"):
+            attrs[k] = v.split(",")
+        elif v.lstrip("-").isdigit():
+            attrs[k] = int(v)
+        elif v in ("true", "false"):
+            attrs[k] = v == "true"
+        else:
+            attrs[k] = v
+    info = _arch_target(attrs["arch"]) if "arch" in attrs else {"kind": "cuda"}
+    info.update(attrs)
+    info["kind"] = "cuda" if kind == "nvidia/cuda" else kind
+    return info
 
 
 def lower_plan(plan: Plan, hint=None, target=None):

@@ -351,8 +351,9 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
     float8 tensors) and float32 scale [...] with x ~= decode(q) * scale[..., None].
     """
     fmt = get_format(dtype, "A", "dtype")
-    if fmt.kind == "float":
-        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2")
+    if fmt.kind in ("float", "uint"):
+        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2 "
+                         "(unsigned activations are passed as codes)")
     xf = x.detach().to(torch.float32)
     qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
     s = _safe(xf.abs().amax(-1) / qmax)

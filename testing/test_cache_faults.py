@@ -298,3 +298,101 @@ def test_regular_file_as_database(db_path, caplog):
     warned = [r for r in caplog.records if "bitblas cache" in r.getMessage()]
     assert len(warned) == 1 and db_path in warned[0].getMessage()
     assert open(db_path).read() == "not a folder"
+
+
+# -- item 12: the same faults for CUDA kernels (GPU) ---------------------------------------------------
+_LOAD_CUDA = """
+    import json, logging, torch
+    logging.basicConfig(level=logging.WARNING)
+    from bitblas import MatmulConfig
+    from bitblas.cache import kernels as km
+    from bitblas.plan import make_plan
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    from bitblas.tune.tuner import kernel_args
+    cfg = MatmulConfig.from_dict(json.loads({cfg!r}))
+    plan = make_plan(cfg, "cuda", {m!r})
+    fn, _ = km.get_kernel(plan)
+    m = {m!r} or 40
+    inp = random_inputs(cfg, m, device="cuda")
+    out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+    fn(*kernel_args(plan, inp, out))
+    torch.cuda.synchronize()
+    print("ERR", relative_error(out, reference_matmul(cfg, **inp)), tolerance(cfg))
+"""
+CUDA_CFG = MatmulConfig(M=None, N=1000, K=1536, A_dtype="float16", W_dtype="uint4", group_size=128,
+                        with_scaling=True, with_zeros=True, with_bias=True)
+
+
+def _cuda_check(fn, plan, m):
+    inp = random_inputs(CUDA_CFG, m, device="cuda")
+    out = torch.full((m, CUDA_CFG.N), float("nan"), dtype=torch.float16, device="cuda")
+    fn(*kernel_args(plan, inp, out))
+    torch.cuda.synchronize()
+    assert relative_error(out, reference_matmul(CUDA_CFG, **inp)) <= tolerance(CUDA_CFG)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16, None], ids=["gemv-rows", "gemv-mma", "symbolic"])
+@pytest.mark.parametrize("fault", ["truncated", "corrupt", "same-size", "stale"])
+def test_cuda_kernel_faults_are_repaired(db_path, fault, m, caplog, monkeypatch):
+    """A CUDA kernel entry (the GEMV rows kernel, the tensor-core GEMV, the symbolic GEMM) damaged
+    on disk: a truncated library whose record matches it (loaded in a subprocess: SIGBUS if it
+    were mapped), a library that does not load, a same-size damaged file, a record of another key.
+    Each is warned about, rebuilt, stored again, and then loads without a compile and computes the
+    reference."""
+    plan = make_plan(CUDA_CFG, "cuda", m)
+    km.get_kernel(plan)
+    db = bitblas.cache.get_database()
+    from bitblas.build import cuda_target
+    from bitblas.schedule import default_hint
+    hint = default_hint(plan, cuda_target(None))
+    key = km.kernel_key(plan, hint, km.target_desc("cuda", cuda_target(None)))
+    rec = db.get("kernel", key)
+    assert rec is not None, "the CUDA kernel was not stored"
+    kfile = db.file_path("kernel", rec, "kernel")
+    good = open(kfile, "rb").read()
+    if fault == "truncated":
+        data = good[: len(good) * 2 // 5]
+        with open(kfile, "wb") as f:
+            f.write(data)
+        _rewrite_record(db, key, rec, data)
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(_LOAD_CUDA.format(
+            cfg=json.dumps(CUDA_CFG.to_dict()), m=m))], capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode == 0, f"returncode {r.returncode} (-7: SIGBUS)\n{r.stderr[-3000:]}"
+        assert "truncated" in r.stderr
+        err, tol = map(float, r.stdout.split("ERR")[1].split())
+        assert err <= tol
+    else:
+        if fault == "corrupt":
+            data = elf_bytes(len(good) // 2)
+            with open(kfile, "wb") as f:
+                f.write(data)
+            _rewrite_record(db, key, rec, data)
+            expect = "does not load"
+        elif fault == "same-size":
+            bad = bytearray(good)
+            bad[len(bad) // 2: len(bad) // 2 + 256] = bytes(256)
+            with open(kfile, "wb") as f:
+                f.write(bad)
+            expect = "sha256"
+        else:                                   # a record written for another key
+            rec2 = dict(rec, key=dict(rec["key"], m="other"))
+            with open(db.record_path("kernel", key), "w") as f:
+                f.write(json.dumps(rec2))
+            expect = "stale"
+        km.clear_memory()
+        with caplog.at_level(logging.WARNING, logger="bitblas"):
+            fn, _ = km.get_kernel(plan)
+        assert expect in caplog.text
+        _cuda_check(fn, plan, m or 40)
+    # repaired on disk: a new process (an empty memory cache) loads it, no warning, no compile
+    assert open(kfile, "rb").read() == good or db.get("kernel", key) is not None
+    km.clear_memory()
+    caplog.clear()
+    calls = _count_compiles(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="bitblas"):
+        fn, _ = km.get_kernel(plan)
+    assert calls == [] and "bitblas cache" not in caplog.text
+    _cuda_check(fn, plan, m or 40)

@@ -83,14 +83,6 @@ def key_hash(key: dict) -> str:
     return hashlib.sha256(_canonical(key).encode()).hexdigest()[:32]
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to a temporary file in ``path``'s folder (mode 0666 less the umask, as any
     file the process creates; mkstemp's would be 0600) and rename it into place."""
@@ -152,11 +144,6 @@ def file_problem(path: str, meta: dict) -> Optional[str]:
 
 
 _UNWRITABLE: Dict[str, str] = {}       # database root -> why it cannot be written (warned once)
-
-
-def unwritable(root: str) -> Optional[str]:
-    """Why this process found the database at ``root`` unwritable (None: not found so)."""
-    return _UNWRITABLE.get(root)
 
 
 class _BadFile(Exception):

@@ -5,11 +5,13 @@ codegen is checked there by compiling the generated source with nvcc (:func:`nvc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from typing import Optional, Union
@@ -208,8 +210,26 @@ def _nvcc(source: str, arch: str, timeout: float, extra=()):
         with open(src, "w") as f:
             f.write(source)
         cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-lineinfo", *extra, "-o", out, src]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        code, stdout, stderr = run_process_group(cmd, timeout)
+        if code != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{stderr[-4000:]}")
         with open(out, "rb") as f:
-            return f.read(), r.stdout + r.stderr
+            return f.read(), stdout + stderr
+
+
+def run_process_group(cmd, timeout: float):
+    """(return code, stdout, stderr) of ``cmd`` run in a process group of its own. On timeout the
+    whole group is killed (nvcc's children, cicc and ptxas, keep compiling when only nvcc is) and
+    TimeoutError is raised."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except BaseException as e:               # the timeout, or KeyboardInterrupt: no compiler left behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise TimeoutError(f"{os.path.basename(cmd[0])} did not finish in {timeout:g} s "
+                               f"(its process group was killed): {' '.join(map(str, cmd))}") from None
+        raise
+    return p.returncode, stdout, stderr

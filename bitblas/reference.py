@@ -88,6 +88,8 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
     c = config
     wshape = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     weight = torch.randn(wshape, generator=g) * 0.05
+    if FORMATS[c.W_dtype].kind == "uint" and c.with_scaling and not c.with_zeros:
+        weight = weight.abs()       # unsigned codes without zero points hold no negative weights
     out = {k: v.to(device) for k, v in quantize(weight, c).items()}
     lead = tuple(lead) if lead is not None else (m,)
     x = torch.randn(*lead, c.K, generator=g)

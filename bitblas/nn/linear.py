@@ -280,7 +280,8 @@ class Linear(nn.Module):
                 raise ValueError(f"bias given, but {self._name()} was built with bias=False")
             if not isinstance(bias, torch.Tensor) or list(bias.shape) != [c.N]:
                 raise ValueError(f"bias: expected a tensor of shape [{c.N}], got {list(getattr(bias, 'shape', []))}")
-            new["bias"] = bias.detach().to(self._out_dtype).contiguous()
+            from ..ops.matmul import bias_for
+            new["bias"] = bias_for(c, bias.detach())
         return new
 
     def _commit(self, new: Dict[str, torch.Tensor], perm: Optional[torch.Tensor]):

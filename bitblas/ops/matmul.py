@@ -22,7 +22,7 @@ from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
 from .compat import BitBLASOperatorAPI, kernel_config
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
-__all__ = ["Matmul", "MatmulConfig"]
+__all__ = ["Matmul", "MatmulConfig", "bias_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -415,7 +415,8 @@ class Matmul(BitBLASOperatorAPI):
     def transform_weight(self, weight, scale=None, zeros=None, bias=None):
         """Unpacked codes [N, K] (int8; see README) -> packed W, and scale/zeros in kernel form.
 
-        Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?].
+        Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?] (the
+        bias in the output dtype; out_dtype="int32" takes integer values only, see :func:`bias_for`).
         A float tensor of whole numbers is taken as integer codes for integer / table formats
         (as BitBLAS, which casts with ``.char()``); other float values raise.
         """
@@ -424,7 +425,7 @@ class Matmul(BitBLASOperatorAPI):
             return packed["W"]
         out = [packed["W"]] + [packed[k] for k in ("scale", "zeros") if k in packed]
         if bias is not None:
-            out.append(bias.to(TORCH_DTYPES[self.config.out_dtype]).contiguous())
+            out.append(bias_for(self.config, bias))
         return out
 
     # -- inspection and timing ----------------------------------------------------------------
@@ -523,6 +524,25 @@ class Matmul(BitBLASOperatorAPI):
 
     def __repr__(self):
         return f"Matmul({self.config})"
+
+
+def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
+    """``bias`` as the operator takes it: a contiguous tensor in ``config.out_dtype``. An int32
+    output adds the bias to the exact integer sum, so a float bias must hold integers in the
+    int32 range (ValueError otherwise: converting would truncate it silently)."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor, got {type(bias).__name__}")
+    want = TORCH_DTYPES[config.out_dtype]
+    if want == torch.int32 and (bias.dtype.is_floating_point or bias.dtype.is_complex):
+        b = bias.detach()
+        if b.is_complex() or not bool(torch.isfinite(b).all()) or not bool((b == b.round()).all()):
+            raise ValueError("bias: out_dtype='int32' adds the bias to the exact integer sum and takes integer "
+                             f"values only; got a {bias.dtype} bias with non-integer values (round it yourself, "
+                             "or use a float out_dtype)")
+        if b.numel() and (float(b.min()) < -2 ** 31 or float(b.max()) > 2 ** 31 - 1):
+            raise ValueError(f"bias: values must fit int32 for out_dtype='int32', got [{float(b.min())}, "
+                             f"{float(b.max())}]")
+    return bias.to(want).contiguous()
 
 
 def _why_not(name: str) -> str:

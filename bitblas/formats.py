@@ -16,8 +16,9 @@ a code is
 
 * ``"offset"`` (offset-binary, ``u = q + 2**(B-1)``, decoded ``u - 2**(B-1)``): signed weights of
   1, 2 and 4 bits, as BitBLAS's ``transform_weight`` stores them (int1: u 0 / 1 = -1 / 0);
-* ``"twos"`` (two's complement): int8 weights, int4 activations, and int4 weights with int4
-  activations (BitBLAS multiplies those natively, mma ``.s4``, and stores both as they are);
+* ``"twos"`` (two's complement): int8 weights, int4 activations, and every int weight with int4
+  activations (BitBLAS multiplies int4 x int4 natively, mma ``.s4``, stores both as they are, and
+  widens int2 / int1 fields to int4 without an offset);
 * ``"plain"`` (``u`` = the code): unsigned and table formats.
 
 Sub-byte codes are packed along K into int8 storage, little-endian inside each byte: code ``k``
@@ -136,7 +137,7 @@ def _entries():
         yield Format(f"int{b}", b, "int", roles, f"{b}-bit signed q in [{lo}, {hi}] ({stored}); q * s, (q - z) * s or "
                      "q * s - z", zeros=True)
     for b in (8, 4, 2, 1):
-        yield Format(f"uint{b}", b, "uint", W, f"{b}-bit unsigned q in [0, {(1 << b) - 1}]; q, q * s, (q - z) * s or q * s - z",
+        yield Format(f"uint{b}", b, "uint", AW if b == 4 else W, f"{b}-bit unsigned q in [0, {(1 << b) - 1}]; q, q * s, (q - z) * s or q * s - z",
                      zeros=True)
     yield Format("nf4", 4, "table", W, "4-bit index into the NormalFloat4 table (QLoRA), times s", table=NF4_TABLE)
     yield Format("fp4_e2m1", 4, "table", W, "4-bit float e2m1 (sign, 2 exponent bits, 1 mantissa bit; 0..6), times s",
@@ -163,7 +164,9 @@ def code_storage(fmt: Format, role: str = "W", act: Optional[Format] = None) -> 
         return "plain"
     if role == "A" or fmt.bits == 8:
         return "twos"
-    if act is not None and act.kind == "int" and act.bits == 4 and fmt.bits == 4:
+    if act is not None and act.kind == "int" and act.bits == 4:
+        # int4 activations: every int weight is two's complement, as Microsoft BitBLAS's int4 test
+        # hands over raw int4 / int2 fields (its int2 -> int4 decode keeps the field as is)
         return "twos"
     return "offset"
 

@@ -68,13 +68,14 @@ def test_pack_known_bytes():
 
 
 def test_storage_follows_the_activations():
-    """int4 weights with int4 activations are two's complement (BitBLAS: native s4 multiply, the weight
-    taken as it is); with float / int8 activations, and int2 / int1 with int4 activations, offset-binary."""
+    """Weights with int4 activations are two's complement (BitBLAS: native s4 multiply, the weight taken as
+    it is, int2 / int1 fields widened without an offset); with float / int8 activations, offset-binary."""
     from bitblas.formats import code_storage
     from bitblas.plan import make_plan
     a4 = FORMATS["int4"]
     assert code_storage(FORMATS["int4"], "W", a4) == "twos" and code_storage(a4, "A") == "twos"
-    assert code_storage(FORMATS["int2"], "W", a4) == "offset"
+    assert code_storage(FORMATS["int2"], "W", a4) == "twos" and code_storage(FORMATS["int1"], "W", a4) == "twos"
+    assert code_storage(FORMATS["int2"], "W", FORMATS["int8"]) == "offset"
     assert code_storage(FORMATS["int4"], "W", FORMATS["int8"]) == "offset"
     assert code_storage(FORMATS["uint4"], "W", a4) == "plain"
     plan = make_plan(bitblas.MatmulConfig(N=4, K=16, A_dtype="int4", W_dtype="int4"))

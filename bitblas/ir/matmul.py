@@ -160,7 +160,10 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
 
     def epilogue(i, j):
         v, v_dtype = C[i, j], acc  # PrimExprs have no .dtype in TVM 0.27: track it here
-        if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale:
+        # an integer sum with a float output goes to float32 before anything is added to it: a
+        # float bias added in int32 would be truncated toward zero (only an int32 output stays exact)
+        float_out = c.out_dtype != "int32"
+        if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale or (float_out and v_dtype != "float32"):
             v, v_dtype = v.astype("float32"), "float32"
             if plan.scale_in_epilogue:
                 v = v * scale_at(j, 0)

@@ -130,6 +130,15 @@ class Linear(nn.Module):
         if enable_tuning:
             self.bitblas_matmul.hardware_aware_finetune()
 
+    def __setattr__(self, name, value):
+        # ``layer.bias = nn.Parameter(t)`` / ``layer.weight = nn.Parameter(t)`` (BitBLAS's module test
+        # does this): torch would move the name from the buffers to the parameters; keep the tensor
+        # as the buffer the operator reads (checked when the operator is next bound)
+        if isinstance(value, nn.Parameter) and name in self.__dict__.get("_buffers", {}):
+            self._buffers[name] = value.detach()
+            return
+        super().__setattr__(name, value)
+
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, output: Optional[torch.Tensor] = None,
                 a_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -143,8 +152,8 @@ class Linear(nn.Module):
         bound = self._bound
         if bound is not None and type(x) is torch.Tensor and not _is_compiling() and not _dispatch_modes():
             b = self._buffers
-            for k, t in self._bound_src:
-                if b[k] is not t:
+            for k, t, p in self._bound_src:
+                if b[k] is not t or (p and t.data_ptr() != p):     # replaced, or its .data swapped
                     break
             else:
                 out = bound._try(x, a_scale, output)
@@ -198,7 +207,7 @@ class Linear(nn.Module):
         n = self._arg_names
         if torch_op._eager(x):
             bound = self._bound_all
-            if bound is None or any(b[k] is not t for k, t in self._bound_src):
+            if bound is None or any(b[k] is not t or (p and t.data_ptr() != p) for k, t, p in self._bound_src):
                 bound = self._bind()
             return bound(x, a_scale, output)
         return torch_op.matmul(x, w, b[n[1]] if n[1] else None, b[n[2]] if n[2] else None,
@@ -211,7 +220,8 @@ class Linear(nn.Module):
         b, n = self._buffers, self._arg_names
         t = [b[k] if k else None for k in n]
         bound = self.bitblas_matmul.bind(t[0], scale=t[1], zeros=t[2], bias=t[3], global_scale=t[4])
-        self._bound_src = tuple((k, b[k]) for k in n if k) + (("perm", b["perm"]),)
+        self._bound_src = tuple((k, b[k], b[k].data_ptr() if b[k] is not None else 0) for k in n if k) + \
+            (("perm", b["perm"], 0),)
         fast = b["perm"] is None and not self._quantize_input
         self._bound_all, self._bound = bound, (bound if fast else None)
         return bound
@@ -232,6 +242,10 @@ class Linear(nn.Module):
         Scales / zeros not given keep their current values. Everything is checked before any
         buffer changes. Returns self.
         """
+        w = self._buffers[self._weight_name]
+        if isinstance(weight, torch.Tensor) and weight.device != w.device and weight.device.type in ("cpu", "cuda") \
+                and not w.is_meta:
+            self.to(weight.device)      # as BitBLAS's, whose buffer becomes the given tensor: the layer follows it
         new = self._prepare(weight, scales, zeros, bias, global_scale)
         self._commit(new, perm=None)
         return self
@@ -266,7 +280,8 @@ class Linear(nn.Module):
                 raise ValueError(f"bias given, but {self._name()} was built with bias=False")
             if not isinstance(bias, torch.Tensor) or list(bias.shape) != [c.N]:
                 raise ValueError(f"bias: expected a tensor of shape [{c.N}], got {list(getattr(bias, 'shape', []))}")
-            new["bias"] = bias.detach().to(self._out_dtype).contiguous()
+            from ..ops.matmul import bias_for
+            new["bias"] = bias_for(c, bias.detach())
         return new
 
     def _commit(self, new: Dict[str, torch.Tensor], perm: Optional[torch.Tensor]):
@@ -310,16 +325,47 @@ class Linear(nn.Module):
 
     # -- checkpoints -------------------------------------------------------------------------
     @torch.no_grad()
-    def repack_from_gptq(self, gptq_module=None, *, qweight=None, qzeros=None, scales=None, g_idx=None, bias=None,
-                         checkpoint_format: str = "gptq") -> "Linear":
+    def repack_from_gptq(self, gptq_module=None, device=None, *, qweight=None, qzeros=None, scales=None, g_idx=None,
+                         bias=None, checkpoint_format: str = "gptq") -> "Linear":
         """Load a GPTQ layer: a module with ``qweight``, ``qzeros``, ``scales`` (, ``g_idx``, ``bias``), or
-        those tensors by keyword. The layer must be ``W_dtype=f"uint{bits}"`` with scales and zeros and
-        the checkpoint's group size; act-order ``g_idx`` is supported. See :mod:`bitblas.nn.checkpoint`."""
-        qweight, qzeros, scales, g_idx, bias = _from_module(gptq_module, qweight, qzeros, scales, g_idx, bias)
-        imp = from_gptq(qweight, qzeros, scales, g_idx, bits=self._checkpoint_bits("GPTQ"),
-                        in_features=self.in_features, out_features=self.out_features,
-                        group_size=self.group_size, checkpoint_format=checkpoint_format)
-        return self.load_imported(imp, bias)
+        those tensors by keyword. A ``W_dtype=f"uint{bits}"`` layer with scales and zeros takes the
+        checkpoint's zero points (stored minus 1 in "gptq" checkpoints, as is in "gptq_v2"); a
+        symmetric ``W_dtype=f"int{bits}"`` layer without zeros takes the codes as ``q + 2**(bits-1)``
+        and ignores qzeros (as BitBLAS's). The group size must match; act-order ``g_idx`` is
+        supported. ``device`` (BitBLAS's argument): move the layer there afterwards.
+        See :mod:`bitblas.nn.checkpoint`."""
+        w = FORMATS[self.W_dtype]
+        symmetric = w.kind == "int" and self.with_scaling and not self.with_zeros
+        qweight, qzeros, scales, g_idx, bias = _from_module(gptq_module, qweight, qzeros, scales, g_idx, bias,
+                                                            need_zeros=not symmetric)
+        if symmetric:
+            per = 32 // w.bits
+            if qzeros is None:      # only the codes, scales and act-order are read: zeros of the right shape
+                qzeros = torch.zeros(scales.shape[0], scales.shape[1] // per if scales.dim() == 2 else 0,
+                                     dtype=torch.int32)
+            imp = from_gptq(qweight, qzeros, scales, g_idx, bits=w.bits, in_features=self.in_features,
+                            out_features=self.out_features, group_size=self.group_size,
+                            checkpoint_format=checkpoint_format)
+            if imp.groups != self._plan.groups:
+                raise ValueError(f"the checkpoint has group size {imp.group_size} ({imp.groups} groups) but "
+                                 f"{self._name()} has group_size={self.config.group_size}")
+            if bias is not None and not self.config.with_bias:
+                raise ValueError(f"the checkpoint has a bias but {self._name()} was built with bias=False")
+            signed = imp.codes.to(torch.int16) - (1 << (w.bits - 1))
+            self._commit(self._prepare(signed, imp.scale.to(TORCH_DTYPES[self._plan.scale_dtype]), None, bias),
+                         imp.perm)
+        else:
+            imp = from_gptq(qweight, qzeros, scales, g_idx, bits=self._checkpoint_bits("GPTQ"),
+                            in_features=self.in_features, out_features=self.out_features,
+                            group_size=self.group_size, checkpoint_format=checkpoint_format)
+            self.load_imported(imp, bias)
+        if device is not None:
+            self.to(device)
+        return self
+
+    def repack_from_gptq_v2(self, gptq_module=None, device=None, **tensors) -> "Linear":
+        """:meth:`repack_from_gptq` for GPTQ v2 checkpoints (GPTQModel's format: zero points stored as is)."""
+        return self.repack_from_gptq(gptq_module, device, checkpoint_format="gptq_v2", **tensors)
 
     @torch.no_grad()
     def repack_from_awq(self, awq_module=None, *, qweight=None, qzeros=None, scales=None, bias=None) -> "Linear":
@@ -478,6 +524,11 @@ class Linear(nn.Module):
                               error_msgs):
         # everything is checked before any tensor is copied
         self._convert_foreign(state_dict, prefix)
+        for name in ("scales", "zeros"):
+            # Microsoft BitBLAS's Linear saves both for every quantized layer; its kernel ignores the
+            # ones its config does not take, and so does this layer
+            if prefix + name in state_dict and name not in self._buffers:
+                state_dict.pop(prefix + name)
         self._migrate(state_dict, prefix)
         self._check_state(state_dict, prefix)
         extra_key = prefix + "_extra_state"
@@ -541,7 +592,7 @@ class _NoBackward(torch.autograd.Function):
                            "quantize_model(..., skip=[...]))")
 
 
-def _from_module(mod, qweight, qzeros, scales, g_idx, bias):
+def _from_module(mod, qweight, qzeros, scales, g_idx, bias, need_zeros: bool = True):
     if mod is not None:
         if any(t is not None for t in (qweight, qzeros, scales)):
             raise TypeError("pass either a module or qweight/qzeros/scales, not both")
@@ -549,6 +600,6 @@ def _from_module(mod, qweight, qzeros, scales, g_idx, bias):
         g_idx = getattr(mod, "g_idx", None) if g_idx is None else g_idx
         bias = getattr(mod, "bias", None) if bias is None else bias
     for k, v in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if v is None:
+        if v is None and (k != "qzeros" or need_zeros):
             raise ValueError(f"{k} is required")
     return qweight, qzeros, scales, g_idx, bias

@@ -409,8 +409,9 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8", global_scale: Opti
         return _quantize_nvfp4(x, global_scale is not False)
     if global_scale is not None:
         raise ValueError(f"global_scale={global_scale!r}: only dtype='nvfp4' takes a global scale")
-    if fmt.kind == "float":
-        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2")
+    if fmt.kind in ("float", "uint"):
+        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3, float8_e5m2 or "
+                         "nvfp4 (unsigned activations are passed as codes)")
     xf = x.detach().to(torch.float32)
     qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
     s = _safe(xf.abs().amax(-1) / qmax)

@@ -715,13 +715,23 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
         lines.append("}")
         src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
-    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{"]
+    # the pair products: fma.rn.f16x2 / bf16x2 into nacc accumulators (pair q into q % nacc), as
+    # __hfma2 emits them, but DOT_FMAS_PER_ASM to an asm statement: one __hfma2 (an asm statement
+    # each) per pair made NVVM (cicc) spend minutes on kernels that inline many dot products in one
+    # block (8 channels per warp with the whole K in flight: 131 s -> 6 s of CPU, the same ptxas
+    # registers and spills); the accumulators start at 0 (the bits of __float2half2_rn(0.f))
+    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{",
+             "  unsigned " + ", ".join(f"a{k} = 0u" for k in range(nacc)) + ";"]
+    op = "fma.rn.f16x2" if act == "float16" else "fma.rn.bf16x2"
+    for q0 in range(0, npairs, DOT_FMAS_PER_ASM):
+        qs = range(q0, min(npairs, q0 + DOT_FMAS_PER_ASM))
+        body = [f"{op} %{q % nacc}, %{nacc + 2 * i}, %{nacc + 2 * i + 1}, %{q % nacc};" for i, q in enumerate(qs)]
+        ins = ", ".join(f'"r"(d[{q}]), "r"(ap[{q}])' for q in qs)
+        outs = ", ".join(f'"+r"(a{k})' for k in range(nacc))
+        text = "\\n\\t".join(body)
+        lines.append(f'  asm("{{{text}}}" : {outs} : {ins});')
     for k in range(nacc):
-        lines.append(f"  {t2} acc{k} = __float2{'half2' if act == 'float16' else 'bfloat162'}_rn(0.f);")
-    for q in range(npairs):
-        k = q % nacc
-        lines.append(f"  acc{k} = __hfma2(*reinterpret_cast<const {t2}*>(&d[{q}]), "
-                     f"*reinterpret_cast<const {t2}*>(&ap[{q}]), acc{k});")
+        lines.append(f"  const {t2} acc{k} = *reinterpret_cast<const {t2}*>(&a{k});")
     if act == "float16":                      # one rounding more in half, one conversion instead of two
         lines += ["  float2 f = __half22float2(__hadd2(acc0, acc1));", "  return f.x + f.y;", "}"]
     else:                                     # bfloat16 sums stay float32 (8-bit mantissa)
@@ -731,6 +741,9 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
         lines += ["  return s;", "}"]
     src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
     return src
+
+
+DOT_FMAS_PER_ASM = 8
 
 
 # --------------------------------------------------------------------------------------------

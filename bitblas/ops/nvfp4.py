@@ -20,7 +20,7 @@ runs the GEMV with W = a, A = row 0 of b: c[:, 0, l] = decode(a[:, :, l]) @ deco
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 
@@ -143,7 +143,8 @@ class NVFP4Matmul:
                 raise ValueError(f"{name} given, but A_dtype='nvfp4' configs take none")
         if given.get("scale") is None or given.get("a_scale") is None:
             missing = "scale" if given.get("scale") is None else "a_scale"
-            raise ValueError(f"{missing} is required by this config (the float8_e4m3 block scales, one per 16 K elements)")
+            raise ValueError(f"{missing} is required by this config (the float8_e4m3 block scales, one per 16 K "
+                             "elements)")
         if not isinstance(A, torch.Tensor):
             raise TypeError(f"A: expected a torch.Tensor, got {type(A).__name__}")
         device = A.device

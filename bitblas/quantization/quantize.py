@@ -365,7 +365,8 @@ def _quantize_nvfp4(x: torch.Tensor, global_scale: bool):
     there is one) rounded to e4m3, codes = e2m1(x / (block scale * global scale)), nearest-even."""
     k = x.shape[-1]
     if k % 16:
-        raise ValueError(f"x: the last dimension (K={k}) must be a multiple of 16 for nvfp4 (one scale per 16 elements)")
+        raise ValueError(f"x: the last dimension (K={k}) must be a multiple of 16 for nvfp4 (one scale per 16 "
+                         "elements)")
     e4m3_max, e2m1_max = FORMATS["float8_e4m3"].max_abs, FORMATS["nvfp4"].max_abs
     xf = x.detach().to(torch.float32)
     xb = xf.reshape(*xf.shape[:-1], k // 16, 16)
@@ -381,13 +382,14 @@ def nvfp4_decode(codes: torch.Tensor, scales: torch.Tensor, global_scale: Option
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values [..., K] of NVFP4 data along its last dimension: codes [..., K/2] (two e2m1 codes per
     byte, the even one in the low nibble; int8, uint8 or float4_e2m1fn_x2) times the float8_e4m3
-    block scales [..., K/16] times ``global_scale`` (float32 [1]) if given. Exact in float32 (an
-    e2m1 x e4m3 product has at most 6 significant bits)."""
-    t = torch.tensor(FORMATS["nvfp4"].table, dtype=torch.float32, device=codes.device)
+    block scales [..., K/16] times ``global_scale`` (float32 [1]) if given, computed in ``dtype``.
+    The decoded values are exact in float16, bfloat16 and wider (an e2m1 x e4m3 product has at most
+    6 significant bits and lies within 2**-10 .. 2688); a global scale rounds once in ``dtype``."""
+    t = torch.tensor(FORMATS["nvfp4"].table, dtype=dtype, device=codes.device)
     b = codes.view(torch.uint8).to(torch.int64)
     v = torch.stack((t[b & 15], t[b >> 4]), dim=-1).flatten(-2)
-    s = scales.view(torch.float8_e4m3fn).to(torch.float32) if scales.dtype.itemsize == 1 else scales.to(torch.float32)
-    v = (v * s.repeat_interleave(16, dim=-1)).to(dtype)
+    s = scales.view(torch.float8_e4m3fn) if scales.dtype.itemsize == 1 else scales
+    v = v * s.to(dtype).repeat_interleave(16, dim=-1)
     return v if global_scale is None else v * global_scale.to(dtype).reshape(())
 
 

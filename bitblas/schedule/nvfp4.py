@@ -254,7 +254,8 @@ def _signature(add, plan, m_text: str):
     rows = {"A": m_text, "W": c.N, "scale": c.N, "a_scale": m_text}
     cols = {"A": K2, "W": K2, "scale": KS, "a_scale": KS}
     for name, (s0, s1) in STRIDES.items():
-        add(f"    {name} = T.match_buffer({name}_ptr, (L, {rows[name]}, {cols[name]}), 'int8', strides=({s0}, {s1}, 1))")
+        add(f"    {name} = T.match_buffer({name}_ptr, (L, {rows[name]}, {cols[name]}), 'int8', "
+            f"strides=({s0}, {s1}, 1))")
     add("    global_scale = T.match_buffer(global_scale_ptr, (1,), 'float32')")
     add("    a_global_scale = T.match_buffer(a_global_scale_ptr, (1,), 'float32')")
     add(f"    output = T.match_buffer(output_ptr, (L, {m_text}, {c.N}), {c.out_dtype!r}, strides=(sO0, sO1, sO2))")
@@ -323,8 +324,8 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) -> str:
         add(f"{ind}    for r in T.unroll({R}):")
         add(f"{ind}        " + call("bb_ldw4", f"W_f.ptr_to([lb * sW0 + {nr} * sW1 + {cl} * 16])",
                                     f"wq.ptr_to([{slot}, u, r, 0])"))
-        add(f"{ind}        sr[{slot}, u, r] = " + call("bb_nv_ldsc", f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])",
-                                                     ret="uint32"))
+        sptr = f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])"
+        add(f"{ind}        sr[{slot}, u, r] = " + call("bb_nv_ldsc", sptr, ret="uint32"))
 
     def act(ind, i, step):
         pos = f"({step}) * {U} + u"
@@ -405,7 +406,8 @@ def cpu_script(plan, hint: NVFP4CPUHint) -> str:
     for v, buf, row in (("wc", "W", n), ("ac", "A", "i")):
         add(f"{ind}        {v} = T.shift_right(T.Cast('int32', {buf}[{l}, {row}, {k2}]), (kk % 2) * 4) & 15")
     for v, code in (("wv", "wc"), ("xv", "ac")):
-        add(f"{ind}        {v} = T.Cast('int32', T.shift_right({mag}, T.Cast('uint32', ({code} & 7) * 4)) & T.uint32(15))")
+        add(f"{ind}        {v} = T.Cast('int32', T.shift_right({mag}, T.Cast('uint32', ({code} & 7) * 4)) "
+            "& T.uint32(15))")
     add(f"{ind}        dot[0] = dot[0] + T.if_then_else(((wc ^ ac) & 8) != 0, 0 - wv * xv, wv * xv)")
     add(f"{ind}    acc[0] = acc[0] + T.Cast('float32', dot[0]) * ({_e4m3_text(f'scale[{l}, {n}, kb]')} * "
         f"{_e4m3_text('a_scale[' + l + ', i, kb]')} * T.float32(0.25))")
@@ -483,8 +485,8 @@ __device__ __forceinline__ unsigned bb_nv_ldw1(const void* p) {
 def _pdl_attr(f, hint):
     if not hint.pdl:
         return f
-    return f.with_attr("tirx.kernel_launch_params", ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch",
-                                                      "tirx.use_dyn_shared_memory"])
+    tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch", "tirx.use_dyn_shared_memory"]
+    return f.with_attr("tirx.kernel_launch_params", tags)
 
 
 def schedule_nvfp4(plan, hint, target=None):
@@ -499,7 +501,8 @@ def schedule_nvfp4(plan, hint, target=None):
         raise ValueError(f"hint={hint!r}: the CUDA kernel of nvfp4 activations takes an NVFP4GemvHint")
     sm = _target_info(target)[0]
     if hint.pdl and (sm is None or sm < 90):
-        raise ValueError(f"NVFP4GemvHint.pdl=True needs an sm_90+ target; target arch is {f'sm_{sm}' if sm else 'unknown'}")
+        raise ValueError(f"NVFP4GemvHint.pdl=True needs an sm_90+ target; target arch is "
+                         f"{f'sm_{sm}' if sm else 'unknown'}")
     prim = tvm.script.from_source(gemv_script(plan, hint, sm), extra_vars={"T": T})
     return tvm.IRModule({"main": _pdl_attr(prim, hint)}).with_attr(TIRX_PIPELINE_ATTR, "tirx")
 

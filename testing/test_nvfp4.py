@@ -448,3 +448,22 @@ def test_gemv_hint_limits():
     assert nvfp4_gemv_unsupported(make_plan(cfg(N=64, K=16384), "cuda", 1), NVFP4GemvHint(), 90) is None
     assert "static row count" in nvfp4_gemv_unsupported(make_plan(cfg(N=64, K=64), "cuda", 9), NVFP4GemvHint(), 90)
     assert "warps" in nvfp4_gemv_unsupported(make_plan(cfg(N=64, K=64), "cuda", 1), NVFP4GemvHint(warps=0), 90)
+
+
+def test_torch_op(cpu_ops):
+    """The torch custom op (bitblas.torch_op.matmul) runs a batched nvfp4 config, eagerly and through
+    its fake implementation (shapes under torch.compile's tracing)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from bitblas.torch_op import matmul, operator_key
+    op = cpu_ops[3]
+    c = op.config
+    inp = random_inputs(c, 2)
+    key = operator_key(c, "llvm")
+    out = matmul(inp["A"], inp["W"], inp["scale"], None, None, inp["a_scale"], inp["global_scale"], key=key)
+    ref = reference_matmul(c, inp["A"], inp["W"], inp["scale"], a_scale=inp["a_scale"],
+                           global_scale=inp["global_scale"])
+    assert out.shape == (3, 2, c.N) and relative_error(out, ref) <= tolerance(c)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(inp[k]) for k in ("A", "W", "scale", "a_scale", "global_scale")]
+        res = torch.ops.bitblas.matmul(fake[0], fake[1], fake[2], None, None, fake[3], fake[4], key)
+    assert tuple(res.shape) == (3, 2, c.N)

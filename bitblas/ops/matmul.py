@@ -268,13 +268,13 @@ class Matmul(BitBLASOperatorAPI):
                 if given[slot] is not None:
                     raise TypeError(f"{slot} given both positionally and by keyword")
                 given[slot] = t
-        if self._nv is not None:
-            if isinstance(A, torch.Tensor) and A.device.type == "cuda" and self._cpu_only:
-                raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
-            return self._nv.run(A, W, given)
         return self._run(A, W, given)
 
     def _run(self, A, W, given):
+        if self._nv is not None:                 # NVFP4 activations: ops/nvfp4.py (forward, torch op)
+            if isinstance(A, torch.Tensor) and A.device.type == "cuda" and self._cpu_only:
+                raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
+            return self._nv.run(A, W, given)
         if self._kc is not self.config:
             return self._run_compat(A, W, given)
         return self._run_kernel(A, W, given)

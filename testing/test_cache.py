@@ -232,7 +232,7 @@ _WRITER = """
 def test_concurrent_writers_never_corrupt_or_lose(db_path):
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WRITER.format(path=db_path))],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=ROOT)) for _ in range(4)]
+                              env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     db = bitblas.cache.get_database()

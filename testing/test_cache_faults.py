@@ -135,7 +135,7 @@ def test_truncated_library_with_matching_record_is_not_loaded(db_path):
         f.write(data)
     _rewrite_record(db, key, rec, data)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(_LOAD_TRUNCATED.format(cfg=json.dumps(CFG.to_dict())))],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, f"returncode {r.returncode} (-7: SIGBUS)\n{r.stderr[-3000:]}"
     assert "truncated" in r.stderr
     err, tol = map(float, r.stdout.split("ERR")[1].split())
@@ -253,7 +253,7 @@ def _read_only(path: str):
 
 
 def _run_tune(cfg, db_path, preexec=None):
-    env = dict(os.environ, PYTHONPATH=ROOT, BITBLAS_DATABASE_PATH=db_path)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), BITBLAS_DATABASE_PATH=db_path)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(_TUNE.format(cfg=json.dumps(cfg.to_dict())))],
                        capture_output=True, text=True, timeout=600, env=env, preexec_fn=preexec, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -359,7 +359,7 @@ def test_cuda_kernel_faults_are_repaired(db_path, fault, m, caplog, monkeypatch)
         _rewrite_record(db, key, rec, data)
         r = subprocess.run([sys.executable, "-c", textwrap.dedent(_LOAD_CUDA.format(
             cfg=json.dumps(CUDA_CFG.to_dict()), m=m))], capture_output=True, text=True, timeout=600,
-            env=dict(os.environ, PYTHONPATH=ROOT))
+            env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
         assert r.returncode == 0, f"returncode {r.returncode} (-7: SIGBUS)\n{r.stderr[-3000:]}"
         assert "truncated" in r.stderr
         err, tol = map(float, r.stdout.split("ERR")[1].split())

@@ -126,7 +126,8 @@ def make_case(cfg, m: int, seed: int, device: str):
         codes, av = _codes(af, (m, c.K), g)
         if zero_row:
             codes[0], av[0] = 0, 0
-        A = pack_codes(codes.to(torch.int32), af) if af.packed else codes.to(torch.int8)
+        # packed activations are stored as the plan says (int4: two's complement, unlike int4 weights)
+        A = pack_codes(codes.to(torch.int32), af, plan.a_storage) if af.packed else codes.to(torch.int8)
     # weights: values wv [N, K]
     groups = 1 if c.group_size == -1 else c.K // c.group_size
     gsize = c.K // groups
@@ -308,7 +309,7 @@ def test_fuzz_gpu():
     workers = max(1, min(int(os.environ.get("BITBLAS_FUZZ_WORKERS", "12")), (os.cpu_count() or 2) - 2, n))
     base = 100000                                   # other seeds than the CPU run's
     shards = [list(range(base + i, base + n, workers)) for i in range(workers)]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
     results, crashed = [], []
 

@@ -47,7 +47,8 @@ def _bias_inputs(cfg, m, device="cpu", seed=0):
     from bitblas.quantization.quantize import pack_weight
     from bitblas.quantization.utils import pack_codes
     W = pack_weight(cfg, codes.to(torch.int16))["W"]
-    A = pack_codes(A.to(torch.int32), a) if a.packed else A.to(torch.int8)
+    from bitblas.formats import code_storage
+    A = pack_codes(A.to(torch.int32), a, code_storage(a, "A")) if a.packed else A.to(torch.int8)
     if cfg.out_dtype == "int32":
         bias = torch.randint(-1000, 1000, (cfg.N,), generator=g, dtype=torch.int32)
     else:
@@ -236,7 +237,7 @@ def test_suite_never_writes_the_home_cache(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("BITBLAS_DATABASE_PATH", "BITBLAS_DISABLE_CACHE")}
-    env.update(HOME=str(home), PYTHONPATH=ROOT)
+    env.update(HOME=str(home), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         f"{os.path.abspath(__file__)}::test_kernels_land_in_the_session_database"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)

@@ -78,7 +78,7 @@ class _GPTQv2Module(torch.nn.Module):
         super().__init__()
         for k in ("qweight", "qzeros", "scales", "g_idx"):
             self.register_buffer(k, tensors[k])
-        self.bias = bias
+        self.register_buffer("bias", bias)          # moves with .to(device), as the layer's bias does
 
     def qzero_format(self):
         return 2

@@ -50,6 +50,7 @@ FORMATS = {
     "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
     "fp4-g128": dict(A_dtype="float16", W_dtype="fp4_e2m1", group_size=128, with_scaling=True),
     "nvfp4": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, out_dtype="bfloat16"),
+    "nvfp4-f16": dict(A_dtype="float16", W_dtype="nvfp4", group_size=16, with_scaling=True),
     "w8a8": dict(A_dtype="int8", W_dtype="int8", with_scaling=True, with_act_scaling=True),
     "fp8": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True, with_act_scaling=True,
                 out_dtype="bfloat16"),

@@ -133,7 +133,28 @@ FAMILIES = {
                   with_act_scaling=True, out_dtype="bfloat16"), 17, lambda p, t: SimpleCUDAHint.default(p)),
                (C(M=3, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 3,
                 lambda p, t: SimpleCUDAHint.default(p))],
+    # NVFP4 x NVFP4 (ops/nvfp4.py): the batched GEMV on the issue's permuted views (48 vector positions,
+    # a partial block of 32), the GEMV at 3 rows, in row chunks (13), decode-then-wgmma (40, sm_90)
+    "nvfp4": [(None, 1, "nvfp4_gemv")] + [
+        (C(M=None, N=1000, K=1536, A_dtype="nvfp4", W_dtype="nvfp4", group_size=16, with_scaling=True,
+           with_act_scaling=True), m, "op") for m in (3, 13, 40)],
 }
+
+
+def run_nvfp4_gemv_case() -> str:
+    """bitblas.ops.nvfp4_gemv, M=1000, K=1536, L=3, b padded to 128 rows, c poisoned."""
+    from bitblas.ops import nvfp4_gemv
+    from bitblas.reference import reference_nvfp4_gemv
+    M, K, L = 1000, 1536, 3
+    a = torch.randint(0, 256, (L, M, K // 2), dtype=torch.uint8, device="cuda").permute(1, 2, 0)
+    b = torch.randint(0, 256, (L, 128, K // 2), dtype=torch.uint8, device="cuda").permute(1, 2, 0)
+    sfa = torch.rand(L, M, K // 16, device="cuda").to(torch.float8_e4m3fn).permute(1, 2, 0)
+    sfb = torch.rand(L, 128, K // 16, device="cuda").to(torch.float8_e4m3fn).permute(1, 2, 0)
+    c = torch.full((L, M, 1), float("nan"), dtype=torch.float16, device="cuda").permute(1, 2, 0)
+    nvfp4_gemv(a, b, sfa, sfb, c)
+    torch.cuda.synchronize()
+    err = relative_error(c, reference_nvfp4_gemv(a, b, sfa, sfb))
+    return f"{'nvfp4_gemv':15s} M={M} K={K} L={L} err={err:.2e} {'ok' if err <= 4e-3 else 'WRONG'}"
 
 
 def run_matmul_case(cfg, m) -> str:
@@ -147,11 +168,16 @@ def run_matmul_case(cfg, m) -> str:
     torch.cuda.synchronize()
     err = relative_error(out.float().cpu(), reference_matmul(cfg, **inputs))
     ok = err <= tolerance(cfg)
-    kernel = op._kernel("cuda", m)[1]
-    return f"{type(kernel).__name__:15s} m={m:<5d} {cfg.A_dtype}x{cfg.W_dtype} err={err:.2e} {'ok' if ok else 'WRONG'}"
+    if op._nv is not None:               # nvfp4 activations: their own operator (ops/nvfp4.py)
+        name = "NVFP4-GEMM" if op._nv.uses_gemm(m) else "NVFP4-GEMV"
+    else:
+        name = type(op._kernel("cuda", m)[1]).__name__
+    return f"{name:15s} m={m:<5d} {cfg.A_dtype}x{cfg.W_dtype} err={err:.2e} {'ok' if ok else 'WRONG'}"
 
 
 def run_case(cfg, m, make_hint) -> str:
+    if make_hint == "nvfp4_gemv":
+        return run_nvfp4_gemv_case()
     if make_hint == "op":
         return run_matmul_case(cfg, m)
     plan = make_plan(cfg, "cuda", cfg.M if isinstance(cfg.M, int) else None)

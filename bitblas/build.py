@@ -109,6 +109,9 @@ def _cli_target(text: str) -> dict:
 def lower_plan(plan: Plan, hint=None, target=None):
     """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and ``target``)."""
     hint = hint or default_hint(plan, target)
+    if plan.nvfp4_acts:                 # NVFP4 x NVFP4: hand-written kernels (schedule/nvfp4.py), no TensorIR
+        from .schedule.nvfp4 import schedule_nvfp4
+        return schedule_nvfp4(plan, hint, target)
     return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
 
 

@@ -32,6 +32,9 @@ _PAIRS = {
     "uint4": ("int4", "int2", "int1", "uint4", "uint2", "uint1"),     # BitBLAS's uint4 x uint4 and below
     "float8_e4m3": ("float8_e4m3", "float8_e5m2"),
     "float8_e5m2": ("float8_e4m3", "float8_e5m2"),
+    # NVFP4 x NVFP4 (both operands e2m1 with float8_e4m3 scales per 16 K elements). float8 weights
+    # are not paired: nothing computes an e2m1 x e4m3 product natively on sm_90, and no model ships them
+    "nvfp4": ("nvfp4",),
 }
 
 
@@ -55,8 +58,14 @@ class MatmulConfig:
     zeros_mode: "original" (q - z) * s; "rescale" q * s - z; "quantized" (q - z_q) * s with z_q
     stored as packed codes; with zeros but no scaling: q - z (s = 1). with_act_scaling: a per-token
     float32 activation scale [M] (integer and float8 activations), applied with the per-channel
-    weight scale in the epilogue. propagate_a / propagate_b: Microsoft BitBLAS's layout flags,
-    accepted and kept (results do not depend on them).
+    weight scale in the epilogue; with A_dtype="nvfp4" (required there) the activations'
+    float8_e4m3 block scales [M, K/16]. propagate_a / propagate_b: Microsoft BitBLAS's layout
+    flags, accepted and kept (results do not depend on them).
+
+    batch: None (a plain matmul) or L, a batched matmul as torch.bmm reads it (Microsoft
+    BitBLAS's ``batch``): A [L, M, K], W [L, N, K], their scales [L, ., K/16] and the output
+    [L, M, N] all carry the batch as their first dimension, out[l] = A[l] @ decode(W[l]).T.
+    Supported with A_dtype = W_dtype = "nvfp4".
     """
 
     M: Union[int, Tuple[int, ...], None] = None
@@ -79,6 +88,7 @@ class MatmulConfig:
     # Accepted and reported; bitblas picks its own layouts, so results do not depend on them.
     propagate_a: Union[None, bool, int] = None
     propagate_b: Union[None, bool, int] = None
+    batch: Optional[int] = None
     in_dtype: InitVar[Optional[str]] = None
 
     def __post_init__(self, in_dtype):
@@ -124,6 +134,7 @@ class MatmulConfig:
             _check_int("M", self.M, allow_none=True)
         _check_int("N", self.N)
         _check_int("K", self.K)
+        _check_int("batch", self.batch, allow_none=True)
         if self.A_dtype not in ACTIVATION_FORMATS:
             raise _bad("A_dtype", self.A_dtype, ", ".join(ACTIVATION_FORMATS))
         if self.W_dtype not in WEIGHT_FORMATS:
@@ -198,6 +209,25 @@ class MatmulConfig:
                               f"W_dtype={w.name!r}; use layout='nt'")
         if self.layout == "nn" and (self.with_scaling or self.with_zeros):
             raise unsupported("layout='nn' takes no scales or zeros; use layout='nt'")
+        if a.name == "nvfp4":
+            self._check_nvfp4_acts()
+        elif self.batch is not None:
+            raise unsupported(f"batch={self.batch}: batched configs take A_dtype='nvfp4' and W_dtype='nvfp4', "
+                              f"not {a.name!r} x {w.name!r}")
+
+    def _check_nvfp4_acts(self):
+        """NVFP4 activations (with NVFP4 weights, checked by the pairing): their block scales are
+        required, the kernels read whole vectors of 32 codes (two scale blocks)."""
+        if not self.with_act_scaling:
+            raise _bad("with_act_scaling", False, "True (A_dtype='nvfp4' always carries float8_e4m3 block scales, "
+                                                  "a_scale [M, K/16])")
+        if self.K % 32:
+            raise _bad("K", self.K, "a multiple of 32 for A_dtype='nvfp4' (the kernels read 32 codes, two scale "
+                                    "blocks, per vector)")
+        if self.with_bias:
+            raise NotImplementedError("with_bias=True with A_dtype='nvfp4': not supported (add the bias to the output)")
+        if self.out_dtype not in ("float16", "bfloat16", "float32"):
+            raise _bad("out_dtype", self.out_dtype, "float16, bfloat16 or float32 for A_dtype='nvfp4'")
 
     # -- helpers ------------------------------------------------------------------------
     @property
@@ -209,6 +239,8 @@ class MatmulConfig:
         d = dataclasses.asdict(self)
         if isinstance(d["M"], tuple):
             d["M"] = list(d["M"])
+        if d["batch"] is None:      # unbatched configs keep the keys (plans, caches) they had before ``batch``
+            del d["batch"]
         return d
 
     @classmethod

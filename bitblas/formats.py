@@ -146,7 +146,9 @@ def _entries():
                  table=E4M3_TABLE, torch_dtype="float8_e4m3fn")
     yield Format("float8_e5m2", 8, "table", AW, "float8 e5m2 bit pattern (torch.float8_e5m2), times s",
                  table=E5M2_TABLE, torch_dtype="float8_e5m2")
-    yield Format("nvfp4", 4, "table", W,
+    # as an activation (A_dtype="nvfp4", with nvfp4 weights): the same codes with block scales of
+    # their own (``a_scale`` [rows, K/16]) and an optional global scale (``a_global_scale``)
+    yield Format("nvfp4", 4, "table", AW,
                  "e2m1 code times a float8_e4m3 scale per 16 consecutive K elements, times an optional float32 global scale",
                  table=E2M1_TABLE, scale="required", group_size=16, scale_format="float8_e4m3", global_scale=True)
 

@@ -65,6 +65,12 @@ class Plan:
         return None
 
     @property
+    def nvfp4_acts(self) -> bool:
+        """NVFP4 activations (with NVFP4 weights): the hand-written kernels of
+        bitblas/schedule/nvfp4.py, batched over ``config.batch`` (their arguments: ``nvfp4_args``)."""
+        return self.a.name == "nvfp4"
+
+    @property
     def input_names(self) -> Tuple[str, ...]:
         return tuple(a.name for a in self.args if a.role == "input")
 
@@ -81,6 +87,21 @@ def _kernel_dtype(name: str) -> Tuple[str, str]:
     if fmt.torch_dtype:                 # float8: the kernel reads the bit patterns as int8
         return "int8", fmt.torch_dtype
     return "int8", "int8"               # integer codes, packed below 8 bits
+
+
+def nvfp4_args(c: MatmulConfig, rows, add) -> None:
+    """The arguments of NVFP4 x NVFP4 kernels (A_dtype = W_dtype = "nvfp4"): codes two per byte
+    along K, float8_e4m3 block scales per 16 K elements for both operands, optional float32
+    global scales, no tables (the kernels decode e2m1 and e4m3 by arithmetic). With
+    ``config.batch`` = L every tensor has the batch as its first dimension (the output too)."""
+    lead = () if c.batch is None else (c.batch,)
+    add("A", (*lead, rows, c.K // 2), "nvfp4", doc="activation codes (two e2m1 codes per byte along K)")
+    add("W", (*lead, c.N, c.K // 2), "nvfp4", doc="weight codes [N, K/2] (two e2m1 codes per byte along K)")
+    add("scale", (*lead, c.N, c.K // 16), "float8_e4m3", doc="weight block scales, one per 16 K elements")
+    add("a_scale", (*lead, rows, c.K // 16), "float8_e4m3", doc="activation block scales, one per 16 K elements")
+    add("global_scale", (1,), "float32", optional=True, doc="tensor-wide weight scale (default 1)")
+    add("a_global_scale", (1,), "float32", optional=True, doc="tensor-wide activation scale (default 1)")
+    add("output", (*lead, rows, c.N), c.out_dtype, role="output")
 
 
 def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] = None) -> Plan:
@@ -107,6 +128,10 @@ def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] =
     def add(name, shape, dtype, role="input", optional=False, doc=""):
         kd, ud = _kernel_dtype(dtype)
         args.append(ArgSpec(name, tuple(shape), kd, ud, role, optional, doc))
+
+    if a.name == "nvfp4":
+        nvfp4_args(c, rows, add)
+        return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, False, groups, tuple(args), "plain", "plain")
 
     a_cols = c.K // a.codes_per_byte
     add("A", (rows, a_cols), c.A_dtype,

@@ -12,9 +12,9 @@ import torch
 
 from .config import MatmulConfig
 from .formats import FORMATS
-from .quantization.quantize import TORCH_DTYPES, dequantize, dequantize_activation
+from .quantization.quantize import TORCH_DTYPES, dequantize, dequantize_activation, nvfp4_decode
 
-__all__ = ["reference_matmul", "tolerance", "relative_error", "TOLERANCES"]
+__all__ = ["reference_matmul", "reference_nvfp4_gemv", "tolerance", "relative_error", "TOLERANCES"]
 
 # Largest accepted max|out - ref| / max|ref|, by the dtype that rounds: the activation dtype (the
 # GPU decodes weights to it before the tensor-core multiply) and the output dtype. Integer
@@ -28,6 +28,7 @@ TOLERANCES = {
     "uint4": 1e-4,
     "float8_e4m3": 1e-4,
     "float8_e5m2": 1e-4,
+    "nvfp4": 1e-4,      # NVFP4 x NVFP4: exact products, float32 sums (the output dtype rounds)
     "int32": 0.0,
 }
 
@@ -50,13 +51,16 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def reference_matmul(config: MatmulConfig, A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None,
                      bias=None, a_scale=None, global_scale: Optional[torch.Tensor] = None,
-                     cast: bool = True, device=None) -> torch.Tensor:
+                     cast: bool = True, device=None, a_global_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out [..., N] for ``Matmul(config)``; ``cast=False`` returns the product before the output cast.
 
     Dequantization is float64 on the CPU; the product is float64 on the CPU, or float32 on
     ``device`` when one is given (e.g. "cuda": the tuner's check of large problems).
+    NVFP4 activations (:func:`_reference_nvfp4`): both operands decoded, the product in float32.
     """
     c = config
+    if c.A_dtype == "nvfp4":
+        return _reference_nvfp4(c, A, W, scale, a_scale, global_scale, a_global_scale, cast, device)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     dt = torch.float64 if dev.type == "cpu" else torch.float32
     wf = dequantize(c, W.cpu(), None if scale is None else scale.cpu(), None if zeros is None else zeros.cpu(),
@@ -77,6 +81,30 @@ def reference_matmul(config: MatmulConfig, A: torch.Tensor, W: torch.Tensor, sca
     return out.to(TORCH_DTYPES[c.out_dtype])
 
 
+def _reference_nvfp4(c: MatmulConfig, A, W, scale, a_scale, global_scale, a_global_scale, cast, device):
+    """NVFP4 x NVFP4: decode both operands (exact in float32), matmul in float32 (on ``device`` or
+    A's device), global scales on the product; batched configs [L, ., .] as torch.bmm."""
+    dev = torch.device(device) if device is not None else A.device
+    af = nvfp4_decode(A.to(dev), a_scale.to(dev))
+    wf = nvfp4_decode(W.to(dev), scale.to(dev))
+    out = af @ wf.transpose(-1, -2)
+    for g in (global_scale, a_global_scale):
+        if g is not None:
+            out = out * g.to(dev, torch.float32).reshape(())
+    return out.to(TORCH_DTYPES[c.out_dtype]) if cast else out
+
+
+def reference_nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor,
+                         device=None) -> torch.Tensor:
+    """float32 [M, 1, L] of ``bitblas.ops.nvfp4_gemv``'s inputs (the issue's layouts: a [M, K/2, L],
+    b [>=1, K/2, L] (row 0 used), sfa [M, K/16, L], sfb [>=1, K/16, L]): c[:, 0, l] =
+    decode(a[:, :, l]) @ decode(b[0, :, l]), decoded in float32, multiplied in float32."""
+    dev = torch.device(device) if device is not None else a.device
+    af = nvfp4_decode(a.to(dev).permute(2, 0, 1), sfa.to(dev).permute(2, 0, 1))        # [L, M, K]
+    bf = nvfp4_decode(b[:1].to(dev).permute(2, 0, 1), sfb[:1].to(dev).permute(2, 0, 1))  # [L, 1, K]
+    return torch.bmm(af, bf.transpose(1, 2)).permute(1, 2, 0)                         # [M, 1, L]
+
+
 def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int] = None,
                   lead: Optional[tuple] = None) -> dict:
     """Fresh random operator inputs: a random float weight quantized with
@@ -86,6 +114,8 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
     from .quantization.quantize import quantize, quantize_activation
     g = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
     c = config
+    if c.A_dtype == "nvfp4":
+        return _random_nvfp4(c, m, device, g, lead)
     wshape = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     weight = torch.randn(wshape, generator=g) * 0.05
     if FORMATS[c.W_dtype].kind == "uint" and c.with_scaling and not c.with_zeros:
@@ -115,3 +145,15 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
         else:
             out["bias"] = (torch.randn(c.N, generator=g) * 0.1).to(TORCH_DTYPES[c.out_dtype]).to(device)
     return out
+
+
+def _random_nvfp4(c: MatmulConfig, m: int, device, g, lead) -> dict:
+    """NVFP4 x NVFP4 inputs: random float weights and activations quantized with
+    ``quantize_activation(., "nvfp4")`` (one global scale per tensor, over the whole batch)."""
+    from .quantization.quantize import quantize_activation
+    bl = () if c.batch is None else (c.batch,)
+    lead = tuple(lead) if lead is not None else (*bl, m)
+    W, scale, gw = quantize_activation(torch.randn(*bl, c.N, c.K, generator=g) * 0.05, "nvfp4")
+    A, a_scale, ga = quantize_activation(torch.randn(*lead, c.K, generator=g), "nvfp4")
+    out = dict(A=A, W=W, scale=scale, a_scale=a_scale, global_scale=gw, a_global_scale=ga)
+    return {k: v.to(device) for k, v in out.items()}

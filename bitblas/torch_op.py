@@ -80,7 +80,7 @@ def _matmul_op(A: torch.Tensor, W: torch.Tensor, scale: Optional[torch.Tensor], 
 def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = _operator(key)
     c = op.config
-    cols = op._base_plan("cpu").args[0].shape[1]
+    cols = op._base_plan("cpu").args[0].shape[-1]
     if A.dim() < 1 or A.shape[-1] != cols:
         raise ValueError(f"A: expected shape [..., {cols}] (K={c.K}), got {list(A.shape)}")
     return A.new_empty((*A.shape[:-1], c.N), dtype=TORCH_DTYPES[c.out_dtype])

@@ -120,6 +120,9 @@ def placeholders(plan: Plan, m, names=None) -> dict:
 
 def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     c = plan.config
+    if plan.nvfp4_acts:
+        raise NotImplementedError("nvfp4 activations have no TensorIR form: their kernels are hand-written "
+                                  "(bitblas/schedule/nvfp4.py)")
     if fp8_values and not all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w)):
         raise ValueError(f"fp8_values=True needs float8 activations and weights, not {c.A_dtype} x {c.W_dtype}")
     if fp8_values and c.with_scaling and not plan.scale_in_epilogue:

@@ -76,6 +76,9 @@ class Linear(nn.Module):
         _positive("out_features", out_features)
         a = get_format(A_dtype, "A", "A_dtype")
         w = get_format(W_dtype, "W", "W_dtype")
+        if a.name == "nvfp4":
+            raise NotImplementedError("A_dtype='nvfp4': the nn modules take float, int or float8 activations; NVFP4 "
+                                      "activations run through bitblas.Matmul or bitblas.ops.nvfp4_gemv")
         if group_size is None:
             group_size = -1
         if not isinstance(group_size, bool) and isinstance(group_size, int) and group_size > 0 \

@@ -69,6 +69,10 @@ class Matmul(BitBLASOperatorAPI):
         self._buckets = None                      # BucketTable of the tuned buckets
         self._dequant_gemm_why: Optional[str] = None      # why decode-then-GEMM does not apply ("" : it does)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
+        self._nv = None                           # NVFP4 x NVFP4 (A_dtype="nvfp4"): its own operator, ops/nvfp4.py
+        if config.A_dtype == "nvfp4":
+            from .nvfp4 import NVFP4Matmul
+            self._nv = NVFP4Matmul(self._kc, self._resolve_cuda_target)
         if enable_tuning:
             self.hardware_aware_finetune()
 
@@ -249,9 +253,9 @@ class Matmul(BitBLASOperatorAPI):
         return self.forward(A, W, *args, **kwargs)
 
     def forward(self, A, W, *args, scale=None, zeros=None, bias=None, output=None, a_scale=None,
-                global_scale=None):
+                global_scale=None, a_global_scale=None):
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
-                 "global_scale": global_scale}
+                 "global_scale": global_scale, "a_global_scale": a_global_scale}
         c = self.config
         if args:
             taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
@@ -267,6 +271,10 @@ class Matmul(BitBLASOperatorAPI):
         return self._run(A, W, given)
 
     def _run(self, A, W, given):
+        if self._nv is not None:                 # NVFP4 activations: ops/nvfp4.py (forward, torch op)
+            if isinstance(A, torch.Tensor) and A.device.type == "cuda" and self._cpu_only:
+                raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
+            return self._nv.run(A, W, given)
         if self._kc is not self.config:
             return self._run_compat(A, W, given)
         return self._run_kernel(A, W, given)
@@ -405,6 +413,7 @@ class Matmul(BitBLASOperatorAPI):
     def bind(self, W, scale=None, zeros=None, bias=None, global_scale=None):
         """This operator with its weight-side tensors checked once (see :mod:`bitblas.ops.bound`):
         the result is called as ``bound(A, a_scale=None, output=None)`` (the nn modules' hot path)."""
+        self._not_for_nvfp4("bind")
         from .bound import BoundMatmul
         if self._kc is not self.config:
             from .bound import UnboundCall
@@ -420,6 +429,9 @@ class Matmul(BitBLASOperatorAPI):
         A float tensor of whole numbers is taken as integer codes for integer / table formats
         (as BitBLAS, which casts with ``.char()``); other float values raise.
         """
+        if self.config.batch is not None:
+            raise NotImplementedError("transform_weight: batched configs take W as [batch, N, K/2] codes "
+                                      "(bitblas.quantization.quantize_activation(w, 'nvfp4') gives them)")
         packed = pack_weight(self.config, weight, scale, zeros, _weight_arg="weight")
         if scale is None and zeros is None and bias is None:
             return packed["W"]
@@ -451,6 +463,8 @@ class Matmul(BitBLASOperatorAPI):
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"m={m!r}: expected a positive int (rows of the call)")
         rows = m if m is not None else (self._kc.M if isinstance(self._kc.M, int) else None)
+        if self._nv is not None:
+            return self._nv.source(rows or 1, kind)
         if kind == "cpu":
             return lower_plan(make_plan(self._kc, kind, self._static_m(rows))).script()
         target = self._resolve_cuda_target()
@@ -474,6 +488,7 @@ class Matmul(BitBLASOperatorAPI):
         batches of back-to-back kernel launches timed with CUDA events (bitblas.tune.measure);
         ``flush_l2``: cycle through enough weight copies that the weights come from DRAM.
         """
+        self._not_for_nvfp4("profile_latency")
         from ..hardware import query_device
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
@@ -501,6 +516,7 @@ class Matmul(BitBLASOperatorAPI):
         without compiling. ``kind``: "cuda" (default with a GPU) or "cpu". ``force``: re-tune.
         Returns {bucket: TuneResult}.
         """
+        self._not_for_nvfp4("hardware_aware_finetune")
         from ..dispatch import BucketTable, buckets_of
         from ..tune import tune
         if kind is None:
@@ -521,6 +537,11 @@ class Matmul(BitBLASOperatorAPI):
         for b in self._tuned[kind]:       # load each tuned bucket's kernel now (memory cache: no compile)
             self._kernel(kind, b)
         return results
+
+    def _not_for_nvfp4(self, what: str) -> None:
+        if self._nv is not None:
+            raise NotImplementedError(f"{what} is not supported for A_dtype='nvfp4' configs yet (their kernels: "
+                                      "bitblas/schedule/nvfp4.py; timing: python -m benchmark.nvfp4)")
 
     def __repr__(self):
         return f"Matmul({self.config})"
@@ -547,7 +568,8 @@ def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
 
 def _why_not(name: str) -> str:
     return {"scale": "with_scaling=False", "zeros": "with_zeros=False", "bias": "with_bias=False",
-            "a_scale": "with_act_scaling=False", "global_scale": "only nvfp4 takes a global scale"}.get(name, "")
+            "a_scale": "with_act_scaling=False", "global_scale": "only nvfp4 takes a global scale",
+            "a_global_scale": "only A_dtype='nvfp4' takes an activation global scale"}.get(name, "")
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)

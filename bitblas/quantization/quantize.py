@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LossyQuantizationWarning", "QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize",
            "pack_zeros", "unpack_zeros", "decode_values", "quantize_activation", "dequantize_activation",
-           "TORCH_DTYPES", "torch_dtype"]
+           "TORCH_DTYPES", "torch_dtype", "nvfp4_decode", "e2m1_codes"]
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -342,18 +342,78 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
 
 
 _ACT_QMAX = {"int8": 127.0, "int4": 7.0}
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)    # e2m1 magnitudes, codes 0..7 (8..15: negated)
 
 
-def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
+def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (int16, 0..15: sign bit 3, magnitude index 0..7) of ``y``, rounded to nearest with
+    ties to even (the code with mantissa bit 0), saturating at +-6; negative values that round
+    to zero keep their sign (code 8), as ``cvt.rn.satfinite.e2m1x2.f32`` does."""
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=y.device)
+    a = y.to(torch.float32).abs().clamp(max=6.0).contiguous()
+    lo = (torch.bucketize(a, grid, right=True) - 1).clamp(0, 7)      # largest magnitude <= a
+    hi = (lo + 1).clamp(max=7)
+    d_lo, d_hi = a - grid[lo], grid[hi] - a
+    up = (d_hi < d_lo) | ((d_hi == d_lo) & (lo % 2 == 1) & (hi != lo))
+    mag = torch.where(up, hi, lo)
+    return (mag + 8 * torch.signbit(y).to(mag.dtype)).to(torch.int16)
+
+
+def _quantize_nvfp4(x: torch.Tensor, global_scale: bool):
+    """(codes int8 [..., K/2], block scales float8_e4m3fn [..., K/16], float32 global scale [1] or
+    None): block scale = amax(block) / 6 (divided by the global scale amax(x) / (448 * 6) when
+    there is one) rounded to e4m3, codes = e2m1(x / (block scale * global scale)), nearest-even."""
+    k = x.shape[-1]
+    if k % 16:
+        raise ValueError(f"x: the last dimension (K={k}) must be a multiple of 16 for nvfp4 (one scale per 16 "
+                         "elements)")
+    e4m3_max, e2m1_max = FORMATS["float8_e4m3"].max_abs, FORMATS["nvfp4"].max_abs
+    xf = x.detach().to(torch.float32)
+    xb = xf.reshape(*xf.shape[:-1], k // 16, 16)
+    amax = xb.abs().amax(-1)
+    gs = _safe(xf.abs().amax().reshape(1) / (e4m3_max * e2m1_max)) if global_scale else None
+    sb = (amax / e2m1_max / (gs if gs is not None else 1.0)).clamp(max=e4m3_max).to(torch.float8_e4m3fn)
+    denom = sb.to(torch.float32) * (gs if gs is not None else 1.0)
+    codes = e2m1_codes(xb / _safe(denom).unsqueeze(-1)).reshape(xf.shape)
+    return pack_codes(codes, FORMATS["nvfp4"], "plain"), sb, gs
+
+
+def nvfp4_decode(codes: torch.Tensor, scales: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values [..., K] of NVFP4 data along its last dimension: codes [..., K/2] (two e2m1 codes per
+    byte, the even one in the low nibble; int8, uint8 or float4_e2m1fn_x2) times the float8_e4m3
+    block scales [..., K/16] times ``global_scale`` (float32 [1]) if given, computed in ``dtype``.
+    The decoded values are exact in float16, bfloat16 and wider (an e2m1 x e4m3 product has at most
+    6 significant bits and lies within 2**-10 .. 2688); a global scale rounds once in ``dtype``."""
+    t = torch.tensor(FORMATS["nvfp4"].table, dtype=dtype, device=codes.device)
+    b = codes.view(torch.uint8).to(torch.int64)
+    v = torch.stack((t[b & 15], t[b >> 4]), dim=-1).flatten(-2)
+    s = scales.view(torch.float8_e4m3fn) if scales.dtype.itemsize == 1 else scales
+    v = v * s.to(dtype).repeat_interleave(16, dim=-1)
+    return v if global_scale is None else v * global_scale.to(dtype).reshape(())
+
+
+def quantize_activation(x: torch.Tensor, dtype: str = "int8", global_scale: Optional[bool] = None):
     """Per-token symmetric quantization of activations [..., K].
 
     Returns (q, scale): q in the operator's input form (int8; int4 packed two per byte along K;
     float8 tensors) and float32 scale [...] with x ~= decode(q) * scale[..., None].
+
+    ``dtype="nvfp4"`` returns (codes, block_scales, global_scale): e2m1 codes two per byte along K
+    (int8 [..., K/2]), float8_e4m3fn block scales [..., K/16] (amax / 6 per 16 elements) and,
+    unless ``global_scale=False``, a float32 global scale [1] (amax(x) / (448 * 6), else None),
+    with x ~= e2m1(codes) * block_scale * global_scale (:func:`dequantize_activation`).
     """
     fmt = get_format(dtype, "A", "dtype")
+    if fmt.name == "nvfp4":
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 1:
+            raise ValueError("x: expected a float tensor [..., K]")
+        return _quantize_nvfp4(x, global_scale is not False)
+    if global_scale is not None:
+        raise ValueError(f"global_scale={global_scale!r}: only dtype='nvfp4' takes a global scale")
     if fmt.kind in ("float", "uint"):
-        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2 "
-                         "(unsigned activations are passed as codes)")
+        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3, float8_e5m2 or "
+                         "nvfp4 (unsigned activations are passed as codes)")
     xf = x.detach().to(torch.float32)
     qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
     s = _safe(xf.abs().amax(-1) / qmax)
@@ -364,9 +424,19 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
     return (pack_codes(q, fmt, code_storage(fmt, "A")) if fmt.packed else q.to(torch.int8)), s
 
 
-def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """float64 values of activations ``q`` of format ``dtype`` (times ``scale[..., None]`` if given)."""
+def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Tensor] = None,
+                          global_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float64 values of activations ``q`` of format ``dtype`` (times ``scale[..., None]`` if given).
+
+    nvfp4: ``q`` codes [..., K/2] (int8, uint8 or float4_e2m1fn_x2), ``scale`` the float8_e4m3
+    block scales [..., K/16] (required), ``global_scale`` an optional float32 [1]."""
     fmt = get_format(dtype, "A", "dtype")
+    if fmt.name == "nvfp4":
+        if scale is None:
+            raise ValueError("scale: nvfp4 activations need their block scales [..., K/16]")
+        return nvfp4_decode(q, scale, global_scale, torch.float64)
+    if global_scale is not None:
+        raise ValueError(f"global_scale: only dtype='nvfp4' takes a global scale, not {dtype!r}")
     if fmt.kind in ("float", "table"):
         v = q.to(torch.float64)
     else:

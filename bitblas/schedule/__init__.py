@@ -6,12 +6,15 @@ from .cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
+from .nvfp4 import NVFP4CPUHint, NVFP4GemvHint
 
 __all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu", "schedule_cuda_simple",
            "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "gemv_unsupported", "wgmma_unsupported",
-           "schedule", "default_hint", "HINTS", "hint_to_dict", "hint_from_dict", "ir_options"]
+           "schedule", "default_hint", "HINTS", "hint_to_dict", "hint_from_dict", "ir_options", "NVFP4GemvHint",
+           "NVFP4CPUHint"]
 
-HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint)}
+HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint, NVFP4GemvHint,
+                                       NVFP4CPUHint)}
 
 
 def hint_to_dict(hint) -> dict:
@@ -26,6 +29,8 @@ def hint_from_dict(d: dict):
 
 def default_hint(plan, target=None):
     """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
+    if plan.nvfp4_acts:                      # NVFP4 x NVFP4: the hand-written kernels of nvfp4.py
+        return NVFP4CPUHint.default(plan) if plan.target_kind == "cpu" else NVFP4GemvHint.default(plan, target)
     if plan.target_kind == "cpu":
         return CPUHint.default(plan)
     if gemv_default_takes(plan, target):     # static rows 1..64: float16/bfloat16 x int/uint/table, int8 x int/uint

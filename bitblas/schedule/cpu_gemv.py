@@ -92,6 +92,35 @@ def cpu_gemv_unsupported(plan, lanes: Optional[int] = None) -> Optional[str]:
     return None
 
 
+def _permute_lookup(plan, L: int, target=None):
+    """``lookup(table, idx)``: the float32 vector ``table[idx]`` of a 16-entry table (nf4, e2m1) by
+    register permutes, where the target has them: AVX-512 ``vpermps`` (16 lanes), AVX2 two
+    ``vpermps`` and a select (8 lanes). None: a gather (other tables, lanes or ISAs)."""
+    w = plan.w
+    if w.kind != "table" or len(w.table) != 16:
+        return None
+    if target is None:
+        from ..build import cpu_target
+        target = cpu_target()
+    has = lambda f: bool(tvm.target.codegen.target_has_features(f, target))  # noqa: E731
+    from tvm import tirx
+    if L == 16 and has("avx512f"):
+        def lookup(tab, idx):
+            tv = tirx.BufferLoad(tab, [tirx.Ramp(0, 1, 16)])
+            return tirx.call_llvm_pure_intrin("float32x16", "llvm.x86.avx512.permvar.sf.512", tv, idx)
+        return lookup
+    if L == 8 and has("avx2"):
+        def lookup(tab, idx):
+            lo = tirx.call_llvm_pure_intrin("float32x8", "llvm.x86.avx2.permps",
+                                            tirx.BufferLoad(tab, [tirx.Ramp(0, 1, 8)]), idx)
+            hi = tirx.call_llvm_pure_intrin("float32x8", "llvm.x86.avx2.permps",
+                                            tirx.BufferLoad(tab, [tirx.Ramp(8, 1, 8)]), idx)
+            b8 = tirx.Broadcast(tirx.IntImm("int32", 8), 8)
+            return tirx.Select(tirx.NE(idx & b8, tirx.Broadcast(tirx.IntImm("int32", 0), 8)), hi, lo)
+        return lookup
+    return None
+
+
 def _divisor(n: int, candidates) -> int:
     for c in candidates:
         if n % c == 0:
@@ -140,8 +169,9 @@ def _fmt(v) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def _kernel_script(plan, hint: CPUGemvHint, L: int):
-    """(TVMScript text, extra vars) of the kernel."""
+def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
+    """(TVMScript text, parameter names) of the kernel; ``permute``: table codes are looked up by a
+    register permute (``lookup``) instead of a gather."""
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     cpb = w.codes_per_byte
@@ -197,7 +227,11 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int):
         add(f"{q}            for c in T.unroll({cpb}):")
         add(f"{q}                for l in T.vectorized({L}):")
         kexpr = f"((g * {G // cpb} + (so * {U} + si) * {L} + l) * {cpb} + c)"
-        add(f"{q}                    wv[j, c, l] = dec({n0} + j, {kexpr}, {allb})")
+        if permute:          # 16-entry table: the codes, then one register permute per vector
+            add(f"{q}                    qi[j, c, l] = code({n0} + j, {kexpr}, {allb})")
+            add(f"{q}                wv[j, c, T.Ramp(0, 1, {L})] = lookup(qi[j, c, T.Ramp(0, 1, {L})], {allb})")
+        else:
+            add(f"{q}                    wv[j, c, l] = dec({n0} + j, {kexpr}, {allb})")
         add(f"{q}            for c in T.unroll({cpb}):")
         add(f"{q}             for r in T.unroll({R}):")
         add(f"{q}                for l in T.vectorized({L}):")
@@ -231,6 +265,8 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int):
     add(f"        accg = T.alloc_buffer(({max(hint.channels, hint.rows * hint.row_channels)}, {L}), 'float32', scope='local')")
     add(f"        wv = T.alloc_buffer(({max(hint.channels, hint.row_channels)}, {cpb}, {L}), 'float32', scope='local')")
     add("        hs = T.alloc_buffer((1,), 'float32', scope='local')")
+    if permute:
+        add(f"        qi = T.alloc_buffer(({max(hint.channels, hint.row_channels)}, {cpb}, {L}), 'int32', scope='local')")
     R = hint.rows
     if R > 1:
         add(f"        for rb in range(m // {R}):")
@@ -260,7 +296,8 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
     L = _step_lanes(plan, min(hint.lanes or lanes, lanes) if hint.lanes else lanes)
     if L is None:
         raise ValueError(f"CPUGemvHint(lanes={hint.lanes}): no step of that width fits group_size={plan.config.group_size}")
-    text, names = _kernel_script(plan, hint, L)
+    lookup = _permute_lookup(plan, L, target)
+    text, names = _kernel_script(plan, hint, L, lookup is not None)
     rows = tvm.tirx.Var("m", "int32") if plan.m is None else tvm.tirx.IntImm("int32", plan.m)
     from tvm.script import tirx as T
     c, w = plan.config, plan.w
@@ -270,11 +307,14 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         n = len(names)
         return lambda *a: fn(dict(zip(names, a[-n:])), *a[:-n])
 
+    def code(bufs, n, k):
+        return decode_code(bufs["W"], n, k, w)
+
     def dec(bufs, n, k):
         """The value of element (n, k) of W, float32, before scales."""
         if w.kind == "float":
             return bufs["W"][n, k].astype("float32")
-        q = decode_code(bufs["W"], n, k, w)
+        q = code(bufs, n, k)
         v = bufs["w_table"][q] if w.kind == "table" else q
         return v.astype("float32")
 
@@ -297,6 +337,8 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         return v.astype(c.out_dtype)
 
     extra = {"T": T, "m": rows}
-    extra.update({f.__name__: with_bufs(f) for f in (dec, sc, zt_of, epi)})
+    extra.update({f.__name__: with_bufs(f) for f in (code, dec, sc, zt_of, epi)})
+    if lookup is not None:
+        extra["lookup"] = with_bufs(lambda bufs, idx: lookup(bufs["w_table"], idx))
     prim = tvm.script.from_source(text, extra_vars=extra)
     return tvm.IRModule({"main": prim})

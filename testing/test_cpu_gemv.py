@@ -97,7 +97,7 @@ CASES = [
 HINTS = [
     CPUGemvHint(block=8, channels=4, rows=4, row_channels=2, lanes=16, unroll=4),
     CPUGemvHint(block=8, channels=8, rows=1, row_channels=1, lanes=8, unroll=1),
-    CPUGemvHint(block=4, channels=2, rows=3, row_channels=4, lanes=4, unroll=2),
+    CPUGemvHint(block=4, channels=2, rows=3, row_channels=4, lanes=4, unroll=2, prefetch=0),
 ]
 
 
@@ -136,3 +136,44 @@ def test_table_lookup_is_a_register_permute():
     ll = compile_plan(plan).mod.inspect_source("ll")
     assert "llvm.x86.avx512.permvar.sf.512" in ll
     assert "masked.gather" not in ll
+
+
+_THREADS = """
+    import json, os, torch, bitblas
+    from bitblas.reference import random_inputs
+    cfg = bitblas.MatmulConfig(M=None, N=64, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
+                               with_scaling=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    inp = random_inputs(cfg, 3, seed=0)
+    outs = []
+    for n in (2, 1):
+        bitblas.set_cpu_threads(n)
+        outs.append(op(**inp))
+    print(json.dumps({"env": os.environ.get("TVM_NUM_THREADS"), "cores": bitblas.build.physical_cores(),
+                      "same": bool(torch.equal(outs[0], outs[1]))}))
+"""
+
+
+def test_cpu_threads():
+    """TVM's pool would take half the hardware threads on x86 (it assumes SMT): unless the user set
+    TVM_NUM_THREADS / OMP_NUM_THREADS, bitblas sets the physical core count before the first CPU
+    kernel; set_cpu_threads picks a count (results do not depend on it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = root
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREADS)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["env"] == str(out["cores"]) and out["same"]
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREADS)], capture_output=True, text=True,
+                       env=dict(env, TVM_NUM_THREADS="1"), timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["env"] == "1"   # the user's value stays
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n="):
+            bitblas.set_cpu_threads(bad)

@@ -406,7 +406,8 @@ class Matmul:
 
         ``warmup`` calls through the operator (building the kernel), then ``repeats`` samples of
         batches of back-to-back kernel launches timed with CUDA events (bitblas.tune.measure);
-        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM.
+        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM (GPU L2,
+        CPU last-level cache).
         """
         from ..hardware import query_device
         from ..reference import random_inputs
@@ -424,7 +425,7 @@ class Matmul:
             self(**inputs, output=out)
         plan, fn = self._kernel("cuda" if cuda else "cpu", m)
         spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
-        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda), cuda, samples=max(1, repeats))
+        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
                                 force: bool = False, progress: Optional[bool] = None, **bounds) -> dict:

@@ -132,7 +132,10 @@ def _divisor(n: int, candidates) -> int:
 class CPUGemvHint:
     """``block`` channels per thread task; ``channels`` per one-row micro-kernel; ``rows`` x
     ``row_channels`` per many-row micro-kernel (``rows`` 1: none); ``lanes`` bytes of weights per
-    step (0: the target's SIMD width, narrowed to fit the group); ``unroll`` steps per loop trip."""
+    step (0: the target's SIMD width, narrowed to fit the group); ``unroll`` steps per loop trip;
+    ``prefetch``: each trip software-prefetches the weight bytes this far ahead of every channel's
+    position (0: none; rows of a few KB end before the hardware prefetcher ramps up: W4A16
+    1 x 4096^2 reading its weights from memory, 1 thread, 1.33 ms without, 0.87 ms with 16 KB)."""
 
     block: int = 16
     channels: int = 4
@@ -140,13 +143,14 @@ class CPUGemvHint:
     row_channels: int = 2
     lanes: int = 0
     unroll: int = 4
+    prefetch: int = 16384
 
     @classmethod
     def default(cls, plan, target=None) -> "CPUGemvHint":
         N = plan.config.N
         block = _divisor(N, (16, 8, 4, 2))
         return cls(block=block, channels=_divisor(block, (4, 2)), rows=4, row_channels=_divisor(block, (2,)),
-                   lanes=0, unroll=4)
+                   lanes=0, unroll=4, prefetch=16384)
 
     def check(self, plan) -> Optional[str]:
         """Why this hint does not fit ``plan`` (None: it does)."""
@@ -162,6 +166,8 @@ class CPUGemvHint:
             return f"lanes={self.lanes}: 0, 4, 8 or 16"
         if self.channels > 8 or self.rows * self.row_channels > 16:
             return "more accumulators than SIMD registers"
+        if self.prefetch < 0:
+            return f"prefetch={self.prefetch} < 0"
         return None
 
 
@@ -222,6 +228,10 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
         add(f"{q}        for l in T.vectorized({L}):")
         add(f"{q}            accg[j * {R} + r, l] = T.float32(0)")
         add(f"{q}for so in range({S // U}):")
+        if hint.prefetch:            # the bytes ``prefetch`` ahead of each channel's next U steps
+            for line in range(-(-(U * L) // 64)):
+                add(f"{q}    for j in T.unroll({nc}):")
+                add(f"{q}        T.evaluate(pf({n0} + j, g * {G // cpb} + so * {U * L} + {line * 64 + hint.prefetch}, {allb}))")
         add(f"{q}    for si in T.unroll({U}):")
         add(f"{q}        for j in T.unroll({nc}):")
         add(f"{q}            for c in T.unroll({cpb}):")
@@ -307,6 +317,13 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         n = len(names)
         return lambda *a: fn(dict(zip(names, a[-n:])), *a[:-n])
 
+    def pf(bufs, n, b):
+        """Prefetch the cache line of byte b of W's row n (past the row: the rows after it)."""
+        from tvm import tirx
+        addr = tirx.address_of(tirx.BufferLoad(bufs["W"], [n, b]))
+        i32 = lambda v: tirx.IntImm("int32", v)  # noqa: E731
+        return tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, i32(0), i32(3), i32(1))
+
     def code(bufs, n, k):
         return decode_code(bufs["W"], n, k, w)
 
@@ -337,7 +354,7 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         return v.astype(c.out_dtype)
 
     extra = {"T": T, "m": rows}
-    extra.update({f.__name__: with_bufs(f) for f in (code, dec, sc, zt_of, epi)})
+    extra.update({f.__name__: with_bufs(f) for f in (pf, code, dec, sc, zt_of, epi)})
     if lookup is not None:
         extra["lookup"] = with_bufs(lambda bufs, idx: lookup(bufs["w_table"], idx))
     prim = tvm.script.from_source(text, extra_vars=extra)

@@ -181,9 +181,9 @@ def _cpu(config) -> List[Candidate]:
     plan = make_plan(config, "cpu", rows)
     if cpu_gemv_unsupported(plan) is None:
         out = []
-        for block, ch, (r, rc), unroll in itertools.product((8, 16, 32), (2, 4, 8), ((4, 2), (2, 4), (6, 2), (8, 1)),
-                                                           (1, 4)):
-            hint = CPUGemvHint(block=block, channels=ch, rows=r, row_channels=rc, unroll=unroll)
+        for block, ch, (r, rc), unroll, pf in itertools.product((8, 16, 32), (2, 4, 8),
+                                                               ((4, 2), (2, 4), (6, 2), (8, 1)), (1, 4), (0, 16384)):
+            hint = CPUGemvHint(block=block, channels=ch, rows=r, row_channels=rc, unroll=unroll, prefetch=pf)
             if hint.check(plan) is None:
                 out.append(Candidate(rows, hint))
         return out

@@ -18,6 +18,14 @@ Hand-written TIRx, compiled by TVM's LLVM backend; threads through TVM's thread 
   group's scale is applied to that partial sum (``acc += s * sum``), zero points through the
   group's activation sums (``(v - z) * s``: ``- s*z*sum(a)``; ``v * s - z``: ``- z * sum(a)``),
   so a weight costs its decode and one FMA. Horizontal sum and epilogue per output.
+* 16-entry tables (nf4, fp4_e2m1, nvfp4) are looked up by register permutes (AVX-512 ``vpermps``;
+  AVX2: two and a select), other tables by a gather. Each loop trip prefetches the weight lines
+  ``prefetch`` bytes ahead (a row of packed codes is a few KB: the hardware prefetcher does not
+  ramp up within it).
+
+Measured (AMD EPYC Zen 4, AVX-512, 1 thread, weights read from memory): W4A16 g128 1 x 4096^2
+0.88 ms vs 3.2 ms for torch's float32 F.linear (the tile schedule before it: 7.3 ms with its
+weights in cache); 16 rows 8.3 ms vs 12.3 ms.
 
 The decode of a code, the scale lookup and the zero point come from ``bitblas.ir.matmul``
 (``decode_code``, ``scale_value``, ``zero_value``), the one definition the TensorIR uses.
@@ -29,7 +37,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from ..formats import FORMATS
 from ..ir.matmul import decode_code, scale_value, zero_value
 
 __all__ = ["CPUGemvHint", "cpu_gemv_unsupported", "schedule_cpu_gemv", "vector_lanes"]
@@ -171,8 +178,9 @@ class CPUGemvHint:
         return None
 
 
-def _fmt(v) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
+def _shape(spec) -> str:
+    dims = ", ".join("m" if d == "m" else str(d) for d in spec.shape)
+    return f"({dims},)" if len(spec.shape) == 1 else f"({dims})"
 
 
 def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
@@ -190,8 +198,8 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
     zeros = scaled and c.with_zeros
     names = [s.name for s in plan.args]
     allb = ", ".join(names)
-    shp = lambda s: "(" + ", ".join("m" if d == "m" else str(d) for d in s.shape) + ("," if len(s.shape) == 1 else "") + ")"
-    params = ", ".join(f"{s.name}: T.Buffer({shp(s)}, {_fmt(s.dtype)})" for s in plan.args)
+    esize = w.bits // 8 if w.kind == "float" else 1     # bytes per element of W
+    params = ", ".join(f"{s.name}: T.Buffer({_shape(s)}, {s.dtype!r})" for s in plan.args)
 
     lines = []
     add = lines.append
@@ -228,10 +236,11 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
         add(f"{q}        for l in T.vectorized({L}):")
         add(f"{q}            accg[j * {R} + r, l] = T.float32(0)")
         add(f"{q}for so in range({S // U}):")
-        if hint.prefetch:            # the bytes ``prefetch`` ahead of each channel's next U steps
-            for line in range(-(-(U * L) // 64)):
+        if hint.prefetch:            # the lines ``prefetch`` bytes ahead of each channel's next U steps
+            for line in range(-(-(U * L * esize) // 64)):
+                ahead = (line * 64 + hint.prefetch) // esize
                 add(f"{q}    for j in T.unroll({nc}):")
-                add(f"{q}        T.evaluate(pf({n0} + j, g * {G // cpb} + so * {U * L} + {line * 64 + hint.prefetch}, {allb}))")
+                add(f"{q}        T.evaluate(pf({n0} + j, g * {G // cpb} + so * {U * L} + {ahead}, {allb}))")
         add(f"{q}    for si in T.unroll({U}):")
         add(f"{q}        for j in T.unroll({nc}):")
         add(f"{q}            for c in T.unroll({cpb}):")
@@ -270,13 +279,14 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
         add(f"{p}    output[{row0} + r, {n0} + j] = epi({row0} + r, {n0} + j, hs[0], {allb})")
 
     B = hint.block
+    n_acc, n_ch = max(hint.channels, hint.rows * hint.row_channels), max(hint.channels, hint.row_channels)
     add(f"    for nb in T.parallel({N // B}):")
-    add(f"        acc = T.alloc_buffer(({max(hint.channels, hint.rows * hint.row_channels)}, {L}), 'float32', scope='local')")
-    add(f"        accg = T.alloc_buffer(({max(hint.channels, hint.rows * hint.row_channels)}, {L}), 'float32', scope='local')")
-    add(f"        wv = T.alloc_buffer(({max(hint.channels, hint.row_channels)}, {cpb}, {L}), 'float32', scope='local')")
+    add(f"        acc = T.alloc_buffer(({n_acc}, {L}), 'float32', scope='local')")
+    add(f"        accg = T.alloc_buffer(({n_acc}, {L}), 'float32', scope='local')")
+    add(f"        wv = T.alloc_buffer(({n_ch}, {cpb}, {L}), 'float32', scope='local')")
     add("        hs = T.alloc_buffer((1,), 'float32', scope='local')")
     if permute:
-        add(f"        qi = T.alloc_buffer(({max(hint.channels, hint.row_channels)}, {cpb}, {L}), 'int32', scope='local')")
+        add(f"        qi = T.alloc_buffer(({n_ch}, {cpb}, {L}), 'int32', scope='local')")
     R = hint.rows
     if R > 1:
         add(f"        for rb in range(m // {R}):")
@@ -305,7 +315,8 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         raise ValueError(f"CPUGemvHint does not fit this plan: {bad}")
     L = _step_lanes(plan, min(hint.lanes or lanes, lanes) if hint.lanes else lanes)
     if L is None:
-        raise ValueError(f"CPUGemvHint(lanes={hint.lanes}): no step of that width fits group_size={plan.config.group_size}")
+        raise ValueError(f"CPUGemvHint(lanes={hint.lanes}): no step of that width fits "
+                         f"group_size={plan.config.group_size}")
     lookup = _permute_lookup(plan, L, target)
     text, names = _kernel_script(plan, hint, L, lookup is not None)
     rows = tvm.tirx.Var("m", "int32") if plan.m is None else tvm.tirx.IntImm("int32", plan.m)

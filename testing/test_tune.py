@@ -240,12 +240,18 @@ def test_cpu_tuning_is_bounded(db_path, monkeypatch, caplog):
     assert all(r.from_cache and r.measured_rows == min(b, 64) for b, r in res2.items())
 
 
-def test_tuning_progress_off_a_terminal_warns_when_info_is_off(db_path, caplog):
+def test_tuning_progress_off_a_terminal_goes_to_stderr_when_info_is_off(db_path, capsys):
+    """No logging configured, stderr not a terminal (captured): the progress lines are printed to
+    stderr; progress=False prints nothing."""
     from bitblas.tune import tuner
     cfg = MatmulConfig(M=4, N=64, K=128, A_dtype="float16", W_dtype="int8", with_scaling=True)
-    with caplog.at_level(logging.WARNING, logger="bitblas"):
-        tuner.tune(cfg, "cpu", [4], topk=1, parallel=False, time_budget_s=0.001)
-    assert "progress is logged at INFO" in caplog.text
+    assert not logging.getLogger("bitblas.tune.tuner").isEnabledFor(logging.INFO)
+    tuner.tune(cfg, "cpu", [4], topk=2, parallel=False)
+    err = capsys.readouterr().err
+    assert "[bitblas] tuning float16xint8 N=64 K=128 (cpu, 1 M buckets): started" in err
+    assert " - done" in err
+    tuner.tune(cfg.replace(N=32), "cpu", [4], topk=2, parallel=False, progress=False)
+    assert "[bitblas]" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw, name", [(dict(time_budget_s=-1), "time_budget_s"),

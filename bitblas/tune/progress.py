@@ -1,9 +1,11 @@
 """Progress: a tqdm bar on a terminal; elsewhere (a pipe, a log file, a notebook's captured stderr)
-lines through a logger, so a long run is visible in the logs.
+progress lines, so a long run is visible in the logs.
 
 ``progress_bar(enabled=None)``: a bar when stderr is a terminal, else :class:`LogProgress` when a
-``logger`` is given (one INFO line when a stage starts, then at most one every ``interval_s``
-seconds, and one at the end). ``enabled=True``: a bar even off a terminal; ``False``: nothing.
+``logger`` is given: one line when a stage starts, then at most one every ``interval_s`` seconds,
+and one at the end, as INFO records of ``logger`` where INFO is enabled (the application set a
+level, or ``bitblas.set_log_level("INFO")``), else written to stderr as the bar would have been.
+``enabled=True``: a bar even off a terminal; ``False``: nothing.
 """
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ class _Silent:
 
 
 class LogProgress(_Silent):
-    """A progress bar's interface (``total``, ``update``, ``set_postfix_str``, ``close``) that logs
-    ``desc: n/total unit (postfix), elapsed`` at INFO: when the postfix names a new stage, then at
-    most every ``interval_s`` seconds, and when closed."""
+    """A progress bar's interface (``total``, ``update``, ``set_postfix_str``, ``close``) that emits
+    ``desc: n/total unit (postfix), elapsed``: when the postfix names a new stage, then at most
+    every ``interval_s`` seconds, and when closed; an INFO record of ``logger`` where that level is
+    enabled, else a line on stderr."""
 
     def __init__(self, logger: logging.Logger, desc: str = "", total=0, unit: str = "it",
                  interval_s: float = 30.0, **_):
@@ -44,7 +47,13 @@ class LogProgress(_Silent):
         self.logger, self.desc, self.unit, self.interval_s = logger, desc, unit, interval_s
         self.postfix = ""
         self.t0 = self.last = time.monotonic()
-        self.logger.info("%s: started", desc)
+        self._emit(f"{desc}: started")
+
+    def _emit(self, line: str):
+        if self.logger.isEnabledFor(logging.INFO):
+            self.logger.info("%s", line)
+        else:
+            print(f"[bitblas] {line}", file=sys.stderr, flush=True)
 
     def _line(self) -> str:
         total = f"/{self.total}" if self.total else ""
@@ -55,7 +64,7 @@ class LogProgress(_Silent):
         now = time.monotonic()
         if force or now - self.last >= self.interval_s:
             self.last = now
-            self.logger.info("%s", self._line())
+            self._emit(self._line())
 
     def update(self, n=1):
         super().update(n)
@@ -68,7 +77,7 @@ class LogProgress(_Silent):
         self._maybe(force=new_stage)
 
     def close(self):
-        self.logger.info("%s", self._line() + " - done")
+        self._emit(self._line() + " - done")
 
 
 def _on_terminal() -> bool:

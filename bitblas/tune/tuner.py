@@ -602,12 +602,8 @@ def _gemv_rows(config, kind, rows, hint, target, parallel, db) -> None:
 
 
 def _progress(progress, config, kind="cuda", n_buckets=0):
-    """A bar on a terminal; else progress lines on this module's logger at INFO. When INFO is not
-    shown, one WARNING says that tuning runs and how to see its progress."""
-    from .progress import LogProgress, progress_bar
+    """A bar on a terminal; else progress lines (INFO records of this module's logger, or stderr
+    where INFO is off: see tune/progress.py)."""
+    from .progress import progress_bar
     desc = f"tuning {config.A_dtype}x{config.W_dtype} N={config.N} K={config.K} ({kind}, {n_buckets} M buckets)"
-    bar = progress_bar(enabled=progress, total=0, unit="kernel", leave=False, logger=logger, desc=desc)
-    if isinstance(bar, LogProgress) and not logger.isEnabledFor(logging.INFO):
-        logger.warning("%s: measuring kernels, this takes minutes; progress is logged at INFO "
-                       "(bitblas.set_log_level('INFO') or BITBLAS_LOG_LEVEL=INFO)", desc)
-    return bar
+    return progress_bar(enabled=progress, total=0, unit="kernel", leave=False, logger=logger, desc=desc)

@@ -117,6 +117,34 @@ def test_odd_n_and_nvfp4(N):
     _check(nv, CPUGemvHint.default(make_plan(nv, "cpu")), (1, 6))
 
 
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` that starts one element past a 64-byte boundary."""
+    buf = torch.empty(t.numel() + 64, dtype=t.dtype)
+    off = (-buf.data_ptr() % 64) // t.element_size() + 1
+    v = buf[off:off + t.numel()].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("cfg", [_cfg("uint4", group_size=128, with_scaling=True, with_zeros=True, with_bias=True),
+                                 _cfg("nf4", group_size=64, with_scaling=True),
+                                 _cfg("float16", A_dtype="float16")], ids=["u4_zeros_bias", "nf4", "f16"])
+def test_unaligned_tensors(cfg):
+    """Every tensor (activations, codes, scales, zeros, bias, output) at an odd address, as views into
+    a safetensors file are: the kernel's vector accesses assume no alignment (a crash before)."""
+    plan = make_plan(cfg, "cpu")
+    fn = compile_plan(plan)["main"]
+    inp = random_inputs(cfg, 3, seed=1)
+    out = _misaligned(torch.full((3, cfg.N), float("nan"), dtype=torch.float16))
+    args = [_misaligned(a) if a.numel() > 1 else a for a in kernel_args(plan, inp, out)[:-1]] + [out]
+    assert all(a.data_ptr() % 16 for a in args if a.numel() > 1)
+    fn(*args)
+    assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)
+    op = bitblas.Matmul(cfg, target="llvm")              # and through the operator
+    res = op(_misaligned(inp["A"]), **{k: _misaligned(v) for k, v in inp.items() if k != "A"})
+    assert relative_error(res, reference_matmul(cfg, **inp)) <= tolerance(cfg)
+
+
 def test_hint_checks():
     plan = make_plan(_cfg("uint4", N=40, group_size=128, with_scaling=True), "cpu")
     for hint, word in [(CPUGemvHint(block=16), "block"), (CPUGemvHint(block=8, channels=3), "channels"),

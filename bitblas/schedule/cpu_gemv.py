@@ -178,6 +178,10 @@ class CPUGemvHint:
         return None
 
 
+def _elem_bytes(dtype: str) -> int:
+    return max(1, tvm.DataType(dtype).bits // 8)
+
+
 def _shape(spec) -> str:
     dims = ", ".join("m" if d == "m" else str(d) for d in spec.shape)
     return f"({dims},)" if len(spec.shape) == 1 else f"({dims})"
@@ -199,7 +203,10 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
     names = [s.name for s in plan.args]
     allb = ", ".join(names)
     esize = w.bits // 8 if w.kind == "float" else 1     # bytes per element of W
-    params = ", ".join(f"{s.name}: T.Buffer({_shape(s)}, {s.dtype!r})" for s in plan.args)
+    # align: the element size, so vector loads and stores make no alignment assumption (tensors
+    # reach the kernel as they are, e.g. views into a safetensors file at any offset)
+    params = ", ".join(f"{s.name}: T.Buffer({_shape(s)}, {s.dtype!r}, align={_elem_bytes(s.dtype)})"
+                       for s in plan.args)
 
     lines = []
     add = lines.append

@@ -209,19 +209,24 @@ def main(argv=None) -> int:
           f"{'one weight copy' if args.hot else 'weights cycled past 2x the LLC'}; load {meta['load_start']}")
     rows = []
     _header()
-    for n_thr in threads:
-        bitblas.set_cpu_threads(n_thr)
-        torch.set_num_threads(n_thr)
-        for fmt in fmts:
-            for N, K in shapes:
-                for m in ms:
-                    r = bench_row(fmt, N, K, m, args.rounds, args.sample_ms, llc, args.hot, not args.no_bf16,
-                                  not args.no_check)
-                    r["threads"] = n_thr
-                    rows.append(r)
-                    _line(r)
-                    if args.json:
-                        _save(args.json, meta, rows)
+    torch_threads = torch.get_num_threads()
+    try:
+        for n_thr in threads:
+            bitblas.set_cpu_threads(n_thr)
+            torch.set_num_threads(n_thr)
+            for fmt in fmts:
+                for N, K in shapes:
+                    for m in ms:
+                        r = bench_row(fmt, N, K, m, args.rounds, args.sample_ms, llc, args.hot, not args.no_bf16,
+                                      not args.no_check)
+                        r["threads"] = n_thr
+                        rows.append(r)
+                        _line(r)
+                        if args.json:
+                            _save(args.json, meta, rows)
+    finally:                                    # the caller's thread counts (when called from Python)
+        torch.set_num_threads(torch_threads)
+        bitblas.set_cpu_threads(int(os.environ.get("TVM_NUM_THREADS") or bitblas.build.physical_cores()))
     meta["load_end"] = _load()
     print()
     print_table(rows)

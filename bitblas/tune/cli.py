@@ -151,6 +151,7 @@ def run_tune(args) -> int:
                          "hint": "Deq+WGMMA" if r.skipped else type(r.hint).__name__,
                          "default_ms": r.default_latency_ms, "tuned_ms": r.latency_ms,
                          "speedup": r.speedup, "cached": r.from_cache, "tune_s": r.seconds, "skipped": r.skipped,
+                         "measured_rows": r.measured_rows,
                          "sites": names, "wall_s": time.perf_counter() - t0})
     _print_table(rows)
     if any(r.get("skipped") for r in rows):

@@ -23,11 +23,12 @@ from .utils import auto_detect_nvidia_target  # noqa: E402
 from . import nn, torch_op, workload  # noqa: E402
 from .nn import Linear, QuantLinear, quantize_model  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeightOnlyDequantizeConfig",
            "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "auto_detect_nvidia_target", "set_log_level",
            "quantization", "formats", "nn", "Linear", "QuantLinear", "quantize_model",
-           "cache", "workload", "set_database_path", "get_database_path", "set_cpu_threads", "__version__"]
+           "cache", "workload", "set_database_path", "get_database_path", "tvm", "set_cpu_threads",
+           "__version__"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -78,3 +79,11 @@ def _init_logging_from_env():
 
 
 _init_logging_from_env()
+
+
+def __getattr__(name):
+    # bitblas.tvm: the TVM bitblas uses (Microsoft BitBLAS's name), imported on first access
+    if name == "tvm":
+        from ._tvm import tvm
+        return tvm
+    raise AttributeError(f"module 'bitblas' has no attribute {name!r}")

@@ -5,11 +5,13 @@ codegen is checked there by compiling the generated source with nvcc (:func:`nvc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from typing import Optional, Union
@@ -101,8 +103,9 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     if isinstance(target, tvm.target.Target):
         t = target
     elif isinstance(target, str) and target.startswith("sm_"):
-        t = tvm.target.Target({"kind": "cuda", "arch": target, "max_shared_memory_per_block": 49152,
-                               "max_threads_per_block": 1024, "thread_warp_size": 32})
+        t = tvm.target.Target(_arch_target(target))
+    elif isinstance(target, str) and target.split()[0] in ("cuda", "nvidia/cuda") and len(target.split()) > 1:
+        t = tvm.target.Target(_cli_target(target))
     elif isinstance(target, (str, dict)):
         if target == "cuda":
             from .utils import auto_detect_nvidia_target
@@ -117,6 +120,48 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
         raise ValueError(f"target={target!r} is a {t.kind.name} target; a CUDA target is needed "
                          "(CPU tensors always use the CPU backend)")
     return t
+
+
+def _arch_target(arch: str) -> dict:
+    """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
+    else generic ones (48 KB shared memory per block)."""
+    from .utils import auto_detect_nvidia_target
+    info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
+            "thread_warp_size": 32}
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    try:
+        import torch
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            if f"{p.major}{p.minor}" == digits:
+                local = dict(auto_detect_nvidia_target().export())
+                info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
+    except Exception:  # noqa: BLE001 - a broken driver: generic limits
+        pass
+    return info
+
+
+def _cli_target(text: str) -> dict:
+    """TVM's older CLI target form, which TVM 0.27 refuses ("cuda -arch=sm_80
+    -max_shared_memory_per_block=49152 -keys=cuda,gpu"), as a target dict."""
+    kind, *opts = text.split()
+    attrs = {}
+    for opt in opts:
+        if not opt.startswith("-") or "=" not in opt:
+            raise ValueError(f"target={text!r}: cannot read {opt!r}; expected -key=value options")
+        k, v = opt.lstrip("-").split("=", 1)
+        if k in ("keys", "libs", "mattr"):
+            attrs[k] = v.split(",")
+        elif v.lstrip("-").isdigit():
+            attrs[k] = int(v)
+        elif v in ("true", "false"):
+            attrs[k] = v == "true"
+        else:
+            attrs[k] = v
+    info = _arch_target(attrs["arch"]) if "arch" in attrs else {"kind": "cuda"}
+    info.update(attrs)
+    info["kind"] = "cuda" if kind == "nvidia/cuda" else kind
+    return info
 
 
 def lower_plan(plan: Plan, hint=None, target=None):
@@ -223,8 +268,26 @@ def _nvcc(source: str, arch: str, timeout: float, extra=()):
         with open(src, "w") as f:
             f.write(source)
         cmd = [nvcc, "--cubin", "-O3", f"-arch={arch}", "-lineinfo", *extra, "-o", out, src]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        code, stdout, stderr = run_process_group(cmd, timeout)
+        if code != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{stderr[-4000:]}")
         with open(out, "rb") as f:
-            return f.read(), r.stdout + r.stderr
+            return f.read(), stdout + stderr
+
+
+def run_process_group(cmd, timeout: float):
+    """(return code, stdout, stderr) of ``cmd`` run in a process group of its own. On timeout the
+    whole group is killed (nvcc's children, cicc and ptxas, keep compiling when only nvcc is) and
+    TimeoutError is raised."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except BaseException as e:               # the timeout, or KeyboardInterrupt: no compiler left behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise TimeoutError(f"{os.path.basename(cmd[0])} did not finish in {timeout:g} s "
+                               f"(its process group was killed): {' '.join(map(str, cmd))}") from None
+        raise
+    return p.returncode, stdout, stderr

@@ -14,17 +14,22 @@ from .formats import ACTIVATION_FORMATS, WEIGHT_FORMATS, get_format
 
 __all__ = ["MatmulConfig", "OUT_DTYPES", "ACCUM_DTYPES", "ZEROS_MODES", "LAYOUTS"]
 
-OUT_DTYPES = ("float16", "bfloat16", "float32", "int32")
+OUT_DTYPES = ("float16", "bfloat16", "float32", "int32", "int8")
 ACCUM_DTYPES = ("float16", "float32", "int32")
 ZEROS_MODES = ("original", "rescale", "quantized")
 LAYOUTS = ("nt", "nn")
 STORAGE_DTYPES = ("int8",)
+# Microsoft BitBLAS's dtype spellings -> ours
+DTYPE_ALIASES = {"e4m3_float8": "float8_e4m3", "e5m2_float8": "float8_e5m2", "float8_e4m3fn": "float8_e4m3"}
+# BitBLAS's TransformKind values for propagate_a / propagate_b (bool True means LDMatrixTransform)
+TRANSFORM_KINDS = (0, 1, 2, 3)
 
 # Activation -> weight formats it pairs with (beyond the float activations, which take every weight).
 _INT_WEIGHTS = ("int8", "int4", "int2", "int1", "uint8", "uint4", "uint2", "uint1")
 _PAIRS = {
     "int8": _INT_WEIGHTS,
     "int4": ("int4", "int2", "int1", "uint4", "uint2", "uint1"),
+    "uint4": ("int4", "int2", "int1", "uint4", "uint2", "uint1"),     # BitBLAS's uint4 x uint4 and below
     "float8_e4m3": ("float8_e4m3", "float8_e5m2"),
     "float8_e5m2": ("float8_e4m3", "float8_e5m2"),
 }
@@ -48,8 +53,10 @@ class MatmulConfig:
     M: int (static), a list of ints (dynamic, kernels tuned for those buckets) or None (dynamic).
     W is [N, K] for layout "nt" and [K, N] for "nn". group_size=-1: one scale per output channel.
     zeros_mode: "original" (q - z) * s; "rescale" q * s - z; "quantized" (q - z_q) * s with z_q
-    stored as packed codes. with_act_scaling: a per-token float32 activation scale [M] (integer
-    and float8 activations), applied with the per-channel weight scale in the epilogue.
+    stored as packed codes; with zeros but no scaling: q - z (s = 1). with_act_scaling: a per-token
+    float32 activation scale [M] (integer and float8 activations), applied with the per-channel
+    weight scale in the epilogue. propagate_a / propagate_b: Microsoft BitBLAS's layout flags,
+    accepted and kept (results do not depend on them).
     """
 
     M: Union[int, Tuple[int, ...], None] = None
@@ -68,20 +75,40 @@ class MatmulConfig:
     fast_decoding: Optional[bool] = None
     storage_dtype: str = "int8"
     with_act_scaling: bool = False
+    # Microsoft BitBLAS's weight / activation layout flags (its TransformKind: None, a bool or 0-3).
+    # Accepted and reported; bitblas picks its own layouts, so results do not depend on them.
+    propagate_a: Union[None, bool, int] = None
+    propagate_b: Union[None, bool, int] = None
     in_dtype: InitVar[Optional[str]] = None
 
     def __post_init__(self, in_dtype):
-        # Normalise spellings only (aliases, list -> tuple); derived choices belong to the plan.
+        # Normalise spellings only (aliases, BitBLAS's None defaults, list -> tuple); derived
+        # choices belong to the plan.
         if in_dtype is not None:
             if self.A_dtype != "float16" and self.A_dtype != in_dtype:
                 raise ValueError(f"MatmulConfig: in_dtype={in_dtype!r} and A_dtype={self.A_dtype!r} disagree; give one")
             object.__setattr__(self, "A_dtype", in_dtype)
+        for name in ("A_dtype", "W_dtype", "out_dtype", "accum_dtype", "storage_dtype"):
+            v = getattr(self, name)
+            if isinstance(v, str) and v in DTYPE_ALIASES:
+                object.__setattr__(self, name, DTYPE_ALIASES[v])
         if self.W_dtype is None:
             object.__setattr__(self, "W_dtype", self.A_dtype)
         if isinstance(self.M, (list, tuple)):
             object.__setattr__(self, "M", tuple(self.M))
         if self.group_size is None:
             object.__setattr__(self, "group_size", -1)
+        for name in ("with_bias", "with_scaling", "with_zeros"):      # BitBLAS: None means False
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, False)
+        if self.zeros_mode is None:                                   # BitBLAS: None means "original"
+            object.__setattr__(self, "zeros_mode", "original")
+        if self.storage_dtype == self.W_dtype == self.A_dtype:        # BitBLAS reports W_dtype as storage
+            object.__setattr__(self, "storage_dtype", "int8")
+        for name in ("propagate_a", "propagate_b"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool) and isinstance(v, int):
+                object.__setattr__(self, name, int(v))                # an IntEnum (TransformKind) -> int
         self._check_values()
         self._check_combination()
 
@@ -116,6 +143,10 @@ class MatmulConfig:
                 raise _bad(name, getattr(self, name), "True or False")
         if self.fast_decoding is not None and not isinstance(self.fast_decoding, bool):
             raise _bad("fast_decoding", self.fast_decoding, "True, False or None")
+        for name in ("propagate_a", "propagate_b"):
+            v = getattr(self, name)
+            if not (v is None or isinstance(v, bool) or (isinstance(v, int) and v in TRANSFORM_KINDS)):
+                raise _bad(name, v, "None, True, False or a TransformKind 0-3")
         g = self.group_size
         if isinstance(g, bool) or not isinstance(g, int) or (g != -1 and g < 1):
             raise _bad("group_size", g, "-1 (per output channel) or a positive int dividing K")
@@ -136,8 +167,11 @@ class MatmulConfig:
             ok = ("float16", "float32") if float_acts else (("int32",) if a.integer else ("float32",))
             if self.accum_dtype not in ok:
                 raise _bad("accum_dtype", self.accum_dtype, f"{', '.join(ok)} or None for A_dtype={a.name!r}")
-        if self.out_dtype == "int32" and (not a.integer or self.with_scaling or self.with_act_scaling):
-            raise unsupported("out_dtype='int32' needs integer activations and weights without scales "
+        if self.out_dtype == "int8" and not a.integer:
+            raise _bad("out_dtype", "int8", f"float16, bfloat16 or float32 for A_dtype={a.name!r} (int8 output "
+                                            "needs integer activations)")
+        if self.out_dtype in ("int32", "int8") and (not a.integer or self.with_scaling or self.with_act_scaling):
+            raise unsupported(f"out_dtype={self.out_dtype!r} needs integer activations and weights without scales "
                               "(with_scaling=False, with_act_scaling=False)")
         if self.with_scaling and w.scale == "none":
             raise unsupported(f"with_scaling=True: W_dtype={w.name!r} is not quantized and takes no scale")
@@ -146,8 +180,6 @@ class MatmulConfig:
         if w.group_size is not None and self.group_size != w.group_size:
             raise _bad("group_size", self.group_size, f"{w.group_size} (fixed by W_dtype={w.name!r})")
         if self.with_zeros:
-            if not self.with_scaling:
-                raise _bad("with_zeros", True, "False unless with_scaling=True (zeros come with scales)")
             if not w.zeros:
                 raise unsupported(f"with_zeros=True: W_dtype={w.name!r} takes no zero points (integer formats do)")
             if not float_acts:

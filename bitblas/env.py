@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOG_LEVEL", "LOG_LEVEL_SET", "TARGET", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
+__all__ = ["LOG_LEVEL", "LOG_LEVEL_SET", "TARGET", "target", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
 
 # BITBLAS_LOG_LEVEL: level name for the "bitblas" logger (default WARNING); when set, `import bitblas`
 # calls bitblas.set_log_level with it (a stderr handler on the "bitblas" logger).
@@ -11,6 +11,12 @@ LOG_LEVEL = os.environ.get("BITBLAS_LOG_LEVEL", "WARNING")
 LOG_LEVEL_SET = bool(os.environ.get("BITBLAS_LOG_LEVEL"))
 # TVM_TARGET (BitBLAS's name) or BITBLAS_TARGET: the CUDA target used when Matmul(target=None).
 TARGET = os.environ.get("BITBLAS_TARGET") or os.environ.get("TVM_TARGET")
+
+
+def target():
+    """BITBLAS_TARGET or TVM_TARGET as set now (integrations such as GPTQModel set TVM_TARGET after
+    importing bitblas); TVM's older CLI form ("cuda -arch=sm_80") is accepted (bitblas.build.cuda_target)."""
+    return os.environ.get("BITBLAS_TARGET") or os.environ.get("TVM_TARGET")
 # CUDA toolkit used to compile generated CUDA with nvcc (tests, get_source checks).
 CUDA_HOME = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
 

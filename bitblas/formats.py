@@ -7,9 +7,19 @@ branches on format names.
 Decoding rules (the value a code stands for, before scales and zeros):
 
 * ``kind == "float"``: a native IEEE tensor (float16, bfloat16, float32), taken as is.
-* ``kind == "int"``:   B-bit two's complement, value in [-2**(B-1), 2**(B-1) - 1].
+* ``kind == "int"``:   a B-bit signed integer q in [-2**(B-1), 2**(B-1) - 1].
 * ``kind == "uint"``:  B-bit unsigned, value in [0, 2**B - 1].
 * ``kind == "table"``: the code indexes ``table`` (nf4, fp4_e2m1, nvfp4 codes, float8 bit patterns).
+
+Storage (:func:`code_storage`, Microsoft BitBLAS's byte layouts): the B-bit field ``u`` stored for
+a code is
+
+* ``"offset"`` (offset-binary, ``u = q + 2**(B-1)``, decoded ``u - 2**(B-1)``): signed weights of
+  1, 2 and 4 bits, as BitBLAS's ``transform_weight`` stores them (int1: u 0 / 1 = -1 / 0);
+* ``"twos"`` (two's complement): int8 weights, int4 activations, and every int weight with int4
+  activations (BitBLAS multiplies int4 x int4 natively, mma ``.s4``, stores both as they are, and
+  widens int2 / int1 fields to int4 without an offset);
+* ``"plain"`` (``u`` = the code): unsigned and table formats.
 
 Sub-byte codes are packed along K into int8 storage, little-endian inside each byte: code ``k``
 sits at bit offset ``(k % codes_per_byte) * bits`` of byte ``k // codes_per_byte``.
@@ -20,7 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["Format", "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "get_format", "NF4_TABLE"]
+__all__ = ["Format", "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "get_format", "NF4_TABLE", "STORAGES",
+           "code_storage"]
 
 
 def _minifloat_table(exp_bits: int, man_bits: int, bias: int, ieee_special: bool, fn_nan: bool) -> Tuple[float, ...]:
@@ -100,6 +111,12 @@ class Format:
         raise TypeError(f"{self.name} has no integer codes")
 
     @property
+    def storage(self) -> str:
+        """How a weight code of this format is stored with float or int8 activations (see
+        :func:`code_storage`): "offset", "twos" or "plain"."""
+        return code_storage(self)
+
+    @property
     def max_abs(self) -> float:
         """Largest finite magnitude a code decodes to (used to pick scales)."""
         if self.kind == "table":
@@ -116,10 +133,11 @@ def _entries():
     for b in (8, 4, 2, 1):
         lo, hi = -(1 << (b - 1)), (1 << (b - 1)) - 1
         roles = AW if b in (8, 4) else W
-        yield Format(f"int{b}", b, "int", roles, f"{b}-bit two's complement q in [{lo}, {hi}]; q * s, (q - z) * s or q * s - z",
-                     zeros=True)
+        stored = "two's complement" if b == 8 else f"weights stored offset-binary q + {1 << (b - 1)}"
+        yield Format(f"int{b}", b, "int", roles, f"{b}-bit signed q in [{lo}, {hi}] ({stored}); q * s, (q - z) * s or "
+                     "q * s - z", zeros=True)
     for b in (8, 4, 2, 1):
-        yield Format(f"uint{b}", b, "uint", W, f"{b}-bit unsigned q in [0, {(1 << b) - 1}]; q, q * s, (q - z) * s or q * s - z",
+        yield Format(f"uint{b}", b, "uint", AW if b == 4 else W, f"{b}-bit unsigned q in [0, {(1 << b) - 1}]; q, q * s, (q - z) * s or q * s - z",
                      zeros=True)
     yield Format("nf4", 4, "table", W, "4-bit index into the NormalFloat4 table (QLoRA), times s", table=NF4_TABLE)
     yield Format("fp4_e2m1", 4, "table", W, "4-bit float e2m1 (sign, 2 exponent bits, 1 mantissa bit; 0..6), times s",
@@ -131,6 +149,24 @@ def _entries():
     yield Format("nvfp4", 4, "table", W,
                  "e2m1 code times a float8_e4m3 scale per 16 consecutive K elements, times an optional float32 global scale",
                  table=E2M1_TABLE, scale="required", group_size=16, scale_format="float8_e4m3", global_scale=True)
+
+
+STORAGES = ("offset", "twos", "plain")
+
+
+def code_storage(fmt: Format, role: str = "W", act: Optional[Format] = None) -> str:
+    """How the codes of ``fmt`` are stored in the packed bytes (module docstring): "offset"
+    (offset-binary), "twos" (two's complement) or "plain". ``role``: "W" (weights; ``act``, the
+    activation format they meet, None for float activations) or "A" (activations)."""
+    if fmt.kind != "int":
+        return "plain"
+    if role == "A" or fmt.bits == 8:
+        return "twos"
+    if act is not None and act.kind == "int" and act.bits == 4:
+        # int4 activations: every int weight is two's complement, as Microsoft BitBLAS's int4 test
+        # hands over raw int4 / int2 fields (its int2 -> int4 decode keeps the field as is)
+        return "twos"
+    return "offset"
 
 
 FORMATS: Dict[str, Format] = {f.name: f for f in _entries()}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from .config import MatmulConfig
-from .formats import FORMATS, Format
+from .formats import FORMATS, Format, code_storage
 
 __all__ = ["ArgSpec", "Plan", "make_plan", "M_VAR"]
 
@@ -51,6 +51,8 @@ class Plan:
     scale_in_epilogue: bool          # per-channel weight scale applied after the reduction
     groups: int                      # scale groups along K
     args: Tuple[ArgSpec, ...]
+    w_storage: str                   # how W's codes (and quantized zeros) are stored: formats.code_storage
+    a_storage: str                   # how A's codes are stored
 
     @property
     def float_acts(self) -> bool:
@@ -118,7 +120,8 @@ def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] =
         add("scale", (c.N, groups), scale_dtype, doc=f"weight scale, one per {c.group_size if groups > 1 else c.K} K elements")
     if c.with_zeros:
         if c.zeros_mode == "quantized":
-            add("zeros", (c.N, -(-groups // w.codes_per_byte)), "int8", doc="zero-point codes packed like W")
+            add("zeros", (groups, -(-c.N // w.codes_per_byte)), "int8",
+                doc="zero-point codes [groups, N], packed along N like GPTQ's qzeros and BitBLAS")
         else:
             add("zeros", (c.N, groups), scale_dtype, doc="zero points")
     if c.with_bias:
@@ -134,4 +137,5 @@ def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] =
     if a.kind == "table":
         add("a_table", (len(a.table),), "float32", role="table")
     add("output", (rows, c.N), c.out_dtype, role="output")
-    return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args))
+    return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args),
+                code_storage(w, "W", None if float_acts else a), code_storage(a, "A"))

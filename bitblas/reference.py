@@ -25,6 +25,7 @@ TOLERANCES = {
     "float32": 1e-4,
     "int8": 1e-4,
     "int4": 1e-4,
+    "uint4": 1e-4,
     "float8_e4m3": 1e-4,
     "float8_e5m2": 1e-4,
     "int32": 0.0,
@@ -87,6 +88,8 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
     c = config
     wshape = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     weight = torch.randn(wshape, generator=g) * 0.05
+    if FORMATS[c.W_dtype].kind == "uint" and c.with_scaling and not c.with_zeros:
+        weight = weight.abs()       # unsigned codes without zero points hold no negative weights
     out = {k: v.to(device) for k, v in quantize(weight, c).items()}
     lead = tuple(lead) if lead is not None else (m,)
     x = torch.randn(*lead, c.K, generator=g)
@@ -95,6 +98,12 @@ def random_inputs(config: MatmulConfig, m: int, device="cpu", seed: Optional[int
         # float8 without a per-token scale: taken as is (quantizing per token would stretch x to
         # the format's range, 57344 for e5m2, and overflow a float16 output)
         out["A"] = x.to(TORCH_DTYPES[a.torch_dtype]).to(device)
+    elif a.kind == "uint":          # unsigned activation codes (uint4): random codes, unit scales
+        from .quantization.utils import pack_codes
+        q = torch.randint(0, 1 << a.bits, (*lead, c.K), generator=g, dtype=torch.int32)
+        out["A"] = pack_codes(q, a).to(device)
+        if c.with_act_scaling:
+            out["a_scale"] = torch.ones(lead, dtype=torch.float32).to(device)
     else:
         q, s = quantize_activation(x, c.A_dtype)
         out["A"] = q.to(device)

@@ -2,7 +2,9 @@
 GPU check of one built kernel against the float64 reference."""
 from __future__ import annotations
 
+import os
 import random
+import struct
 from typing import Optional
 
 import torch
@@ -83,3 +85,11 @@ def ranked_candidates(cfg, bucket: int, spec):
         if math.isfinite(cost):
             out.append(Candidate(c.plan_m, c.hint, cost))
     return sorted(out, key=lambda c: c.cost)
+
+
+def elf_bytes(n: int) -> bytes:
+    """A complete 64-bit little-endian ELF header (no segments or sections) and ``n`` random bytes:
+    what the database takes as a library file."""
+    head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 56, 0, 64, 0, 0)
+    assert len(head) == 64
+    return head + os.urandom(n)

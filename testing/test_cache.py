@@ -19,6 +19,7 @@ from bitblas.cache import kernels as km
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import CPUHint
+from kernel_helpers import elf_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = MatmulConfig(M=None, N=128, K=256, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
@@ -64,7 +65,7 @@ def test_disable_cache(monkeypatch, db_path):
 def test_put_get_roundtrip_and_files(db_path, tmp_path):
     db = bitblas.cache.get_database()
     f = tmp_path / "k.so"
-    f.write_bytes(b"\x7fELF" + os.urandom(1000))
+    f.write_bytes(elf_bytes(1000))
     key = {"a": 1, "b": [1, 2]}
     rec = db.put("kernel", key, {"x": 5}, {"kernel": str(f)})
     got = db.get("kernel", key)
@@ -99,7 +100,7 @@ def test_key_changes_with_versions(monkeypatch):
 def test_damaged_entry_warns_and_is_rebuilt(db_path, tmp_path, caplog, damage):
     db = bitblas.cache.get_database()
     f = tmp_path / "k.so"
-    f.write_bytes(os.urandom(4096))
+    f.write_bytes(elf_bytes(4096))
     key = {"k": damage}
     rec = db.put("kernel", key, {"x": 1}, {"kernel": str(f)})
     path = db.record_path("kernel", key)
@@ -134,7 +135,7 @@ def test_corrupt_kernel_library_is_rebuilt_with_correct_results(db_path, caplog)
     key = km.kernel_key(plan, hint, km.target_desc("cpu"))
     rec = db.get("kernel", key)
     kfile = db.file_path("kernel", rec, "kernel")
-    junk = b"this is not a shared library" * 10
+    junk = elf_bytes(300)       # a complete ELF header (it passes the database's checks), no library
     os.chmod(kfile, 0o644)
     open(kfile, "wb").write(junk)
     import hashlib
@@ -268,7 +269,7 @@ _WRITER = """
 def test_concurrent_writers_never_corrupt_or_lose(db_path):
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WRITER.format(path=db_path))],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=ROOT)) for _ in range(4)]
+                              env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     db = bitblas.cache.get_database()

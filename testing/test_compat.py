@@ -73,7 +73,7 @@ def test_weight_only_dequantize_transform_and_call():
     W, s, z = res
     assert W.dtype == torch.int8 and W.shape == (N, K // 2)
     assert torch.equal(s, scale)
-    assert z.dtype == torch.int8 and z.shape == (N, 1)        # two 4-bit zero codes in one byte
+    assert z.dtype == torch.int8 and z.shape == (2, N // 2)   # [groups, N] packed along N: 2 codes a byte
     assert torch.equal(op.transform_weight(codes), W)
     A = torch.randn(5, K, dtype=torch.float16)
     out = _poisoned((5, N))

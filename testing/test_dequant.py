@@ -48,7 +48,7 @@ from bitblas.build import cuda_target, find_nvcc, nvcc_compile
 from bitblas.formats import FORMATS, WEIGHT_FORMATS
 from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
-from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, dequantize
+from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, dequantize, unpack_zeros
 from bitblas.quantization.utils import unpack_codes
 from bitblas.reference import random_inputs
 from bitblas.schedule.cuda_dequant import (build_dequant, dequant_args, dequant_source, dequant_unsupported,
@@ -140,7 +140,7 @@ def _single_rounding(cfg, inputs) -> bool:
 def _terms(cfg, inputs) -> torch.Tensor:
     """M: the largest magnitude among the intermediates, per element (float64 [N, K])."""
     plan = make_plan(cfg, "cuda")
-    v = decode_values(unpack_codes(inputs["W"].cpu().view(torch.int8), plan.w), plan.w)
+    v = decode_values(unpack_codes(inputs["W"].cpu().view(torch.int8), plan.w, plan.w_storage), plan.w)
     if not cfg.with_scaling:
         return v.abs()
     gs = cfg.K if plan.groups == 1 else cfg.group_size
@@ -152,7 +152,7 @@ def _terms(cfg, inputs) -> torch.Tensor:
     m = (v * s).abs()
     if cfg.with_zeros:
         if cfg.zeros_mode == "quantized":
-            z = expand(unpack_codes(inputs["zeros"].cpu(), plan.w))
+            z = expand(unpack_zeros(cfg, inputs["zeros"].cpu()))
         else:
             z = expand(inputs["zeros"])
         m = torch.maximum(m, z.abs() if cfg.zeros_mode == "rescale" else (z * s).abs())

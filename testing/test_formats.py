@@ -33,7 +33,7 @@ def test_integer_code_range(name):
 
 
 def test_roles():
-    assert set(bitblas.ACTIVATION_FORMATS) == {"float16", "bfloat16", "float32", "int8", "int4", "float8_e4m3",
+    assert set(bitblas.ACTIVATION_FORMATS) == {"float16", "bfloat16", "float32", "int8", "int4", "uint4", "float8_e4m3",
                                                "float8_e5m2"}
     assert "float32" not in bitblas.WEIGHT_FORMATS
     assert {"uint1", "int2", "nf4", "fp4_e2m1", "nvfp4", "float8_e5m2"} <= set(bitblas.WEIGHT_FORMATS)

@@ -241,7 +241,7 @@ def test_int8_act_decode_dot(wd, nw):
     fmt = FORMATS[wd]
     V = nw * 32 // fmt.bits                                  # values per vector
     na = V // 4
-    src = _i8_helpers("t", fmt.bits, fmt.kind == "int", nw)
+    src = _i8_helpers("t", fmt.bits, fmt.storage, nw)
     rng = random.Random(nw * 31 + fmt.bits)
     nb = 4 * nw
     vecs = [bytes((i * nb + j) & 0xFF for j in range(nb)) for i in range(-(-256 // nb))]       # every byte value
@@ -262,11 +262,229 @@ def test_int8_act_decode_dot(wd, nw):
 
 
 def test_int8_act_decode_consts():
-    """The lop3 truth table is (a & b) ^ c; signed sub-byte codes are offset by 2**(bits-1) (undone
-    by the dp4a chain's start), unsigned ones and 8-bit words are taken as they are."""
+    """The lop3 truth table is (a & b) ^ c; signed sub-byte codes are stored offset by 2**(bits-1)
+    (offset-binary, undone by the dp4a chain's start) and need no XOR; two's complement ones would
+    be XOR-ed to it; unsigned ones and 8-bit words are taken as they are."""
     from bitblas.schedule.gemv_int8 import _i8_consts
-    k = _i8_consts(4, True)
+    k = _i8_consts(4, "twos")
     assert g._emu_lop3(0xF7, 0x0F0F0F0F, 0x08080808, k["lut"]) == 0x0808080F
     assert (k["off"], k["xor"], k["wtype"]) == (8, 0x08080808, "u32")
-    assert _i8_consts(4, False)["off"] == 0 and _i8_consts(1, True)["shifts"] == tuple(range(8))
-    assert _i8_consts(8, True)["wtype"] == "s32" and _i8_consts(8, False)["wtype"] == "u32"
+    assert (_i8_consts(4, "offset")["off"], _i8_consts(4, "offset")["xor"]) == (8, 0)
+    assert _i8_consts(4, "plain")["off"] == 0 and _i8_consts(1, "offset")["shifts"] == tuple(range(8))
+    assert _i8_consts(8, "twos")["wtype"] == "s32" and _i8_consts(8, "plain")["wtype"] == "u32"
+
+
+# -- float activations x int / uint codes: the magic-number decoder (cuda_gemv._int_helpers) -------
+def _round_act(v: float, act: str) -> float:
+    return float(torch.tensor(v, dtype=torch.float64).to(TORCH[act]).double())
+
+
+def _pair_bits(lo: float, hi: float, act: str) -> int:
+    return g._act_bits(lo, act) | (g._act_bits(hi, act) << 16)
+
+
+def _pair(bits: int, act: str):
+    return (_half(bits & 0xFFFF, act), _half(bits >> 16, act))
+
+
+def _run_float_dec(src: str, words, off: int, act: str):
+    """Interpret a generated ``bb_dec`` of the int path (every line form it emits): the decoded
+    registers ``d[i]`` as (low, high) value pairs (half2 / bfloat162 outputs) or floats (float32
+    outputs). Arithmetic is exact in float64, rounded to the register's dtype as the GPU rounds."""
+    import re
+    t2 = r"(?:__half2|__nv_bfloat162)"
+    env = {"off": off}
+    d = {}
+    for line in src.strip().splitlines()[1:-1]:
+        line = line.strip()
+        if line in ("{", "}"):
+            continue
+        m = re.fullmatch(r"const unsigned z0u = \(0x([0-9a-f]+)u \+ \(unsigned\)off\) \* 0x10001u;", line)
+        if m:
+            env["z0u"] = ((int(m[1], 16) + off) & 0xFFFF) * 0x10001
+            continue
+        m = re.fullmatch(rf"const {t2} z0 = \*reinterpret_cast<const {t2}\*>\(&z0u\);", line)
+        if m:
+            env["z0"] = _pair(env["z0u"], act)
+            continue
+        m = re.fullmatch(rf"const {t2} (m\d+) = __float2(?:half2|bfloat162)_rn\(([-\d.e]+)f\);", line)
+        if m:
+            env[m[1]] = (_round_act(float(m[2]), act),) * 2
+            continue
+        m = re.fullmatch(rf"const {t2} (c\d+) = __float2(?:half2|bfloat162)_rn\(-\(([-\d.e]+)f \+ \(float\)off\)\);", line)
+        if m:
+            env[m[1]] = (_round_act(-(float(m[2]) + off), act),) * 2
+            continue
+        m = re.fullmatch(r"const unsigned (w\d+) = w\[(\d+)\](?: >> (\d+))?;", line)
+        if m:
+            env[m[1]] = words[int(m[2])] >> int(m[3] or 0)
+            continue
+        m = re.fullmatch(r'\{ unsigned x; asm\("lop3\.b32 %0, %1, 0x([0-9a-f]+), 0x([0-9a-f]+), 0x([0-9a-f]+);" '
+                         r': "=r"\(x\) : "r"\((w\d+)\)\);', line)
+        if m:
+            env["x"] = g._emu_lop3(env[m[4]], int(m[1], 16), int(m[2], 16), int(m[3], 16))
+            continue
+        m = re.fullmatch(rf"{t2} v = __hsub2\(\*reinterpret_cast<{t2}\*>\(&x\), z0\);", line)
+        if m:
+            x = _pair(env["x"], act)
+            env["v"] = tuple(_round_act(a - b, act) for a, b in zip(x, env["z0"]))
+            continue
+        m = re.fullmatch(rf"{t2} v = __hfma2\(\*reinterpret_cast<{t2}\*>\(&x\), (m\d+), (c\d+)\);", line)
+        if m:
+            x = _pair(env["x"], act)
+            env["v"] = tuple(_round_act(a * b + c, act) for a, b, c in zip(x, env[m[1]], env[m[2]]))
+            continue
+        m = re.fullmatch(r"d\[(\d+)\] = \*reinterpret_cast<unsigned\*>\(&v\); \}", line)
+        if m:
+            d[int(m[1])] = env["v"]
+            continue
+        m = re.fullmatch(r"const float c = 8388608\.f \+ \(float\)off;", line)
+        if m:
+            env["c"] = 8388608.0 + off
+            continue
+        m = re.fullmatch(r"\{ unsigned x = (?:\(w\[(\d+)\] \^ 0x([0-9a-f]+)u\)|w\[(\d+)\]);(?: float f\[4\];)?", line)
+        if m:
+            env["x"] = words[int(m[1])] ^ int(m[2], 16) if m[1] else words[int(m[3])]
+            continue
+        m = re.fullmatch(r"(d|f)\[(\d+)\] = __uint_as_float\(__byte_perm\(x, 0x4B000000u, 0x([0-9a-f]+)\)\) - c;", line)
+        if m:
+            bits = g._emu_prmt(env["x"], 0x4B000000, int(m[3], 16))
+            val = struct.unpack("<f", struct.pack("<I", bits))[0] - env["c"]
+            (d if m[1] == "d" else env.setdefault("f", {}))[int(m[2])] = val
+            continue
+        m = re.fullmatch(r"\{ __nv_bfloat162 v = __floats2bfloat162_rn\(f\[(\d)\], f\[(\d)\]\); "
+                         r"d\[(\d+)\] = \*reinterpret_cast<unsigned\*>\(&v\); \}", line)
+        if m:
+            d[int(m[3])] = (_round_act(env["f"][int(m[1])], act), _round_act(env["f"][int(m[2])], act))
+            continue
+        raise AssertionError(f"line form the interpreter does not know: {line!r}")
+    return d
+
+
+_INT_WEIGHTS = ("int1", "int2", "int4", "int8", "uint1", "uint2", "uint4", "uint8")
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("wd", _INT_WEIGHTS)
+@pytest.mark.parametrize("nw, half_pairs", [(1, False), (2, False), (1, True)], ids=["nw1", "nw2", "nw1-pairs"])
+def test_int_decode_float_acts(act, wd, nw, half_pairs):
+    """The float-activation GEMV's int decoder (every kernel family that takes float activations:
+    rows, staged row, k-split, tensor-core GEMV and its chunk loop, wgmma GEMV), run from its
+    generated source: for words covering every field value at every position and random words,
+    and offsets ``off`` over the range the kernels pass, decoded value = q + x_shift - off exactly,
+    with q the code as bitblas.quantization.unpack_codes decodes the stored bytes (offset-binary
+    for int1/2/4, two's complement for int8) and x_shift = 2**(bits-1) for signed formats; the
+    pairs hold codes (j*n + p, j*n + p + n/2) of word j, as bb_prep pairs the activations."""
+    from bitblas.formats import FORMATS
+    from bitblas.quantization.utils import unpack_codes
+    from bitblas.schedule.cuda_gemv import _helpers
+    fmt = FORMATS[wd]
+    b = fmt.bits
+    if half_pairs and b != 8:
+        pytest.skip("half pairs: the 8-bit tensor-core operand")
+    src = _helpers("t", act, b, fmt.storage, nw, half_pairs=half_pairs)["bb_dec_t"]
+    x_shift = (1 << (b - 1)) if fmt.kind == "int" else 0
+    n, f32 = 32 // b, b == 8 and not half_pairs
+    P = n // 2
+    rng = random.Random(b * 13 + nw)
+    words = _words(b, 40)
+    offs = sorted({0, x_shift, (1 << b) - 1, (1 << b) - 1 + x_shift, rng.randint(0, (1 << b) - 1 + x_shift)})
+    for i in range(0, len(words), nw):
+        ws = (words[i:i + nw] * nw)[:nw]
+        raw = b"".join(w.to_bytes(4, "little") for w in ws)
+        q = unpack_codes(torch.tensor(list(raw), dtype=torch.uint8).view(torch.int8), fmt).tolist()
+        for off in offs:
+            d = _run_float_dec(src, ws, off, act)
+            for j in range(nw):
+                if f32:
+                    got = [d[4 * j + t] for t in range(4)]
+                    want = [q[4 * j + t] + x_shift - off for t in range(4)]
+                else:
+                    got = [v for p in range(P) for v in d[j * P + p]]
+                    # rounded to the pair's dtype: exact but for bfloat16 8-bit values beyond 256
+                    want = [_round_act(q[j * n + k] + x_shift - off, act) for p in range(P) for k in (p, p + P)]
+                assert got == [float(v) for v in want], (wd, act, nw, hex(ws[j]), off)
+
+
+# -- quantized zero points: where every GEMV kernel family reads them -------------------------------
+_FAMILIES = {   # name: (rows of the plan, hint)
+    "rows": (1, dict()),
+    "rows-r8": (4, dict(rows_per_warp=8)),
+    "staged-row": (1, dict(rows_per_warp=2, warps=8, act_smem=True)),
+    "k-split": (2, dict(k_warps=4, rows_per_warp=2)),
+    "tensor-core": (16, dict(rows_per_warp=16, k_warps=4, unroll=2, stages=2, mma=True)),
+    "chunk-loop": (64, dict(rows_per_warp=32, k_warps=4, unroll=1, stages=2, mma=True, min_blocks=1, chunk_loop=True)),
+    "wgmma": (32, dict(rows_per_warp=16, k_warps=1, stages=4, unroll=1, mma=True, wgmma=True)),
+}
+
+
+class _TShim:
+    """The TVMScript operators the zero-point reads use, on Python ints (GPU int semantics)."""
+
+    @staticmethod
+    def Cast(dtype, x):
+        x = int(x)
+        return ((x + 128) & 255) - 128 if dtype == "int8" else x
+
+    @staticmethod
+    def shift_right(a, b):
+        return a >> b
+
+    min = staticmethod(min)
+
+
+@pytest.mark.parametrize("family", list(_FAMILIES))
+@pytest.mark.parametrize("wd", ["uint4", "uint2", "uint8", "uint1"])
+def test_quantized_zero_reads(family, wd):
+    """zeros_mode="quantized": each generated kernel's zero-point read (``zr[...] = ...``), evaluated
+    for random values of the loop variables on real packed zeros [groups, N * bits / 8], gives the
+    code of the channel and group it names; the byte index and the shift name the same channel."""
+    import ast
+    import re
+    from bitblas import MatmulConfig
+    from bitblas.plan import make_plan
+    from bitblas.quantization import pack_weight
+    from bitblas.schedule.cuda_gemv import GEMVHint, _kernel_script
+    m, hint = _FAMILIES[family]
+    if wd == "uint1" and family == "wgmma":
+        pytest.skip("the wgmma GEMV takes 2-, 4- and 8-bit codes")
+    N, K, gs = 1000, 8192, 128
+    cfg = MatmulConfig(M=1, N=N, K=K, W_dtype=wd, group_size=gs, with_scaling=True, with_zeros=True,
+                       zeros_mode="quantized")
+    bits = int(wd[4:])
+    codes = torch.randint(0, 1 << bits, (N, K // gs), dtype=torch.int32)
+    packed = pack_weight(cfg, torch.zeros(N, K, dtype=torch.int32), torch.ones(N, K // gs), codes)["zeros"]
+    zeros = packed.numpy()
+    script = _kernel_script(make_plan(cfg, "cuda", m), GEMVHint(**hint))
+    reads = [ln.split(" = ", 1)[1] for ln in script.splitlines() if re.match(r"\s*zr\[[^]]*\] = ", ln)]
+    assert reads, "no zero-point read in the kernel"
+    rng = random.Random(bits)
+    checked = 0
+    for expr in reads:
+        tree = ast.parse(expr, mode="eval")
+        sub = next(n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "zeros")
+        g_node, n_node = sub.slice.elts
+        if bits < 8:          # zeros[g, chan // per] and a shift (chan % per) * bits of the same chan
+            assert isinstance(n_node, ast.BinOp) and isinstance(n_node.op, ast.FloorDiv)
+            chan = n_node.left
+            mods = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+            assert mods and all(ast.dump(x.left) == ast.dump(chan) for x in mods), expr
+        else:
+            chan = n_node
+        # roles from the kernel's own index math: the group is a K position // group_size, the
+        # channel is clamped to N - 1
+        assert f"// {gs}" in ast.unparse(g_node) and f", {N - 1})" in ast.unparse(chan), expr
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - {"T", "zeros"}
+        for _ in range(300):
+            env = {v: rng.randint(0, 40) if v in ("n0", "bx") else rng.choice((0, 0, 1, 2, 3)) for v in names}
+            if "n0" in env:
+                env["n0"] *= 16
+            env.update(T=_TShim, zeros=zeros)
+            g = eval(compile(ast.Expression(g_node), "g", "eval"), env)
+            n = eval(compile(ast.Expression(chan), "n", "eval"), env)
+            if not (0 <= g < K // gs and 0 <= n < N):
+                continue
+            got = int(eval(compile(tree, "zr", "eval"), env)) & 255      # scale_lines: ov = int32(zr) & 255
+            assert got == int(codes[n, g]), (family, wd, expr, env, n, g)
+            checked += 1
+    assert checked > 30, (family, wd)     # reads of steps past K (guarded in the kernel) have no valid group

@@ -74,14 +74,15 @@ def _run(src: str, env: dict) -> dict:
         if m:
             env[f"{m[1]}{m[2]}"] = env[f"{m[3]}{m[4]}"]
             continue
-        m = re.fullmatch(r"d\[(\d+)\] = \(?w\[(\d+)\](?: (<<|>>) (\d+)\))? & (0x[0-9a-f]+)u;", line)
-        if m:
-            x = env[f"w{m[2]}"]
-            if m[3] == "<<":
-                x = (x << int(m[4])) & 0xFFFFFFFF
-            elif m[3] == ">>":
-                x >>= int(m[4])
-            env[f"d{m[1]}"] = x & int(m[5], 16)
+        m = re.fullmatch(r"d\[(\d+)\] = (?:\((.+)\) \^ (0x[0-9a-f]+)u|(.+));", line)
+        f = m and re.fullmatch(r"\(?w\[(\d+)\](?: (<<|>>) (\d+)\))? & (0x[0-9a-f]+)u", m[2] or m[4])
+        if f:
+            x = env[f"w{f[1]}"]
+            if f[2] == "<<":
+                x = (x << int(f[3])) & 0xFFFFFFFF
+            elif f[2] == ">>":
+                x >>= int(f[3])
+            env[f"d{m[1]}"] = (x & int(f[4], 16)) ^ (int(m[3], 16) if m[3] else 0)
             continue
         raise AssertionError(f"line form the interpreter does not know: {line!r}")
     return env
@@ -106,7 +107,7 @@ def test_mma_int8_fragment_model(wd, nw):
         pytest.skip("fewer than 16 values per vector")
     NA = V // 4
     signed = fmt.kind == "int"
-    src = _mma_i8_helpers("t", fmt.bits, signed, nw)
+    src = _mma_i8_helpers("t", fmt.bits, fmt.storage, nw)
     steps = [m for m in (_MMA.fullmatch(ln.strip()) for ln in src["bb_mma_t"].splitlines()) if m]
     assert len(steps) == NA // 2 and all(s[1] == ("s8" if signed else "u8") for s in steps)
     sh = 8 - fmt.bits if signed and fmt.bits < 8 else 0

@@ -40,7 +40,8 @@ def _cfg(W="uint4", N=28672, K=8192, **kw):
 def _prep_pairs(bits: int, signed: bool):
     """(lo, hi) code positions of each paired activation word, read from the bb_prep helper."""
     tag = f"t{bits}"
-    src = _helpers(tag, "float16", bits, signed, 4, half_pairs=bits == 8)[f"bb_prep_{tag}"]
+    src = _helpers(tag, "float16", bits, "offset" if signed and bits < 8 else "twos" if signed else "plain", 4,
+                   half_pairs=bits == 8)[f"bb_prep_{tag}"]
     pairs = {}
     for i, a, b, sel in re.findall(r"ap\[(\d+)\] = __byte_perm\(a\[(\d+)\], a\[(\d+)\], 0x([0-9a-f]+)\)", src):
         lo_half = 1 if sel.endswith("32") else 0                   # 0x7632: high halves, 0x5410: low halves

@@ -280,6 +280,13 @@ def test_matmul_static_m(m):
     assert list(op._kernels) == [("cpu", 5 if m == 5 else None)]
 
 
+@pytest.mark.parametrize("w_dtype", ["uint4", "uint1"])
+def test_matmul_quantized_zeros_n_off_byte(w_dtype):
+    """Quantized zero points are packed along N: N = 37 leaves the last byte partly filled."""
+    _check(Case(W_dtype=w_dtype, group_size=64, with_scaling=True, with_zeros=True, zeros_mode="quantized"), 3,
+           (37, 128))
+
+
 def test_matmul_zero_rows():
     config = bitblas.MatmulConfig(M=None, N=40, K=128, W_dtype="float16")
     inputs = random_inputs(config, 1)

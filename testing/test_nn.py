@@ -141,6 +141,102 @@ def test_state_dict_act_order_perm_roundtrip(tmp_path):
     assert fresh.perm is not None and torch.equal(fresh(x), lin(x))
 
 
+# -- checkpoints of bitblas 0.1.x (format bitblas.Linear/1): migrated on load -------------------
+def _v1_record(**fields):
+    """The format record bitblas.Linear/1 wrote (uint8 JSON), fields as the layer was built."""
+    import json
+    rec = {"format": "bitblas.Linear/1", "in_features": K, "out_features": N, "A_dtype": "float16",
+           "W_dtype": "uint4", "out_dtype": "float16", "group_size": -1, "with_scaling": True, "with_zeros": False,
+           "zeros_mode": "original", "with_bias": False, **fields}
+    return torch.frombuffer(bytearray(json.dumps(rec, sort_keys=True).encode()), dtype=torch.uint8)
+
+
+def _twos_packed(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """The old layout of signed codes: b-bit two's complement fields, little-endian along K."""
+    per = 8 // bits
+    u = (q.long() & ((1 << bits) - 1)).reshape(q.shape[0], -1, per)
+    return sum(u[..., i] << (bits * i) for i in range(per)).to(torch.uint8).view(torch.int8)
+
+
+@pytest.mark.parametrize("bits", [4, 2, 1])
+def test_v1_signed_codes_migrated(bits):
+    """A bitblas.Linear/1 state dict of int{bits} weights (two's complement codes, built here byte by
+    byte) loads: the codes are read as they were written, the layer computes with them, and its own
+    state dict is the new format (offset-binary bytes)."""
+    g = torch.Generator().manual_seed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.randint(lo, hi + 1, (N, K), generator=g)
+    q[0, :2] = torch.tensor([lo, hi])
+    scales = (torch.rand(N, K // 32, generator=g) + 0.5).half()
+    old = {"qweight": _twos_packed(q, bits), "scales": scales,
+           "_extra_state": _v1_record(W_dtype=f"int{bits}", group_size=32)}
+    lin = bitblas.Linear(K, N, W_dtype=f"int{bits}", group_size=32, opt_M=1)
+    lin.check_state_dict(old)
+    lin.load_state_dict(old)
+    assert torch.equal(lin.unpacked()["codes"].long(), q)
+    assert torch.equal(old["qweight"], _twos_packed(q, bits)), "the caller's tensors are not changed"
+    x = torch.randn(3, K, generator=g).half()
+    assert rel_err(lin(x), x.double() @ (q.double() * scales.double().repeat_interleave(32, 1)).T) <= 4e-3
+    new = lin.state_dict()
+    assert b'"format": "bitblas.Linear/2"' in bytes(new["_extra_state"].numpy())
+    assert torch.equal(new["qweight"], _twos_packed(q + (1 << (bits - 1)), bits))      # offset-binary
+    fresh = bitblas.Linear(K, N, W_dtype=f"int{bits}", group_size=32, opt_M=1)
+    fresh.load_state_dict(new)
+    assert torch.equal(fresh.qweight, lin.qweight)
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (2, 32), (4, 48)])
+def test_v1_quantized_zeros_migrated(bits, group_size):
+    """A bitblas.Linear/1 state dict with zeros_mode="quantized" stored its zero codes [N, groups] packed
+    along the groups; they load into the [groups, N * bits / 8] layout (odd group counts included)."""
+    g = torch.Generator().manual_seed(10 + bits)
+    per, hi = 8 // bits, (1 << bits) - 1
+    k = 96 if group_size == 48 else K
+    G = k // group_size
+    codes = torch.randint(0, hi + 1, (N, k), generator=g)
+    z = torch.randint(0, hi + 1, (N, G), generator=g)
+    scales = (torch.rand(N, G, generator=g) * 0.1 + 0.02).half()
+    zpad = torch.nn.functional.pad(z, (0, (-G) % per))
+    old_zeros = _twos_packed(zpad, bits)                         # unsigned codes: the same packing, along G
+    assert old_zeros.shape == (N, -(-G // per))
+    old = {"qweight": _twos_packed(codes, bits), "scales": scales, "zeros": old_zeros,
+           "_extra_state": _v1_record(in_features=k, W_dtype=f"uint{bits}", group_size=group_size, with_zeros=True,
+                                      zeros_mode="quantized")}
+    lin = bitblas.Linear(k, N, W_dtype=f"uint{bits}", group_size=group_size, with_zeros=True,
+                         zeros_mode="quantized", opt_M=1)
+    lin.load_state_dict(old)
+    u = lin.unpacked()
+    assert torch.equal(u["codes"].long(), codes) and torch.equal(u["zeros"].long(), z)
+    assert list(lin.zeros.shape) == [G, -(-N // per)]
+    x = torch.randn(2, k, generator=g).half()
+    deq = (codes.double() - z.double().repeat_interleave(group_size, 1)) * scales.double().repeat_interleave(
+        group_size, 1)
+    assert rel_err(lin(x), x.double() @ deq.T) <= 4e-3
+
+
+def test_v1_int4_activations_unchanged():
+    """int4 weights with int4 activations were and are two's complement: a /1 state dict loads as is."""
+    lin, _ = _layer(dict(A_dtype="int4", W_dtype="int4", group_size=32), bias=False)
+    sd = lin.state_dict()
+    sd["_extra_state"] = _v1_record(A_dtype="int4", W_dtype="int4", group_size=32, with_scaling=True)
+    fresh = bitblas.Linear(K, N, A_dtype="int4", W_dtype="int4", group_size=32)
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh.qweight, lin.qweight)
+
+
+def test_unknown_checkpoint_format_refused(naming):
+    """A format record of a version this bitblas does not know is refused, naming the version."""
+    lin = bitblas.Linear(K, N, W_dtype="int4", group_size=32, opt_M=1)
+    sd = lin.state_dict()
+    sd["_extra_state"] = _v1_record(W_dtype="int4", group_size=32)
+    sd["_extra_state"] = torch.frombuffer(bytearray(bytes(sd["_extra_state"].numpy()).replace(
+        b"bitblas.Linear/1", b"bitblas.Linear/7")), dtype=torch.uint8)
+    before = lin.qweight.clone()
+    with pytest.raises(ValueError, match="bitblas.Linear/7"):
+        lin.load_state_dict(sd)
+    assert torch.equal(lin.qweight, before)
+
+
 def test_checkpoint_of_another_format_is_refused(naming):
     src, _ = _layer(dict(W_dtype="uint4", group_size=32, with_zeros=True))
     sd = src.state_dict()

@@ -105,7 +105,7 @@ def test_integer_weight_error_bound(name, group_size, zeros_mode):
         if fmt.kind == "int" and fmt.bits >= 2:     # the grid spans [-absmax, absmax]: no clamping
             assert (err <= bound).all(), f"max error {float((err / s).max()):.4f} scale steps"
         return
-    assert q["zeros"].shape[0] == N
+    assert q["zeros"].shape[0] == (groups if zeros_mode == "quantized" else N)   # quantized: [groups, N packed]
     slack = (hi - lo) * U_FP16 if zeros_mode == "quantized" else 0.0
     bound = s * (0.5 + slack + _f32_steps(fmt))
     assert (err <= bound).all(), f"max error {float((err / s).max()):.4f} scale steps, bound {0.5 + slack:.4f}"

@@ -295,7 +295,7 @@ def test_two_processes_tuning_the_same_operator(db_path):
     cfg = MatmulConfig(M=[2, 16], N=128, K=256, A_dtype="float16", W_dtype="uint4", group_size=128,
                        with_scaling=True, with_zeros=True)
     code = textwrap.dedent(_TUNER.format(cfg=json.dumps(cfg.to_dict())))
-    env = dict(os.environ, PYTHONPATH=ROOT, BITBLAS_DATABASE_PATH=db_path)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), BITBLAS_DATABASE_PATH=db_path)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _python(code, **env):
-    e = dict(os.environ, PYTHONPATH=ROOT)
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     e.pop("BITBLAS_LOG_LEVEL", None)
     e.update(env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)

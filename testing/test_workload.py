@@ -190,7 +190,7 @@ def test_cli_tune_from_captured_workload(tmp_path, workload):
     cmd = [sys.executable, "-m", "bitblas", "tune", "--workloads", str(wpath), "--formats", "uint4:g32:zeros",
            "int8", "--topk", "2", "--kind", "cpu", "--no-parallel", "--database", str(tmp_path / "db"),
            "--json", str(tmp_path / "out.json"), "--time-budget", "30", "--max-measure-rows", "8"]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4/4 operators tuned" in r.stdout, r.stdout

@@ -4,6 +4,7 @@
     bitblas.set_database_path("/fast/disk")    # or bitblas.cache.set_database_path
     bitblas.cache.list_entries()               # [{"type": "tuning", "config": ..., "latency_ms": ...}, ...]
     bitblas.cache.clear()                      # removes every entry, returns how many
+    bitblas.cache.global_operator_cache        # Microsoft BitBLAS's operator cache (see .operators)
 
 Keys, atomic writes and the handling of damaged entries: :mod:`bitblas.cache.database`.
 BITBLAS_DISABLE_CACHE=1 keeps everything in memory.
@@ -15,9 +16,10 @@ from typing import List, Optional
 
 from .. import env
 from .database import Database, key_hash, versions
+from .operators import OperatorCache, global_operator_cache
 
 __all__ = ["get_database_path", "set_database_path", "get_database", "list_entries", "clear", "Database",
-           "key_hash", "versions"]
+           "key_hash", "versions", "OperatorCache", "global_operator_cache"]
 
 _PATH_OVERRIDE: Optional[str] = None
 
@@ -55,9 +57,10 @@ def _summary(rec: dict) -> dict:
 
 
 def list_entries(type: Optional[str] = None) -> List[dict]:  # noqa: A002 - "type" reads best here
-    """Summaries of the database's entries (``type``: "kernel" or "tuning"; None: both), newest first."""
-    if type not in (None, "kernel", "tuning"):
-        raise ValueError(f"type={type!r} is invalid; accepted: 'kernel', 'tuning' or None")
+    """Summaries of the database's entries (``type``: "kernel", "tuning" or "operator" (saved by
+    global_operator_cache); None: all), newest first."""
+    if type not in (None, "kernel", "tuning", "operator"):
+        raise ValueError(f"type={type!r} is invalid; accepted: 'kernel', 'tuning', 'operator' or None")
     return [_summary(r) for r in Database(get_database_path()).records(type)]
 
 

@@ -81,11 +81,7 @@ def store_kernel_file(plan: Plan, hint, tdesc: dict, path: str) -> Optional[dict
     if db is None:
         return None
     key = kernel_key(plan, hint, tdesc)
-    try:
-        return db.put("kernel", key, {"hint": key["hint"]}, {"kernel": path})
-    except OSError as e:
-        logger.warning("bitblas cache: cannot write to %s (%s)", db.root, e)
-        return None
+    return db.put("kernel", key, {"hint": key["hint"]}, {"kernel": path})   # None: not stored (warned)
 
 
 def store_built(plan: Plan, hint, tdesc: dict, ex) -> None:

@@ -22,21 +22,27 @@ from ..plan import M_VAR, Plan
 __all__ = ["emit_matmul", "decode_code", "decoded_weight", "scale_value", "zero_value", "placeholders"]
 
 
-def decode_code(buf, row, k, fmt: Format):
+def decode_code(buf, row, k, fmt: Format, storage: str):
     """The integer code of element (row, k) of ``buf`` (codes packed along its last axis), as int32.
 
-    int: sign-extended two's complement; uint and table formats: the unsigned code / table index.
+    ``storage`` (:func:`bitblas.formats.code_storage`): "offset" (the field minus 2**(bits-1)),
+    "twos" (sign-extended two's complement), "plain" (the unsigned code / table index).
     """
+    bits = fmt.bits
     if fmt.packed:
-        cpb, bits = fmt.codes_per_byte, fmt.bits
+        cpb = fmt.codes_per_byte
         byte = buf[row, k // cpb].astype("int32")
-        q = (byte >> ((k % cpb) * bits).astype("int32")) & ((1 << bits) - 1)
-        if fmt.kind == "int":
-            half = 1 << (bits - 1)
-            q = (q ^ half) - half
-        return q
-    q = buf[row, k].astype("int32")
-    return q if fmt.kind == "int" else q & 0xFF
+        u = (byte >> ((k % cpb) * bits).astype("int32")) & ((1 << bits) - 1)
+    elif storage == "twos":
+        return buf[row, k].astype("int32")      # int8 storage: the cast sign-extends
+    else:
+        u = buf[row, k].astype("int32") & 0xFF
+    half = 1 << (bits - 1)
+    if storage == "offset":
+        return u - half
+    if storage == "twos":
+        return (u ^ half) - half
+    return u
 
 
 def _group_len(plan: Plan) -> int:
@@ -66,8 +72,8 @@ def zero_value(plan: Plan, ph: dict, dtype: str):
 
     def zero_at(n, g):
         z = ph["zeros"]
-        if c.zeros_mode == "quantized":
-            return decode_code(z, n, g, w).astype(dtype)
+        if c.zeros_mode == "quantized":    # codes [groups, N] packed along N
+            return decode_code(z, g, n, w, plan.w_storage).astype(dtype)
         return z[n, g].astype(dtype)
 
     return zero_at
@@ -97,7 +103,7 @@ def decoded_weight(plan: Plan, ph: dict, dec: str):
         if w.kind == "float":
             v = ph["W"][k, n] if c.layout == "nn" else ph["W"][n, k]
             return v.astype(dec)
-        q = decode_code(ph["W"], n, k, w)
+        q = decode_code(ph["W"], n, k, w, plan.w_storage)
         v = ph["w_table"][q] if w.kind == "table" else q
         v = v.astype(dec)
         if not c.with_scaling or not float_decode or plan.scale_in_epilogue:
@@ -143,7 +149,7 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     def act(i, k):
         if a.kind == "float":
             return ph["A"][i, k].astype(acc)
-        q = decode_code(ph["A"], i, k, a)
+        q = decode_code(ph["A"], i, k, a, plan.a_storage)
         return ph["a_table"][q] if a.kind == "table" else q
 
     B = te.compute((c.N, c.K), weight, name="B_decode")
@@ -162,7 +168,10 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
 
     def epilogue(i, j):
         v, v_dtype = C[i, j], acc  # PrimExprs have no .dtype in TVM 0.27: track it here
-        if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale:
+        # an integer sum with a float output goes to float32 before anything is added to it: a
+        # float bias added in int32 would be truncated toward zero (only an int32 output stays exact)
+        float_out = c.out_dtype != "int32"
+        if plan.scale_in_epilogue or c.with_act_scaling or w.global_scale or (float_out and v_dtype != "float32"):
             v, v_dtype = v.astype("float32"), "float32"
             if plan.scale_in_epilogue:
                 v = v * scale_at(j, 0)

@@ -23,7 +23,8 @@ from .. import torch_op
 from ..config import MatmulConfig
 from ..formats import FORMATS, get_format
 from ..plan import make_plan
-from ..quantization.quantize import TORCH_DTYPES, pack_weight, quantize_activation, quantize_weight
+from ..quantization.quantize import (TORCH_DTYPES, pack_weight, pack_zeros, quantize_activation, quantize_weight,
+                                     unpack_zeros)
 from ..quantization.utils import unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
@@ -34,7 +35,11 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack     # 0 outside any TorchDi
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_TAG = "bitblas.Linear/1"
+# The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
+# quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
+# quantized zero points [groups, N * bits / 8]). /1 checkpoints are migrated on load.
+_FORMAT_TAG = "bitblas.Linear/2"
+_FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
 _BUFFERS = {"scale": "scales", "zeros": "zeros", "bias": "bias", "global_scale": "global_scale"}
 # fields of the extra state a checkpoint must agree on
@@ -125,6 +130,15 @@ class Linear(nn.Module):
         if enable_tuning:
             self.bitblas_matmul.hardware_aware_finetune()
 
+    def __setattr__(self, name, value):
+        # ``layer.bias = nn.Parameter(t)`` / ``layer.weight = nn.Parameter(t)`` (BitBLAS's module test
+        # does this): torch would move the name from the buffers to the parameters; keep the tensor
+        # as the buffer the operator reads (checked when the operator is next bound)
+        if isinstance(value, nn.Parameter) and name in self.__dict__.get("_buffers", {}):
+            self._buffers[name] = value.detach()
+            return
+        super().__setattr__(name, value)
+
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, output: Optional[torch.Tensor] = None,
                 a_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -138,8 +152,8 @@ class Linear(nn.Module):
         bound = self._bound
         if bound is not None and type(x) is torch.Tensor and not _is_compiling() and not _dispatch_modes():
             b = self._buffers
-            for k, t in self._bound_src:
-                if b[k] is not t:
+            for k, t, p in self._bound_src:
+                if b[k] is not t or (p and t.data_ptr() != p):     # replaced, or its .data swapped
                     break
             else:
                 out = bound._try(x, a_scale, output)
@@ -193,7 +207,7 @@ class Linear(nn.Module):
         n = self._arg_names
         if torch_op._eager(x):
             bound = self._bound_all
-            if bound is None or any(b[k] is not t for k, t in self._bound_src):
+            if bound is None or any(b[k] is not t or (p and t.data_ptr() != p) for k, t, p in self._bound_src):
                 bound = self._bind()
             return bound(x, a_scale, output)
         return torch_op.matmul(x, w, b[n[1]] if n[1] else None, b[n[2]] if n[2] else None,
@@ -206,7 +220,8 @@ class Linear(nn.Module):
         b, n = self._buffers, self._arg_names
         t = [b[k] if k else None for k in n]
         bound = self.bitblas_matmul.bind(t[0], scale=t[1], zeros=t[2], bias=t[3], global_scale=t[4])
-        self._bound_src = tuple((k, b[k]) for k in n if k) + (("perm", b["perm"]),)
+        self._bound_src = tuple((k, b[k], b[k].data_ptr() if b[k] is not None else 0) for k in n if k) + \
+            (("perm", b["perm"], 0),)
         fast = b["perm"] is None and not self._quantize_input
         self._bound_all, self._bound = bound, (bound if fast else None)
         return bound
@@ -227,6 +242,10 @@ class Linear(nn.Module):
         Scales / zeros not given keep their current values. Everything is checked before any
         buffer changes. Returns self.
         """
+        w = self._buffers[self._weight_name]
+        if isinstance(weight, torch.Tensor) and weight.device != w.device and weight.device.type in ("cpu", "cuda") \
+                and not w.is_meta:
+            self.to(weight.device)      # as BitBLAS's, whose buffer becomes the given tensor: the layer follows it
         new = self._prepare(weight, scales, zeros, bias, global_scale)
         self._commit(new, perm=None)
         return self
@@ -251,7 +270,7 @@ class Linear(nn.Module):
             weight, scales, zeros, global_scale = q.codes, q.scale, q.zeros, q.global_scale
         packed = pack_weight(c, weight.detach(), None if scales is None else scales.detach(),
                              None if zeros is None else zeros.detach(),
-                             None if global_scale is None else global_scale.detach())
+                             None if global_scale is None else global_scale.detach(), _weight_arg="weight")
         new = {self._weight_name: packed["W"]}
         for k in ("scale", "zeros", "global_scale"):
             if k in packed:
@@ -261,7 +280,8 @@ class Linear(nn.Module):
                 raise ValueError(f"bias given, but {self._name()} was built with bias=False")
             if not isinstance(bias, torch.Tensor) or list(bias.shape) != [c.N]:
                 raise ValueError(f"bias: expected a tensor of shape [{c.N}], got {list(getattr(bias, 'shape', []))}")
-            new["bias"] = bias.detach().to(self._out_dtype).contiguous()
+            from ..ops.matmul import bias_for
+            new["bias"] = bias_for(c, bias.detach())
         return new
 
     def _commit(self, new: Dict[str, torch.Tensor], perm: Optional[torch.Tensor]):
@@ -282,10 +302,10 @@ class Linear(nn.Module):
         ``bias``, ``perm``: what :meth:`load_and_transform_weight` takes back (perm aside)."""
         c, w, b = self.config, FORMATS[self.config.W_dtype], self._buffers
         W = b[self._weight_name]
-        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w)
+        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage)
         zeros = b.get("zeros")
         if zeros is not None and c.zeros_mode == "quantized":
-            zeros = unpack_codes(zeros, w)[:, :self._plan.groups]
+            zeros = unpack_zeros(c, zeros)
         return {"codes": codes, "scales": b.get("scales"), "zeros": zeros, "global_scale": b.get("global_scale"),
                 "bias": b.get("bias"), "perm": b.get("perm")}
 
@@ -305,16 +325,47 @@ class Linear(nn.Module):
 
     # -- checkpoints -------------------------------------------------------------------------
     @torch.no_grad()
-    def repack_from_gptq(self, gptq_module=None, *, qweight=None, qzeros=None, scales=None, g_idx=None, bias=None,
-                         checkpoint_format: str = "gptq") -> "Linear":
+    def repack_from_gptq(self, gptq_module=None, device=None, *, qweight=None, qzeros=None, scales=None, g_idx=None,
+                         bias=None, checkpoint_format: str = "gptq") -> "Linear":
         """Load a GPTQ layer: a module with ``qweight``, ``qzeros``, ``scales`` (, ``g_idx``, ``bias``), or
-        those tensors by keyword. The layer must be ``W_dtype=f"uint{bits}"`` with scales and zeros and
-        the checkpoint's group size; act-order ``g_idx`` is supported. See :mod:`bitblas.nn.checkpoint`."""
-        qweight, qzeros, scales, g_idx, bias = _from_module(gptq_module, qweight, qzeros, scales, g_idx, bias)
-        imp = from_gptq(qweight, qzeros, scales, g_idx, bits=self._checkpoint_bits("GPTQ"),
-                        in_features=self.in_features, out_features=self.out_features,
-                        group_size=self.group_size, checkpoint_format=checkpoint_format)
-        return self.load_imported(imp, bias)
+        those tensors by keyword. A ``W_dtype=f"uint{bits}"`` layer with scales and zeros takes the
+        checkpoint's zero points (stored minus 1 in "gptq" checkpoints, as is in "gptq_v2"); a
+        symmetric ``W_dtype=f"int{bits}"`` layer without zeros takes the codes as ``q + 2**(bits-1)``
+        and ignores qzeros (as BitBLAS's). The group size must match; act-order ``g_idx`` is
+        supported. ``device`` (BitBLAS's argument): move the layer there afterwards.
+        See :mod:`bitblas.nn.checkpoint`."""
+        w = FORMATS[self.W_dtype]
+        symmetric = w.kind == "int" and self.with_scaling and not self.with_zeros
+        qweight, qzeros, scales, g_idx, bias = _from_module(gptq_module, qweight, qzeros, scales, g_idx, bias,
+                                                            need_zeros=not symmetric)
+        if symmetric:
+            per = 32 // w.bits
+            if qzeros is None:      # only the codes, scales and act-order are read: zeros of the right shape
+                qzeros = torch.zeros(scales.shape[0], scales.shape[1] // per if scales.dim() == 2 else 0,
+                                     dtype=torch.int32)
+            imp = from_gptq(qweight, qzeros, scales, g_idx, bits=w.bits, in_features=self.in_features,
+                            out_features=self.out_features, group_size=self.group_size,
+                            checkpoint_format=checkpoint_format)
+            if imp.groups != self._plan.groups:
+                raise ValueError(f"the checkpoint has group size {imp.group_size} ({imp.groups} groups) but "
+                                 f"{self._name()} has group_size={self.config.group_size}")
+            if bias is not None and not self.config.with_bias:
+                raise ValueError(f"the checkpoint has a bias but {self._name()} was built with bias=False")
+            signed = imp.codes.to(torch.int16) - (1 << (w.bits - 1))
+            self._commit(self._prepare(signed, imp.scale.to(TORCH_DTYPES[self._plan.scale_dtype]), None, bias),
+                         imp.perm)
+        else:
+            imp = from_gptq(qweight, qzeros, scales, g_idx, bits=self._checkpoint_bits("GPTQ"),
+                            in_features=self.in_features, out_features=self.out_features,
+                            group_size=self.group_size, checkpoint_format=checkpoint_format)
+            self.load_imported(imp, bias)
+        if device is not None:
+            self.to(device)
+        return self
+
+    def repack_from_gptq_v2(self, gptq_module=None, device=None, **tensors) -> "Linear":
+        """:meth:`repack_from_gptq` for GPTQ v2 checkpoints (GPTQModel's format: zero points stored as is)."""
+        return self.repack_from_gptq(gptq_module, device, checkpoint_format="gptq_v2", **tensors)
 
     @torch.no_grad()
     def repack_from_awq(self, awq_module=None, *, qweight=None, qzeros=None, scales=None, bias=None) -> "Linear":
@@ -378,12 +429,16 @@ class Linear(nn.Module):
     def set_extra_state(self, state):
         pass      # checked in _load_from_state_dict, before any tensor is copied
 
-    def _check_extra(self, state, prefix):
+    @staticmethod
+    def _record(state, prefix) -> dict:
         try:
-            got = json.loads(bytes(state.cpu().numpy().tobytes()).decode()) if isinstance(state, torch.Tensor) \
+            return json.loads(bytes(state.cpu().numpy().tobytes()).decode()) if isinstance(state, torch.Tensor) \
                 else dict(state)
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"{prefix}_extra_state: not a bitblas.Linear format record ({e})") from None
+
+    def _check_extra(self, state, prefix):
+        got = self._record(state, prefix)
         mine = self._state_fields()
         bad = [f"{k}={got.get(k)!r} (this layer: {mine[k]!r})" for k in _STATE_FIELDS if got.get(k) != mine[k]]
         if bad:
@@ -393,11 +448,53 @@ class Linear(nn.Module):
     def _convert_foreign(self, state_dict, prefix):
         """Hook for subclasses that accept other checkpoint layouts (QuantLinear: GPTQ)."""
 
+    def _migrate(self, state_dict, prefix):
+        """Bring a checkpoint saved by an earlier bitblas to this version's byte layouts (in
+        ``state_dict``, new tensors; the caller's are not changed). A record of format
+        ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement -> offset-binary (each field's
+        top bit flipped), quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8].
+        A checkpoint without a record is taken as this version's (and BitBLAS's) layout; an unknown
+        format is refused naming it."""
+        key = prefix + "_extra_state"
+        state = state_dict.get(key)
+        if state is None:
+            return
+        rec = self._record(state, prefix)
+        fmt = rec.get("format")
+        if fmt == _FORMAT_TAG:
+            return
+        if fmt != _FORMAT_V1:
+            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r} "
+                             f"(migrated) and {_FORMAT_TAG!r}; load it with the bitblas version that wrote it")
+        mine = self._state_fields()
+        if any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
+            return                            # another layer's checkpoint: _check_extra refuses it
+        c, plan = self.config, self._plan
+        w = FORMATS[c.W_dtype]
+        wkey = prefix + self._weight_name
+        if plan.w_storage == "offset" and isinstance(state_dict.get(wkey), torch.Tensor):
+            # two's complement -> offset-binary: flip the top bit of every field
+            flip = sum(1 << (w.bits * (i + 1) - 1) for i in range(w.codes_per_byte))
+            t = state_dict[wkey]
+            state_dict[wkey] = (t.view(torch.uint8) ^ flip).view(t.dtype)
+        zkey = prefix + "zeros"
+        z = state_dict.get(zkey)
+        if c.with_zeros and c.zeros_mode == "quantized" and isinstance(z, torch.Tensor):
+            old = (c.N, -(-plan.groups // w.codes_per_byte))
+            if tuple(z.shape) != old or z.dtype.itemsize != 1:
+                raise ValueError(f"{zkey}: a {_FORMAT_V1} checkpoint's quantized zero points are int8 {list(old)}, "
+                                 f"got {z.dtype} {list(z.shape)}")
+            codes = unpack_codes(z.view(torch.int8).cpu(), w, "plain")[:, :plan.groups]    # [N, groups]
+            state_dict[zkey] = pack_zeros(c, codes).to(z.device)
+        state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
+                                                     .encode()), dtype=torch.uint8)
+
     def check_state_dict(self, state_dict, prefix: str = ""):
         """Raise ValueError / TypeError naming the key if ``state_dict`` (this layer's tensors under
         ``prefix``) cannot be loaded into this layer; changes nothing."""
         state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
         self._convert_foreign(state_dict, prefix)
+        self._migrate(state_dict, prefix)
         self._check_state(state_dict, prefix)
 
     def _check_state(self, state_dict, prefix):
@@ -427,6 +524,12 @@ class Linear(nn.Module):
                               error_msgs):
         # everything is checked before any tensor is copied
         self._convert_foreign(state_dict, prefix)
+        for name in ("scales", "zeros"):
+            # Microsoft BitBLAS's Linear saves both for every quantized layer; its kernel ignores the
+            # ones its config does not take, and so does this layer
+            if prefix + name in state_dict and name not in self._buffers:
+                state_dict.pop(prefix + name)
+        self._migrate(state_dict, prefix)
         self._check_state(state_dict, prefix)
         extra_key = prefix + "_extra_state"
         if extra_key not in state_dict:
@@ -489,7 +592,7 @@ class _NoBackward(torch.autograd.Function):
                            "quantize_model(..., skip=[...]))")
 
 
-def _from_module(mod, qweight, qzeros, scales, g_idx, bias):
+def _from_module(mod, qweight, qzeros, scales, g_idx, bias, need_zeros: bool = True):
     if mod is not None:
         if any(t is not None for t in (qweight, qzeros, scales)):
             raise TypeError("pass either a module or qweight/qzeros/scales, not both")
@@ -497,6 +600,6 @@ def _from_module(mod, qweight, qzeros, scales, g_idx, bias):
         g_idx = getattr(mod, "g_idx", None) if g_idx is None else g_idx
         bias = getattr(mod, "bias", None) if bias is None else bias
     for k, v in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if v is None:
+        if v is None and (k != "qzeros" or need_zeros):
             raise ValueError(f"{k} is required")
     return qweight, qzeros, scales, g_idx, bias

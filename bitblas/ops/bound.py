@@ -18,7 +18,7 @@ import torch
 from ..plan import Plan
 from ..quantization.quantize import TORCH_DTYPES
 
-__all__ = ["BoundMatmul"]
+__all__ = ["BoundMatmul", "UnboundCall"]
 
 
 class BoundMatmul:
@@ -155,3 +155,19 @@ def _ffi_tensor(t):
     """A torch tensor as a tvm-ffi Tensor (same memory; holds a reference to it)."""
     import tvm_ffi
     return tvm_ffi.from_dlpack(t)
+
+
+class UnboundCall:
+    """The bound interface for an operator whose config the kernels run in another spelling
+    (``ops.compat.kernel_config``): every call goes through ``op.forward``."""
+
+    def __init__(self, op, W, scale=None, zeros=None, bias=None, global_scale=None):
+        self.op = op
+        self._given = {"scale": scale, "zeros": zeros, "bias": bias, "global_scale": global_scale}
+        self._W = W
+
+    def __call__(self, A, a_scale=None, output=None):
+        return self.op.forward(A, self._W, **self._given, a_scale=a_scale, output=output)
+
+    def _try(self, A, a_scale=None, output=None):
+        return self(A, a_scale, output)

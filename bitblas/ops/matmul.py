@@ -19,9 +19,10 @@ from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..dispatch import default_rows, gemv_hint_takes, gemv_kernel_rows
 from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
+from .compat import BitBLASOperatorAPI, kernel_config
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
-__all__ = ["Matmul", "MatmulConfig"]
+__all__ = ["Matmul", "MatmulConfig", "bias_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 _POSITIONAL = ("scale", "zeros", "bias", "a_scale", "output")
 
 
-class Matmul:
+class Matmul(BitBLASOperatorAPI):
     """``Matmul(config, target=None)``; ``op(A, W, scale=None, zeros=None, bias=None, output=None)``.
 
     A: [..., K] (int4 activations: [..., K / 2] packed); W: what :meth:`transform_weight` returns.
@@ -39,12 +40,17 @@ class Matmul:
     """
 
     def __init__(self, config: MatmulConfig, target=None, enable_tuning: bool = False,
-                 from_database: bool = False, backend: str = "tir"):
+                 from_database: bool = False, backend: str = "tir", name: str = "matmul"):
         if not isinstance(config, MatmulConfig):
             raise TypeError(f"config: expected a bitblas.MatmulConfig, got {type(config).__name__}")
-        if backend != "tir":
-            raise ValueError(f"backend={backend!r} is invalid; accepted: 'tir'")
+        if backend not in ("tir", "tl"):
+            raise ValueError(f"backend={backend!r} is invalid; accepted: 'tir', 'tl' (the same kernels)")
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, got {type(name).__name__}")
         self.config = config
+        self.name = name
+        # the config the kernels are built for (BitBLAS-only spellings mapped; see ops.compat)
+        self._kc = kernel_config(config)
         self._cpu_only = isinstance(target, str) and target in ("llvm", "cpu", "c")
         self._target_arg = None if self._cpu_only else target
         self._cuda_target = None
@@ -79,7 +85,7 @@ class Matmul:
         return None if self._cpu_only else self._resolve_cuda_target()
 
     def _static_m(self, rows: Optional[int]) -> Optional[int]:
-        M = self.config.M
+        M = self._kc.M
         return M if isinstance(M, int) and rows == M else None
 
     def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
@@ -88,7 +94,7 @@ class Matmul:
         the rows kernel for exactly that many rows, a tensor-core one for the top of their class."""
         if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MMA_MAX_ROWS:
             return self._static_m(rows)
-        return default_rows(self.config, kind, rows, self._resolve_cuda_target())
+        return default_rows(self._kc, kind, rows, self._resolve_cuda_target())
 
     def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
         """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned
@@ -100,8 +106,8 @@ class Matmul:
         if choice is not None:
             m, hint = choice
             if isinstance(hint, GEMVHint):
-                if rows <= bucket and gemv_hint_takes(self.config, kind, rows, hint):   # the rows kernel, or rows' class
-                    return gemv_kernel_rows(self.config, kind, rows, hint), hint
+                if rows <= bucket and gemv_hint_takes(self._kc, kind, rows, hint):   # the rows kernel, or rows' class
+                    return gemv_kernel_rows(self._kc, kind, rows, hint), hint
             elif m is None or m == rows:
                 return m, hint
         if kind == "cuda" and default_m is None:
@@ -121,7 +127,7 @@ class Matmul:
     def _gemv_serves(self, rows: int) -> bool:
         """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""
         from ..dispatch import gemv_rows
-        return gemv_rows(self.config, "cuda", rows, self._resolve_cuda_target())
+        return gemv_rows(self._kc, "cuda", rows, self._resolve_cuda_target())
 
     def _dequant_gemm_for_rows(self, rows: int):
         """Quantized weights with many rows on Hopper: decode once, then the dense wgmma GEMM
@@ -134,7 +140,7 @@ class Matmul:
             return None
         from ..schedule import WGMMAHint
         from .dequant_gemm import dense_config
-        return _DequantGemmChoice(WGMMAHint.default(make_plan(dense_config(self.config), "cuda", rows),
+        return _DequantGemmChoice(WGMMAHint.default(make_plan(dense_config(self._kc), "cuda", rows),
                                                     self._resolve_cuda_target()))
 
     def _wgmma_for_rows(self, rows: int):
@@ -145,10 +151,10 @@ class Matmul:
         target = self._resolve_cuda_target()
         if not isinstance(default_hint(self._base_plan("cuda"), target), WGMMAHint):
             return None
-        return WGMMAHint.default(make_plan(self.config, "cuda", rows), target)
+        return WGMMAHint.default(make_plan(self._kc, "cuda", rows), target)
 
     def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
-        return make_plan(self.config, kind, self._kernel_m(kind, rows))
+        return make_plan(self._kc, kind, self._kernel_m(kind, rows))
 
     def _kernel(self, kind: str, rows: int):
         entry = self._by_rows.get((kind, rows))
@@ -159,7 +165,7 @@ class Matmul:
         entry = self._kernels.get(key)
         if entry is None and isinstance(hint, _DequantGemmChoice):
             from .dequant_gemm import DequantGemm
-            plan = make_plan(self.config, kind, m)
+            plan = make_plan(self._kc, kind, m)
             t0 = time.perf_counter()
             fn = DequantGemm(plan, self._resolve_cuda_target(), hint=hint.gemm)
             logger.info("cuda kernel (m=%s, %s) ready in %.2f s", m or M_VAR, fn, time.perf_counter() - t0)
@@ -167,7 +173,7 @@ class Matmul:
         if entry is None:
             from ..cache.kernels import get_kernel
             target = self._resolve_cuda_target() if kind == "cuda" else None
-            plan = make_plan(self.config, kind, m)
+            plan = make_plan(self._kc, kind, m)
             t0 = time.perf_counter()
             try:
                 fn, used = get_kernel(plan, hint, target=target)
@@ -176,7 +182,7 @@ class Matmul:
                     raise
                 logger.warning("tuned %s does not build for %d rows (%s); using the default kernel", hint, rows, e)
                 m = self._kernel_m(kind, rows)
-                plan = make_plan(self.config, kind, m)
+                plan = make_plan(self._kc, kind, m)
                 fn, used = get_kernel(plan, None, target=target)
             logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, m or M_VAR, used, time.perf_counter() - t0)
             entry = self._kernels[key] = (plan, fn)
@@ -199,10 +205,10 @@ class Matmul:
         kind = device.type
         plan, fn = self._kernel(kind, rows)
         align = kind == "cuda"      # GEMV: 16-byte vector loads; wgmma: TMA needs 16-byte aligned bases
-        N = self.config.N
+        N = self._kc.N
         base = self._out_base.get(device)
         if base is None:
-            base = self._out_base[device] = torch.empty((1, 1), dtype=TORCH_DTYPES[self.config.out_dtype],
+            base = self._out_base[device] = torch.empty((1, 1), dtype=TORCH_DTYPES[self._kc.out_dtype],
                                                          device=device)
         tmpl = base.expand(rows, N)
         probe = torch.empty_like(tmpl)
@@ -246,9 +252,11 @@ class Matmul:
                 global_scale=None):
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
                  "global_scale": global_scale}
+        c = self.config
         if args:
-            plan0 = self._base_plan("cpu")
-            slots = [s for s in _POSITIONAL if s == "output" or plan0.arg(s) is not None]
+            taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
+                     "a_scale": c.with_act_scaling, "output": True}
+            slots = [s for s in _POSITIONAL if taken[s]]
             if len(args) > len(slots):
                 raise TypeError(f"Matmul takes A, W and at most {len(slots)} more positional tensors "
                                 f"({', '.join(slots)}) for this config; got {len(args)}")
@@ -258,10 +266,53 @@ class Matmul:
                 given[slot] = t
         return self._run(A, W, given)
 
+    def _run(self, A, W, given):
+        if self._kc is not self.config:
+            return self._run_compat(A, W, given)
+        return self._run_kernel(A, W, given)
+
+    def _run_compat(self, A, W, given):
+        """A config the kernels run in another spelling (see ops.compat.kernel_config): zero points
+        without scales get unit scales; out_dtype="int8" runs the int32 kernel and casts."""
+        c, kc = self.config, self._kc
+        if given["scale"] is not None and not c.with_scaling:
+            raise ValueError(f"scale given, but the config takes none ({_why_not('scale')})")
+        device = A.device if isinstance(A, torch.Tensor) else None
+        if kc.with_scaling and not c.with_scaling and device is not None:
+            given["scale"] = self._unit_scale(device)
+        out = given["output"]
+        if c.out_dtype != kc.out_dtype:
+            if out is not None and not (isinstance(out, torch.Tensor) and out.dtype == torch.int8):
+                raise TypeError(f"output: expected dtype torch.int8 (out_dtype='int8'), got "
+                                f"{getattr(out, 'dtype', type(out).__name__)}")
+            if given["bias"] is not None:
+                b = given["bias"]
+                if not isinstance(b, torch.Tensor) or b.dtype not in (torch.int8, torch.int32):
+                    raise TypeError(f"bias: expected an int8 or int32 tensor (out_dtype='int8'), got "
+                                    f"{getattr(b, 'dtype', type(b).__name__)}")
+                given["bias"] = b.to(torch.int32)
+            given["output"] = None
+            res = self._run_kernel(A, W, given)
+            if out is None:
+                return res.to(torch.int8)
+            if out.shape != res.shape:
+                raise ValueError(f"output: expected shape {list(res.shape)}, got {list(out.shape)}")
+            out.copy_(res)          # int32 -> int8: wraps around, as BitBLAS's C cast
+            return out
+        return self._run_kernel(A, W, given)
+
+    def _unit_scale(self, device) -> torch.Tensor:
+        key = ("unit_scale", device)
+        t = self._consts.get(key)
+        if t is None:
+            spec = self._base_plan("cpu").arg("scale")
+            t = self._consts[key] = torch.ones(spec.shape, dtype=TORCH_DTYPES[spec.user_dtype], device=device)
+        return t
+
     def _base_plan(self, kind: str) -> Plan:
         plan = self._base.get(kind)
         if plan is None:
-            plan = self._base[kind] = make_plan(self.config, kind, None)
+            plan = self._base[kind] = make_plan(self._kc, kind, None)
         return plan
 
     def _checks_for(self, plan: Plan) -> tuple:
@@ -275,8 +326,8 @@ class Matmul:
             entry = self._argchecks[id(plan)] = (plan, checks)
         return entry[1]
 
-    def _run(self, A, W, given):
-        c = self.config
+    def _run_kernel(self, A, W, given):
+        c = self._kc
         if not isinstance(A, torch.Tensor):
             raise TypeError(f"A: expected a torch.Tensor, got {type(A).__name__}")
         device = A.device
@@ -355,49 +406,64 @@ class Matmul:
         """This operator with its weight-side tensors checked once (see :mod:`bitblas.ops.bound`):
         the result is called as ``bound(A, a_scale=None, output=None)`` (the nn modules' hot path)."""
         from .bound import BoundMatmul
+        if self._kc is not self.config:
+            from .bound import UnboundCall
+            return UnboundCall(self, W, scale, zeros, bias, global_scale)
         return BoundMatmul(self, W, scale, zeros, bias, global_scale)
 
     # -- weights ---------------------------------------------------------------------------
     def transform_weight(self, weight, scale=None, zeros=None, bias=None):
         """Unpacked codes [N, K] (int8; see README) -> packed W, and scale/zeros in kernel form.
 
-        Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?].
+        Returns W alone when only the weight is given, else a list [W, scale?, zeros?, bias?] (the
+        bias in the output dtype; out_dtype="int32" takes integer values only, see :func:`bias_for`).
+        A float tensor of whole numbers is taken as integer codes for integer / table formats
+        (as BitBLAS, which casts with ``.char()``); other float values raise.
         """
-        packed = pack_weight(self.config, weight, scale, zeros)
+        packed = pack_weight(self.config, weight, scale, zeros, _weight_arg="weight")
         if scale is None and zeros is None and bias is None:
             return packed["W"]
         out = [packed["W"]] + [packed[k] for k in ("scale", "zeros") if k in packed]
         if bias is not None:
-            out.append(bias.to(TORCH_DTYPES[self.config.out_dtype]).contiguous())
+            out.append(bias_for(self.config, bias))
         return out
 
     # -- inspection and timing ----------------------------------------------------------------
-    def get_source(self, kind: Optional[str] = None, m: Optional[int] = None) -> str:
+    def get_source(self, target=None, kenrel_only: bool = False, kind: Optional[str] = None,
+                   m: Optional[int] = None) -> str:
         """CUDA C source of the kernel a call with ``m`` rows runs on the CUDA target (default: the
         config's static M; a dynamic M without ``m``: the symbolic-M kernel), as the operator
         chooses it: the tensor-core GEMV built for the top of m's row class, the tuned hint of m's
         bucket, or the decode kernel followed by the dense GEMM (decode-then-GEMM path).
-        ``kind="cpu"``: the scheduled TIR."""
-        from ..build import cuda_source, lower_plan
+        ``target`` (BitBLAS's argument): another CUDA target to generate for. ``kind="cpu"`` (or
+        ``get_source("cpu")``): the scheduled TIR of the CPU kernel. ``kenrel_only`` (BitBLAS's
+        spelling) is accepted; the source is always the kernels alone."""
+        from ..build import cuda_source, cuda_target, lower_plan
+        if isinstance(target, str) and target in ("cpu", "cuda") and kind is None:
+            kind, target = target, None
+        if target is not None and kind != "cpu":
+            t = cuda_target(target)
+            if self._cpu_only or str(t) != str(self._resolve_cuda_target()):
+                return Matmul(self.config, target=t).get_source(kind="cuda", m=m)
         kind = kind or ("cpu" if self._cpu_only else "cuda")
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"kind={kind!r}: expected 'cpu' or 'cuda'")
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"m={m!r}: expected a positive int (rows of the call)")
-        rows = m if m is not None else (self.config.M if isinstance(self.config.M, int) else None)
+        rows = m if m is not None else (self._kc.M if isinstance(self._kc.M, int) else None)
         if kind == "cpu":
-            return lower_plan(make_plan(self.config, kind, self._static_m(rows))).script()
+            return lower_plan(make_plan(self._kc, kind, self._static_m(rows))).script()
         target = self._resolve_cuda_target()
         if rows is None:
-            return cuda_source(make_plan(self.config, kind, None), target)
+            return cuda_source(make_plan(self._kc, kind, None), target)
         pm, hint = self._choose(kind, rows)
         if isinstance(hint, _DequantGemmChoice):
             from .dequant_gemm import dense_config
             from ..schedule.cuda_dequant import compile_dequant
-            decode = compile_dequant(make_plan(self.config, "cuda", None), target).mod.imports[0].inspect_source()
-            dense = make_plan(dense_config(self.config), "cuda", pm)
+            decode = compile_dequant(make_plan(self._kc, "cuda", None), target).mod.imports[0].inspect_source()
+            dense = make_plan(dense_config(self._kc), "cuda", pm)
             return decode + "\n// ---- dense GEMM on the decoded weights ----\n" + cuda_source(dense, target, hint.gemm)
-        return cuda_source(make_plan(self.config, kind, pm), target, hint)
+        return cuda_source(make_plan(self._kc, kind, pm), target, hint)
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
                         device=None, flush_l2: bool = True) -> float:
@@ -413,7 +479,7 @@ class Matmul:
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
         from ..tune.tuner import _weight_copies
-        c = self.config
+        c = self._kc
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
         if device is None:
@@ -450,8 +516,8 @@ class Matmul:
             raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda' or None")
         if kind == "cuda" and self._cpu_only:
             raise ValueError("kind='cuda' but this Matmul was made with target='llvm' (CPU only)")
-        buckets = buckets_of(self.config)
-        results = tune(self.config, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
+        buckets = buckets_of(self._kc)
+        results = tune(self._kc, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
                        topk=topk, parallel=parallel_build, force=force, progress=progress, **bounds)
         self._buckets = BucketTable(buckets)
         # a skipped bucket (served by decode-then-GEMM, see bitblas.tune.tuner.composite_serves)
@@ -467,9 +533,31 @@ class Matmul:
         return f"Matmul({self.config})"
 
 
+def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
+    """``bias`` as the operator takes it: a contiguous tensor in ``config.out_dtype``. An int32
+    output adds the bias to the exact integer sum, so a float bias must hold integers in the
+    int32 range (ValueError otherwise: converting would truncate it silently)."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor, got {type(bias).__name__}")
+    want = TORCH_DTYPES[config.out_dtype]
+    if want == torch.int32 and (bias.dtype.is_floating_point or bias.dtype.is_complex):
+        b = bias.detach()
+        if b.is_complex() or not bool(torch.isfinite(b).all()) or not bool((b == b.round()).all()):
+            raise ValueError("bias: out_dtype='int32' adds the bias to the exact integer sum and takes integer "
+                             f"values only; got a {bias.dtype} bias with non-integer values (round it yourself, "
+                             "or use a float out_dtype)")
+        if b.numel() and (float(b.min()) < -2 ** 31 or float(b.max()) > 2 ** 31 - 1):
+            raise ValueError(f"bias: values must fit int32 for out_dtype='int32', got [{float(b.min())}, "
+                             f"{float(b.max())}]")
+    return bias.to(want).contiguous()
+
+
 def _why_not(name: str) -> str:
     return {"scale": "with_scaling=False", "zeros": "with_zeros=False", "bias": "with_bias=False",
             "a_scale": "with_act_scaling=False", "global_scale": "only nvfp4 takes a global scale"}.get(name, "")
+
+
+_HALF_FLOATS = (torch.float16, torch.bfloat16)
 
 
 def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:
@@ -477,6 +565,8 @@ def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     want = TORCH_DTYPES[spec.user_dtype]
+    if want is torch.float32 and spec.name == "scale" and t.dtype in _HALF_FLOATS:
+        t = t.to(want)       # float16 / bfloat16 scales where the kernel takes float32 (int8, W4A8): exact
     if t.dtype != want and not (spec.dtype == "int8" and t.dtype == torch.int8):
         raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
     if t.device != torch.device(device) and not (t.device.type == device.type and device.type == "cpu"):

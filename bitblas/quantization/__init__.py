@@ -1,8 +1,9 @@
 """Quantization: float weights and activations to every registered format, packing, dequantization."""
 from .quantize import (LossyQuantizationWarning, QuantizedWeight, decode_values, dequantize, dequantize_activation, pack_weight, quantize,
                        quantize_activation, quantize_weight, torch_dtype)
+from .gen import gen_quant4
 from .utils import deinterleave_weight, general_compress, interleave_weight, pack_codes, unpack_codes
 
 __all__ = ["LossyQuantizationWarning", "QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize", "decode_values",
            "quantize_activation", "dequantize_activation", "pack_codes", "unpack_codes", "general_compress",
-           "interleave_weight", "deinterleave_weight", "torch_dtype"]
+           "interleave_weight", "deinterleave_weight", "torch_dtype", "gen_quant4"]

@@ -14,15 +14,15 @@ from typing import Dict, Optional
 import torch
 
 from ..config import MatmulConfig
-from ..formats import FORMATS, Format, get_format
+from ..formats import FORMATS, Format, code_storage, get_format
 from ..plan import make_plan
 from .utils import pack_codes, unpack_codes
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LossyQuantizationWarning", "QuantizedWeight", "quantize_weight", "quantize", "pack_weight", "dequantize",
-           "decode_values",
-           "quantize_activation", "dequantize_activation", "TORCH_DTYPES", "torch_dtype"]
+           "pack_zeros", "unpack_zeros", "decode_values", "quantize_activation", "dequantize_activation",
+           "TORCH_DTYPES", "torch_dtype"]
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -179,36 +179,63 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype), zeros)
 
 
+def integer_codes(t: torch.Tensor, name: str, lo: int, hi: int, what: str, bit_patterns: bool = False) -> torch.Tensor:
+    """``t`` as int32 codes, checked: integers (an integer tensor, or a float tensor holding whole
+    numbers) in [lo, hi]; else ValueError naming ``name``, the range and ``what`` they are codes of.
+    ``bit_patterns``: an int8 tensor carries codes 0..255 as its bytes (uint8 / float8 codes)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of integer codes, got {type(t).__name__}")
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name}: expected integer codes in [{lo}, {hi}] for {what}, got a {t.dtype} tensor")
+    if t.dtype.is_floating_point:
+        f = t.detach().to(torch.float64)
+        bad = ~torch.isfinite(f) | (f != f.round())
+        if bool(bad.any()):
+            v = f[bad][0].item()
+            raise ValueError(f"{name}: codes must be integers in [{lo}, {hi}] for {what}, got {v:g} "
+                             f"at index {tuple(int(i) for i in bad.nonzero()[0])}")
+        if f.numel() and (float(f.min()) < lo or float(f.max()) > hi):
+            raise ValueError(f"{name}: codes must lie in [{lo}, {hi}] for {what}, got values in "
+                             f"[{float(f.min()):g}, {float(f.max()):g}]")
+        return f.to(torch.int32)
+    q = t.to(torch.int64)
+    if bit_patterns and t.dtype == torch.int8:
+        q = q & 0xFF
+    if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"{name}: codes must lie in [{lo}, {hi}] for {what}, got values in "
+                         f"[{int(q.min())}, {int(q.max())}]")
+    return q.to(torch.int32)
+
+
 def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=None,
-                global_scale=None) -> Dict[str, torch.Tensor]:
-    """Turn unpacked codes (and scales, zeros) into exactly the tensors ``Matmul(config)`` takes."""
+                global_scale=None, *, _weight_arg: str = "codes") -> Dict[str, torch.Tensor]:
+    """Turn unpacked codes (and scales, zeros) into exactly the tensors ``Matmul(config)`` takes.
+
+    Integer codes (and the zero-point codes of zeros_mode "quantized") may come as integer tensors
+    or as float tensors of whole numbers; values outside the format's code range or not integers
+    raise ValueError naming the argument and the range."""
     plan = make_plan(config)
     w = plan.w
     out: Dict[str, torch.Tensor] = {}
+    name = _weight_arg
     if not isinstance(codes, torch.Tensor):
-        raise TypeError(f"codes: expected a torch.Tensor, got {type(codes).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(codes).__name__}")
     c = config
     want = (c.K, c.N) if c.layout == "nn" else (c.N, c.K)
     if tuple(codes.shape) != want:
-        raise ValueError(f"codes: expected shape {list(want)} for layout={c.layout!r}, got {list(codes.shape)}")
+        raise ValueError(f"{name}: expected shape {list(want)} for layout={c.layout!r}, got {list(codes.shape)}")
     if w.kind == "float" or (w.torch_dtype and codes.dtype == TORCH_DTYPES[w.torch_dtype]):
         wanted = TORCH_DTYPES[w.torch_dtype]
         if codes.dtype != wanted:
             if w.kind != "float" or not codes.dtype.is_floating_point:
-                raise TypeError(f"codes: expected {wanted} for W_dtype={w.name!r}, got {codes.dtype}")
+                raise TypeError(f"{name}: expected {wanted} for W_dtype={w.name!r}, got {codes.dtype}")
             codes = codes.to(wanted)
         out["W"] = codes.contiguous()
     else:
-        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
-            raise TypeError(f"codes: expected integer codes for W_dtype={w.name!r}, got {codes.dtype}")
         lo, hi = w.code_range
-        q = codes.to(torch.int32)
-        if w.kind != "int" and codes.dtype == torch.int8:
-            q = q & 0xFF                     # int8 tensors carry uint8 / float8 codes as bit patterns
-        if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
-            raise ValueError(f"codes: values must lie in [{lo}, {hi}] for W_dtype={w.name!r}, "
-                             f"got [{int(q.min())}, {int(q.max())}]")
-        packed = pack_codes(q, w)
+        # int8 tensors carry uint8 / float8 codes as bit patterns
+        q = integer_codes(codes, name, lo, hi, f"W_dtype={w.name!r}", bit_patterns=w.kind != "int")
+        packed = pack_codes(q, w, plan.w_storage)
         if w.torch_dtype:
             packed = packed.view(TORCH_DTYPES[w.torch_dtype])
         out["W"] = packed.contiguous()
@@ -218,14 +245,11 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
             continue
         if spec is None:
             raise ValueError(f"{name} given, but the config has with_{'scaling' if name == 'scale' else 'zeros'}=False")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         t = t.reshape(c.N, -1) if t.dim() == 1 and spec.shape[1] == 1 else t
         if name == "zeros" and c.zeros_mode == "quantized":
-            if tuple(t.shape) != (c.N, plan.groups):
-                raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(t.shape)}")
-            cpb = w.codes_per_byte
-            pad = (-plan.groups) % cpb
-            t = torch.nn.functional.pad(t.to(torch.int32), (0, pad))
-            out[name] = pack_codes(t, w).contiguous()
+            out[name] = pack_zeros(config, t)
             continue
         if tuple(t.shape) != tuple(spec.shape):
             raise ValueError(f"{name}: expected shape {list(spec.shape)}, got {list(t.shape)}")
@@ -259,13 +283,42 @@ def decode_values(codes: torch.Tensor, fmt) -> torch.Tensor:
     return codes.to(torch.float64)
 
 
+def pack_zeros(config: MatmulConfig, zeros: torch.Tensor) -> torch.Tensor:
+    """Zero-point codes [N, groups] of zeros_mode "quantized" (integers in the weight format's code
+    range, else ValueError naming ``zeros``) -> the operator's ``zeros`` [groups, N * bits / 8],
+    packed along N (GPTQ's qzeros layout, as BitBLAS takes it), N padded to whole bytes."""
+    plan = make_plan(config)
+    w, c = plan.w, config
+    if not isinstance(zeros, torch.Tensor):
+        raise TypeError(f"zeros: expected a torch.Tensor, got {type(zeros).__name__}")
+    t = zeros.reshape(c.N, -1) if zeros.dim() == 1 and plan.groups == 1 else zeros
+    if tuple(t.shape) != (c.N, plan.groups):
+        raise ValueError(f"zeros: expected codes of shape {[c.N, plan.groups]}, got {list(zeros.shape)}")
+    lo, hi = w.code_range
+    z = integer_codes(t, "zeros", lo, hi, f"the zero points of W_dtype={w.name!r} (zeros_mode='quantized')",
+                      bit_patterns=True)
+    z = torch.nn.functional.pad(z.T, (0, (-c.N) % w.codes_per_byte))
+    return pack_codes(z, w, plan.w_storage).contiguous()
+
+
+def unpack_zeros(config: MatmulConfig, zeros: torch.Tensor) -> torch.Tensor:
+    """The zero-point codes [N, groups] (int16) of zeros_mode "quantized" from the operator's packed
+    ``zeros`` [groups, N * bits / 8] (packed along N: GPTQ's qzeros layout, as BitBLAS takes it)."""
+    plan = make_plan(config)
+    g = plan.groups
+    if not isinstance(zeros, torch.Tensor) or zeros.dim() != 2 or zeros.shape[0] != g or zeros.dtype.itemsize != 1:
+        raise ValueError(f"zeros: expected packed codes int8 {list(plan.arg('zeros').shape)}, got "
+                         f"{getattr(zeros, 'dtype', type(zeros).__name__)} {list(getattr(zeros, 'shape', []))}")
+    return unpack_codes(zeros, plan.w, plan.w_storage)[:, :config.N].T.contiguous()
+
+
 def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, global_scale=None) -> torch.Tensor:
     """float64 [N, K] (or [K, N] for layout "nn") weight that ``Matmul(config)`` multiplies by."""
     plan = make_plan(config)
     w, c = plan.w, config
     if w.kind == "float":
         return W.to(torch.float64)
-    v = decode_values(unpack_codes(W.view(torch.int8), w), w)
+    v = decode_values(unpack_codes(W.view(torch.int8), w, plan.w_storage), w)
     if not c.with_scaling:
         return v
     gs = c.K if plan.groups == 1 else c.group_size
@@ -277,7 +330,7 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
     if not c.with_zeros:
         out = v * s
     elif c.zeros_mode == "quantized":
-        z = unpack_codes(zeros, w)[:, :plan.groups].to(torch.float64)
+        z = unpack_zeros(config, zeros).to(torch.float64)
         out = (v - expand(z)) * s
     elif c.zeros_mode == "rescale":
         out = v * s - expand(zeros.to(torch.float64))
@@ -298,8 +351,9 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
     float8 tensors) and float32 scale [...] with x ~= decode(q) * scale[..., None].
     """
     fmt = get_format(dtype, "A", "dtype")
-    if fmt.kind == "float":
-        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2")
+    if fmt.kind in ("float", "uint"):
+        raise ValueError(f"dtype={dtype!r}: per-token quantization targets int8, int4, float8_e4m3 or float8_e5m2 "
+                         "(unsigned activations are passed as codes)")
     xf = x.detach().to(torch.float32)
     qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
     s = _safe(xf.abs().amax(-1) / qmax)
@@ -307,7 +361,7 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8"):
     if fmt.kind == "table":
         return y.clamp(-qmax, qmax).to(TORCH_DTYPES[fmt.torch_dtype]), s
     q = y.round().clamp(*fmt.code_range).to(torch.int32)
-    return (pack_codes(q, fmt) if fmt.packed else q.to(torch.int8)), s
+    return (pack_codes(q, fmt, code_storage(fmt, "A")) if fmt.packed else q.to(torch.int8)), s
 
 
 def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -316,5 +370,5 @@ def dequantize_activation(q: torch.Tensor, dtype: str, scale: Optional[torch.Ten
     if fmt.kind in ("float", "table"):
         v = q.to(torch.float64)
     else:
-        v = unpack_codes(q.view(torch.int8), fmt).to(torch.float64)
+        v = unpack_codes(q.view(torch.int8), fmt, code_storage(fmt, "A")).to(torch.float64)
     return v if scale is None else v * scale.to(torch.float64).unsqueeze(-1)

@@ -1,12 +1,15 @@
 """Packing of integer codes into int8 storage, and BitBLAS's packing helpers by their names."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
-from ..formats import Format, get_format, FORMATS
+from ..formats import FORMATS, STORAGES, Format
 
-__all__ = ["pack_codes", "unpack_codes", "general_compress", "interleave_weight", "deinterleave_weight"]
+__all__ = ["pack_codes", "unpack_codes", "unpack_fields", "general_compress", "interleave_weight",
+           "deinterleave_weight"]
 
 
 def _fmt(fmt) -> Format:
@@ -17,56 +20,103 @@ def _fmt(fmt) -> Format:
     return FORMATS[fmt]
 
 
-def pack_codes(codes: torch.Tensor, fmt) -> torch.Tensor:
+def _storage(f: Format, storage: Optional[str]) -> str:
+    if storage is None:
+        return f.storage
+    if storage not in STORAGES:
+        raise ValueError(f"storage={storage!r} is invalid; accepted: {', '.join(STORAGES)} or None")
+    return storage
+
+
+def pack_codes(codes: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
     """Pack integer codes [..., K] into int8 [..., K * bits / 8], little-endian inside each byte.
 
     Codes must lie in the format's code range (for uint8, int8 bit patterns are taken as is).
+    ``storage`` (:func:`bitblas.formats.code_storage`): how signed codes are stored, "offset"
+    (``q + 2**(bits-1)``) or "twos"; None: the format's weight storage (``fmt.storage``:
+    offset-binary for int1/int2/int4, two's complement for int8). Activations: "twos".
     """
     f = _fmt(fmt)
+    st = _storage(f, storage)
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
+    q = codes.to(torch.int32)
+    if st == "offset":
+        q = q + (1 << (f.bits - 1))
     if not f.packed:
-        return codes.to(torch.int32).bitwise_and(0xFF).to(torch.uint8).view(torch.int8)
+        return q.bitwise_and(0xFF).to(torch.uint8).view(torch.int8)
     cpb, bits = f.codes_per_byte, f.bits
     k = codes.shape[-1]
     if k % cpb:
         raise ValueError(f"codes: last dimension {k} must be a multiple of {cpb} for {f.name}")
-    u = codes.to(torch.int32).bitwise_and((1 << bits) - 1).reshape(*codes.shape[:-1], k // cpb, cpb)
+    u = q.bitwise_and((1 << bits) - 1).reshape(*codes.shape[:-1], k // cpb, cpb)
     shifts = torch.arange(cpb, dtype=torch.int32, device=codes.device) * bits
     return (u << shifts).sum(-1).to(torch.uint8).view(torch.int8)
 
 
-def unpack_codes(packed: torch.Tensor, fmt) -> torch.Tensor:
+def unpack_fields(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """The stored ``bits``-bit fields (0 .. 2**bits - 1, int32) of int8 storage [..., n] -> [..., n * 8 / bits]."""
+    b = packed.view(torch.uint8).to(torch.int32)
+    if bits < 8:
+        shifts = torch.arange(8 // bits, dtype=torch.int32, device=packed.device) * bits
+        b = ((b.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*packed.shape[:-1], -1)
+    return b
+
+
+def unpack_codes(packed: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: int16 codes [..., K] (signed for int formats, else unsigned).
 
     Also takes a float8 tensor (returns its bit patterns as codes 0..255).
     """
     f = _fmt(fmt)
+    st = _storage(f, storage)
     if packed.dtype.itemsize != 1:
         raise TypeError(f"packed: expected a 1-byte tensor (int8 storage), got {packed.dtype}")
-    b = packed.view(torch.uint8).to(torch.int32)
-    if f.packed:
-        shifts = torch.arange(f.codes_per_byte, dtype=torch.int32, device=packed.device) * f.bits
-        b = ((b.unsqueeze(-1) >> shifts) & ((1 << f.bits) - 1)).reshape(*packed.shape[:-1], -1)
+    b = unpack_fields(packed, f.bits if f.packed else 8)
     if f.kind == "int":
         half = 1 << (f.bits - 1)
-        b = (b ^ half) - half
+        b = b - half if st == "offset" else (b ^ half) - half
     return b.to(torch.int16)
 
 
 def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np.int8):
-    """BitBLAS's name: pack non-negative ``source_bits``-bit values (numpy, last axis) into bytes."""
-    w = np.asarray(lowprecision_weight)
+    """BitBLAS's name: pack ``source_bits``-bit codes (numpy, last axis) little-endian into bytes,
+    ``[..., n]`` -> ``[..., n * source_bits / 8]`` (code j at bit ``(j % per_byte) * source_bits``).
+
+    The codes are the stored fields, 0 .. 2**source_bits - 1 (for signed weights BitBLAS's
+    offset-binary ``q + 2**(bits-1)``; 8 bits: any byte, -128 .. 255); float arrays must hold
+    whole numbers (BitBLAS casts float16 to int8). Anything else raises ValueError."""
     if source_bits not in (1, 2, 4, 8):
         raise ValueError(f"source_bits={source_bits} is invalid; accepted: 1, 2, 4, 8")
     if np.dtype(storage_dtype).itemsize != 1:
         raise ValueError(f"storage_dtype={storage_dtype} is invalid; accepted: a 1-byte dtype (np.int8, np.uint8)")
-    packed = pack_codes(torch.from_numpy(w.astype(np.int32)), f"uint{source_bits}")
+    w = lowprecision_weight
+    if isinstance(w, torch.Tensor):
+        w = w.detach().cpu().numpy()
+    w = np.asarray(w)
+    if w.ndim < 1 or w.dtype.kind not in "iuf":
+        raise ValueError(f"lowprecision_weight: expected an integer (or whole-number float) array of codes, "
+                         f"got {w.dtype} of shape {list(w.shape)}")
+    lo, hi = (-128, 255) if source_bits == 8 else (0, (1 << source_bits) - 1)
+    per = 8 // source_bits
+    if w.shape[-1] % per:
+        raise ValueError(f"lowprecision_weight: last dimension {w.shape[-1]} must be a multiple of {per} "
+                         f"for source_bits={source_bits}")
+    if w.dtype.kind == "f" and w.size and not (np.isfinite(w).all() and (w == np.round(w)).all()):
+        raise ValueError(f"lowprecision_weight: codes must be integers in [{lo}, {hi}] for source_bits={source_bits}")
+    if w.size and (w.min() < lo or w.max() > hi):
+        raise ValueError(f"lowprecision_weight: codes must lie in [{lo}, {hi}] for source_bits={source_bits}, got "
+                         f"values in [{w.min():g}, {w.max():g}]")
+    packed = pack_codes(torch.from_numpy(w.astype(np.int64) & 0xFF), f"uint{source_bits}")
     return packed.numpy().view(np.dtype(storage_dtype))
 
 
 def _interleave_positions(nbits: int, target_dtype: str):
-    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order."""
+    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order (its numpy
+    ``interleave_weight``): code j goes to lane ``j % lanes``, slot ``j // lanes`` of that lane's
+    bits; then 2-bit codes for float16 swap bytes 1 and 2 of the word, and 1-bit codes for int8
+    swap nibbles 1 <-> 4 and 3 <-> 6 (1-bit codes for float16: BitBLAS computes a further move
+    and returns the word without it, so the base order stands)."""
     if target_dtype not in ("float16", "int8"):
         raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: 'float16', 'int8'")
     if nbits not in (1, 2, 4):
@@ -74,8 +124,14 @@ def _interleave_positions(nbits: int, target_dtype: str):
     stride = 16 if target_dtype == "float16" else 8      # bits per lane the decoder produces
     lanes, per_lane = 32 // stride, stride // nbits
     n = 32 // nbits
-    # code j (0-based in the word) goes to lane j % lanes, slot j // lanes of that lane's bits
-    return [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
+    base = [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
+    if nbits == 2 and target_dtype == "float16":
+        unit, swap = 4, {1: 2, 2: 1}                         # bytes (4 codes each)
+    elif nbits == 1 and target_dtype == "int8":
+        unit, swap = 4, {1: 4, 4: 1, 3: 6, 6: 3}             # nibbles (4 codes each)
+    else:
+        return base
+    return [swap.get(p // unit, p // unit) * unit + p % unit for p in base]
 
 
 def _move_codes(qweight, nbits: int, target_dtype: str, inverse: bool):

@@ -18,12 +18,13 @@ The rows kernel's body is in gemv_rows.py, the k-split one in gemv_ksplit.py, th
 all use are generated here (``_kernel_script``).
 
 Decode: two values at a time into half2/bfloat162 with the magic-number trick: one ``lop3``
-places a b-bit field (XOR-ed to unsigned for signed formats) in the low mantissa bits of 1024.0
-(128.0 for bfloat16), one ``hsub2``/``hfma2`` removes the magic and an integer offset exactly, one
+places a b-bit field (signed codes: offset-binary, ``q + 2**(b-1)``, as they are stored; int8 ones
+XOR-ed to it) in the low mantissa bits of 1024.0 (128.0 for bfloat16), one ``hsub2``/``hfma2``
+removes the magic and an integer offset exactly, one
 ``hfma2`` multiplies with the activation pair (activations are paired with ``prmt`` to match).
 8-bit weights decode to float32 (``prmt`` into 2**23) and use float32 FMAs. The dot product over
 one vector accumulates in half2 (float16: 2, bfloat16: 4 independent accumulators), then in
-float32 with the group scale. The integer offset centres the codes (the XOR for signed codes, the
+float32 with the group scale. The integer offset centres the codes (2**(b-1) for signed codes, the
 zero-point code, the rounded float zero point); the float remainder of a zero point is applied
 through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
 
@@ -63,7 +64,7 @@ int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows ker
 (4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
 tensor-core kernel of gemv_mma_int8.py; the k-split kernel refuses them; the helpers live in
 gemv_int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
-bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes come out offset
+bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes are stored offset
 by 2**(b-1), taken back by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are
 permuted (``prmt``) into the same K order once per vector and row, shared by the warp's weight
 rows, and ``dp4a`` sums exactly in int32. Without group scales the int32 sums go through the warp
@@ -552,15 +553,16 @@ def _field_plan(bits: int, mant: int):
     return out
 
 
-def _helpers(tag: str, act: str, bits: int, signed: bool, nw: int, dec: str = "int", table=None,
+def _helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: str = "int", table=None,
              half_pairs: bool = False):
-    """CUDA source of the helpers for one (activation dtype, weight format, vector size); ``dec``
+    """CUDA source of the helpers for one (activation dtype, weight format, vector size);
+    ``storage``: how the codes are stored (``plan.w_storage``: "offset", "twos", "plain"); ``dec``
     and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
     helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
     activations take the dp4a helpers of gemv_int8."""
     if act == "int8":
-        return {**_load_helpers(nw), **_i8_helpers(tag, bits, signed, nw)}
-    src = _int_helpers(tag, act, bits, signed, nw, half_pairs)
+        return {**_load_helpers(nw), **_i8_helpers(tag, bits, storage, nw)}
+    src = _int_helpers(tag, act, bits, storage == "twos", nw, half_pairs)
     if dec in ("e4m3", "e5m2") and half_pairs:
         src[f"bb_dec_{tag}"] = _f8_pair_dec(tag, act, nw, dec)
     elif dec != "int":
@@ -599,18 +601,22 @@ __device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
     return src
 
 
-def _byte_floats(j: int, signed: bool, dst, decl: str = ""):
-    """CUDA lines opening a block: the four bytes of word ``w[j]`` (signed: XOR-ed to unsigned) as
-    exact float32 values minus ``c`` = 2**23 + off (``prmt`` into 2**23's mantissa), into ``dst(t)``."""
-    x = f"(w[{j}] ^ 0x80808080u)" if signed else f"w[{j}]"
+def _byte_floats(j: int, twos: bool, dst, decl: str = ""):
+    """CUDA lines opening a block: the four bytes of word ``w[j]`` (``twos``, two's complement:
+    XOR-ed to offset-binary ``q + 128``) as exact float32 values minus ``c`` = 2**23 + off (``prmt``
+    into 2**23's mantissa), into ``dst(t)``."""
+    x = f"(w[{j}] ^ 0x80808080u)" if twos else f"w[{j}]"
     return [f"  {{ unsigned x = {x};" + (f" {decl}" if decl else "")] + [
         f"    {dst(t)} = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;" for t in range(4)]
 
 
-def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pairs: bool = False):
-    """``half_pairs``: 8-bit codes decoded to half pairs like the narrower codes (the tensor-core
-    GEMV's operand; float16 through the magic number, bfloat16 through float32), else the float32
-    path of the rows kernel."""
+def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs: bool = False):
+    """``twos``: the codes are stored in two's complement (int8): the decoder XORs each field's
+    sign bit, giving the offset-binary field ``q + 2**(bits-1)`` that offset-binary codes (signed
+    1/2/4-bit weights) are stored as, and unsigned codes are taken as they are; the decode gives
+    ``field - off``. ``half_pairs``: 8-bit codes decoded to half pairs like the narrower codes (the
+    tensor-core GEMV's operand; float16 through the magic number, bfloat16 through float32), else
+    the float32 path of the rows kernel."""
     ctype, t2, magic, mant, magic_f = _ACT[act]
     src = _load_helpers(nw)
     if bits == 8 and not half_pairs:
@@ -627,7 +633,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{",
                  "  const float c = 8388608.f + (float)off;"]
         for j in range(nw):
-            lines += _byte_floats(j, signed, lambda t: f"d[{4 * j + t}]")
+            lines += _byte_floats(j, twos, lambda t: f"d[{4 * j + t}]")
             lines.append("  }")
         lines.append("}")
         src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
@@ -666,7 +672,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
     lines += ["  return s;", "}"]
     src[f"bb_prep_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
-    # decode: d[pair] = (field ^ X) - off, exact, as half2/bfloat162 bits
+    # decode: d[pair] = (field ^ X) - off, exact, as half2/bfloat162 bits (X: the sign bit for two's complement)
     magic2 = magic * 0x10001
     lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
              f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
@@ -685,7 +691,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         for p, (s, pos) in enumerate(fp):
             field = ((1 << bits) - 1) << pos
             b_const = field * 0x10001
-            sign = (1 << (pos + bits - 1)) if signed else 0
+            sign = (1 << (pos + bits - 1)) if twos else 0
             c_const = (sign * 0x10001) | (magic2 & ~b_const & 0xFFFFFFFF)
             lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{b_const:08x}, 0x{c_const:08x}, 0x{_LUT_FIELD:02x};\" "
                          f": \"=r\"(x) : \"r\"(w{s}));")
@@ -701,7 +707,7 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
                  "  const float c = 8388608.f + (float)off;"]
         for j in range(nw):
-            lines += _byte_floats(j, signed, lambda t: f"f[{t}]", decl="float f[4];")
+            lines += _byte_floats(j, twos, lambda t: f"f[{t}]", decl="float f[4];")
             for p in range(2):               # pair p: bytes p and p + 2, as the activations are paired
                 lines.append(f"    {{ {t2} v = __floats2bfloat162_rn(f[{p}], f[{p + 2}]); "
                              f"d[{2 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")
@@ -709,13 +715,23 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines.append("}")
         src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
-    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{"]
+    # the pair products: fma.rn.f16x2 / bf16x2 into nacc accumulators (pair q into q % nacc), as
+    # __hfma2 emits them, but DOT_FMAS_PER_ASM to an asm statement: one __hfma2 (an asm statement
+    # each) per pair made NVVM (cicc) spend minutes on kernels that inline many dot products in one
+    # block (8 channels per warp with the whole K in flight: 131 s -> 6 s of CPU, the same ptxas
+    # registers and spills); the accumulators start at 0 (the bits of __float2half2_rn(0.f))
+    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{",
+             "  unsigned " + ", ".join(f"a{k} = 0u" for k in range(nacc)) + ";"]
+    op = "fma.rn.f16x2" if act == "float16" else "fma.rn.bf16x2"
+    for q0 in range(0, npairs, DOT_FMAS_PER_ASM):
+        qs = range(q0, min(npairs, q0 + DOT_FMAS_PER_ASM))
+        body = [f"{op} %{q % nacc}, %{nacc + 2 * i}, %{nacc + 2 * i + 1}, %{q % nacc};" for i, q in enumerate(qs)]
+        ins = ", ".join(f'"r"(d[{q}]), "r"(ap[{q}])' for q in qs)
+        outs = ", ".join(f'"+r"(a{k})' for k in range(nacc))
+        text = "\\n\\t".join(body)
+        lines.append(f'  asm("{{{text}}}" : {outs} : {ins});')
     for k in range(nacc):
-        lines.append(f"  {t2} acc{k} = __float2{'half2' if act == 'float16' else 'bfloat162'}_rn(0.f);")
-    for q in range(npairs):
-        k = q % nacc
-        lines.append(f"  acc{k} = __hfma2(*reinterpret_cast<const {t2}*>(&d[{q}]), "
-                     f"*reinterpret_cast<const {t2}*>(&ap[{q}]), acc{k});")
+        lines.append(f"  const {t2} acc{k} = *reinterpret_cast<const {t2}*>(&a{k});")
     if act == "float16":                      # one rounding more in half, one conversion instead of two
         lines += ["  float2 f = __half22float2(__hadd2(acc0, acc1));", "  return f.x + f.y;", "}"]
     else:                                     # bfloat16 sums stay float32 (8-bit mantissa)
@@ -725,6 +741,9 @@ def _int_helpers(tag: str, act: str, bits: int, signed: bool, nw: int, half_pair
         lines += ["  return s;", "}"]
     src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
     return src
+
+
+DOT_FMAS_PER_ASM = 8
 
 
 # --------------------------------------------------------------------------------------------
@@ -758,10 +777,10 @@ def _kernel_script(plan, hint: GEMVHint):
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
     f32_path = _f32_path(plan, hint)
-    helpers = _helpers(tag, act, b, signed, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
+    helpers = _helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
     s_f8 = _f8_scales(plan)
     dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
-    x_shift = (1 << (b - 1)) if signed else 0   # decode gives (code ^ x_shift) - off; q = that + off - x_shift
+    x_shift = (1 << (b - 1)) if signed else 0   # decode gives field - off, field = q + x_shift (offset-binary)
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
     float_zeros = c.with_zeros and not quant_zeros
@@ -802,19 +821,25 @@ def _kernel_script(plan, hint: GEMVHint):
         return "0" if plan.groups == 1 else f"({cidx} * {V} // {G})"
 
     def zsrc(nr, cidx):
-        """The zero-point element (float zeros) or the byte holding the code (quantized)."""
+        """The zero-point element (float zeros) or the zero-point code (quantized: codes [groups, N]
+        packed along N, the field of channel ``nr`` shifted out of its byte here, int8)."""
         g = gidx(cidx)
-        return f"zeros[{nr}, {g} // {w.codes_per_byte}]" if quant_zeros else f"zeros[{nr}, {g}]"
+        if not quant_zeros:
+            return f"zeros[{nr}, {g}]"
+        cpb = w.codes_per_byte
+        if cpb == 1:
+            return f"zeros[{g}, {nr}]"
+        return (f"T.Cast('int8', T.shift_right(T.Cast('int32', zeros[{g}, {nr} // {cpb}]), ({nr} % {cpb}) * {b}) "
+                f"& {(1 << b) - 1})")
 
     def scale_lines(ind, cidx, idx, s_raw, z_raw):
         """sv (scale), ov (integer offset subtracted exactly in the decode), cv (coefficient of
         sum(a)) for weight vector cidx, from the raw scale / zero elements ``s_raw`` / ``z_raw``.
-        The offset centres the codes: x_shift (signed codes, centred by the XOR), the zero-point
+        The offset centres the codes: x_shift (signed codes, stored offset-binary), the zero-point
         code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
         cv * sum(a)."""
         if i8:                                 # int8: the group scale only (dp4a sums are exact)
             return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
-        g = gidx(cidx)
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
         if s_f8:
             s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
@@ -822,13 +847,8 @@ def _kernel_script(plan, hint: GEMVHint):
         if dec_factor != 1.0:
             s_expr = f"{s_expr} * {_fmt_float(dec_factor)}" if c.with_scaling else _fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
-        if quant_zeros:
-            cpb = w.codes_per_byte
-            if cpb == 1:
-                zc = f"T.Cast('int32', {z_raw}) & 255"
-            else:
-                zc = f"T.shift_right(T.Cast('int32', {z_raw}), ({g} % {cpb}) * {b}) & {(1 << b) - 1}"
-            out += [f"{ind}ov[{idx}] = {zc}", f"{ind}cv[{idx}] = T.float32(0)"]
+        if quant_zeros:                        # z_raw: the code (zsrc), an int8 holding 0 .. 2**b - 1
+            out += [f"{ind}ov[{idx}] = T.Cast('int32', {z_raw}) & 255", f"{ind}cv[{idx}] = T.float32(0)"]
         elif float_zeros:
             z = f"T.Cast('float32', {z_raw})"
             # original: (q - z) * s -> off ~ z; rescale: q * s - z -> off ~ z / s

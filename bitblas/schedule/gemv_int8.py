@@ -13,14 +13,15 @@ of a warp):
 * 2-bit: a 4 x 4 byte transpose of 4 words (8 ``prmt``);
 * 1-bit: two 4 x 4 transposes of the even and odd words of 8 (16 ``prmt``).
 
-Signed codes are not sign-extended byte by byte (no SIMD byte subtract without borrows: ~6
-instructions per word). The ``lop3`` that masks a field also XORs it with ``2**(bits-1)``,
-giving ``u = q + 2**(bits-1)`` in 0 .. 2**bits - 1, and ``dp4a.u32.s32`` (unsigned weight bytes x
+Signed sub-byte codes are stored offset-binary (BitBLAS's layout, bitblas.formats): the masked
+field is ``u = q + 2**(bits-1)`` in 0 .. 2**bits - 1, and ``dp4a.u32.s32`` (unsigned weight bytes x
 signed activation bytes) accumulates ``sum(u * a) = sum(q * a) + 2**(bits-1) * sum(a)``; the
 chain starts at ``-2**(bits-1) * sum(a)`` (``dp4a`` of the activation words with 0x01010101, once
-per vector and row), so the sum is exact. 3 instructions per 8 4-bit codes, 7 per 16 2-bit codes,
-15 per 32 1-bit codes; int8 weights take ``dp4a.s32.s32`` on the raw words, uint8 ones
-``dp4a.u32.s32``.
+per vector and row), so the sum is exact (no byte-wise sign extension, which has no SIMD form
+without borrows: ~6 instructions per word). Two's complement sub-byte codes (not stored by any
+plan today) would take the same path with the ``lop3`` also XOR-ing ``2**(bits-1)`` into each
+field. 3 instructions per 8 4-bit codes, 7 per 16 2-bit codes, 15 per 32 1-bit codes; int8
+weights take ``dp4a.s32.s32`` on the raw words, uint8 ones ``dp4a.u32.s32``.
 
 The CPU tests (testing/test_gemv_decode.py) run the generated helper source itself through a
 small interpreter (``prmt`` / ``lop3`` / ``dp4a`` on Python ints, :func:`_emu_prmt` /
@@ -36,17 +37,24 @@ _LUT_AND_XOR = _lut(lambda a, b, c: (a & b) ^ c)          # (a & b) ^ c
 _ONES = 0x01010101
 
 
-def _i8_consts(bits: int, signed: bool):
-    """Decode of one 32-bit word of ``bits``-bit codes: for each field p (``F = 8 // bits`` of them)
-    the right shift ``bits * p``; the field mask and the XOR (``2**(bits-1)`` per byte for signed
-    sub-byte codes) of the ``lop3``; ``off``, the value the XOR adds to each code (the dp4a chain
-    starts at ``-off * sum(a)``); ``wtype``, the dp4a type of the weight bytes."""
+def _i8_consts(bits: int, storage: str):
+    """Decode of one 32-bit word of ``bits``-bit codes stored as ``storage`` ("offset", "twos",
+    "plain": bitblas.formats.code_storage): for each field p (``F = 8 // bits`` of them) the right
+    shift ``bits * p``; the field mask and the XOR (``2**(bits-1)`` per byte for two's complement
+    sub-byte codes, none for offset-binary ones, stored so) of the ``lop3``; ``off``, the value each
+    decoded byte exceeds its code by (the dp4a chain starts at ``-off * sum(a)``); ``wtype``, the
+    dp4a type of the weight bytes."""
+    if storage not in ("offset", "twos", "plain"):
+        raise ValueError(f"storage={storage!r}: expected 'offset', 'twos' or 'plain'")
     F = 8 // bits
     if bits == 8:
+        if storage == "offset":
+            raise ValueError("8-bit codes are stored two's complement or plain")
         return dict(F=1, shifts=(0,), mask=0xFFFFFFFF, xor=0, lut=_LUT_AND_XOR, off=0,
-                    wtype="s32" if signed else "u32")
-    off = (1 << (bits - 1)) if signed else 0
-    return dict(F=F, shifts=tuple(bits * p for p in range(F)), mask=((1 << bits) - 1) * _ONES, xor=off * _ONES,
+                    wtype="s32" if storage == "twos" else "u32")
+    off = 0 if storage == "plain" else 1 << (bits - 1)
+    xor = off * _ONES if storage == "twos" else 0
+    return dict(F=F, shifts=tuple(bits * p for p in range(F)), mask=((1 << bits) - 1) * _ONES, xor=xor,
                 lut=_LUT_AND_XOR, off=off, wtype="u32")
 
 
@@ -91,7 +99,7 @@ def _gather_lines(bits: int, nw: int):
     ``prmt`` program of :func:`_i8_gather`; 8-bit codes: the words as they are)."""
     prog = _i8_gather(bits, nw)
     if not prog:
-        return [f"  ap[{q}] = a[{q}];" for q in range(nw * _i8_consts(bits, False)["F"])]
+        return [f"  ap[{q}] = a[{q}];" for q in range(nw * _i8_consts(bits, "plain")["F"])]
     out = []
     for dst, x, y, sel in prog:
         lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
@@ -99,11 +107,11 @@ def _gather_lines(bits: int, nw: int):
     return out
 
 
-def _i8_helpers(tag: str, bits: int, signed: bool, nw: int):
+def _i8_helpers(tag: str, bits: int, storage: str, nw: int):
     """CUDA source of ``bb_prep_{tag}`` (gather the activation words, return the dp4a chain's
     start), ``bb_dec_{tag}`` (weight words -> bytes) and ``bb_dot_{tag}`` (dp4a over one vector)
-    for ``nw`` weight words of ``bits``-bit codes."""
-    k = _i8_consts(bits, signed)
+    for ``nw`` weight words of ``bits``-bit codes stored as ``storage``."""
+    k = _i8_consts(bits, storage)
     F = k["F"]
     na = nw * F                                   # activation words per vector (= decoded words)
     src = {}

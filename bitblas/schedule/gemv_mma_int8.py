@@ -21,12 +21,13 @@ of the fragment layout on the generated helper source.
 
 Codes: unsigned codes stay in the low bits of each byte (the rows kernel's decode without XOR,
 ``.u8`` A, ``uint8`` weights as they are); int8 weights are ``.s8`` as they are; signed sub-byte
-codes are placed in the *high* bits of each byte (``(w << (8 - b - b*p)) & mask``: one shift and
-one ``and`` per field, as many as the unsigned decode), i.e. the byte is ``q * 2**(8-b)`` as an
-``.s8``; the int32 sum is ``2**(8-b)`` times the true one (no per-token activation-sum correction
-is needed) and is divided back exactly at the end (arithmetic shift for int32 results, an exact
-power-of-two factor for float ones). The magnitude stays within the int8 x int8 range
-(``|q| * 2**(8-b) <= 128``). (The brief's design, unsigned ``q + 2**(b-1)`` corrected by
+codes (stored offset-binary, ``u = q + 2**(b-1)``) are placed in the *high* bits of each byte and
+their top bit flipped (``((w << (8 - b - b*p)) & mask) ^ 0x80..``: one shift and one ``lop3`` per
+field, as many as the unsigned decode), i.e. the byte is ``u * 2**(8-b) - 128 = q * 2**(8-b)`` as
+an ``.s8``; the int32 sum is ``2**(8-b)`` times the true one (no per-token activation-sum
+correction is needed) and is divided back exactly at the end (arithmetic shift for int32 results,
+an exact power-of-two factor for float ones). The magnitude stays within the int8 x int8 range
+(``|q| * 2**(8-b) <= 128``). (The alternative, the unsigned field ``u`` corrected by
 ``-2**(b-1) * sum(a)``, needs the per-token sums of the *store's* tokens ``2q, 2q+1`` while a lane
 sums token ``g``: a cross-lane exchange per group with group scales; the shifted codes avoid it.)
 
@@ -81,10 +82,12 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     return None
 
 
-def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
+def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int):
     """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
-    -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane)."""
-    k = _i8_consts(bits, False)
+    -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane), for
+    codes stored as ``storage`` (bitblas.formats.code_storage)."""
+    k = _i8_consts(bits, "plain")
+    signed = storage != "plain"
     F = k["F"]
     na = nw * F
     src = {}
@@ -102,7 +105,10 @@ def _mma_i8_helpers(tag: str, bits: int, signed: bool, nw: int):
             elif signed:                     # field p to the top of its byte: q * 2**(8-bits) as s8
                 s = 8 - bits - bits * p
                 x = f"(w[{j}] << {s})" if s else f"w[{j}]"
-                lines.append(f"  d[{j * F + p}] = {x} & 0x{hi:08x}u;")
+                if storage == "offset":      # u * 2**(8-bits) - 128: the top bit flipped
+                    lines.append(f"  d[{j * F + p}] = ({x} & 0x{hi:08x}u) ^ 0x80808080u;")
+                else:
+                    lines.append(f"  d[{j * F + p}] = {x} & 0x{hi:08x}u;")
             else:                            # field p at the bottom of its byte: u as u8
                 s = bits * p
                 x = f"(w[{j}] >> {s})" if s else f"w[{j}]"
@@ -131,7 +137,7 @@ def _body_mma_int8(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
-    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w.kind == "int", NW)
+    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW)
 
     def hsrc(name):
         return repr(hs[name])

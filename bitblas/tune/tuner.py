@@ -438,6 +438,20 @@ def _load_cached(config, kind, rec, target) -> TuneResult:
                       measured_rows=rec.get("measured_rows", rec["bucket"]))
 
 
+def _from_database(config, kind, bucket, db, key, target) -> Optional[TuneResult]:
+    """The stored result of ``bucket`` with its kernel loaded, or None (none stored, or it does not load)."""
+    rec = db.get("tuning", key)
+    if rec is None:
+        return None
+    try:
+        res = _load_cached(config, kind, rec, target)
+    except Exception as e:  # noqa: BLE001 - a broken entry is re-tuned, not fatal
+        logger.warning("bitblas cache: tuning entry for m=%d does not load (%s); re-tuning", bucket, e)
+        return None
+    logger.info("bucket %d: %s from the database (%.4f ms)", bucket, res.hint, res.latency_ms)
+    return res
+
+
 def _store(config, kind, res, key, target, db) -> None:
     """Put the winner's kernel in the kernel cache (memory; disk when ``db``) and the result in ``db``."""
     from ..build import cpu_target, cuda_target
@@ -458,10 +472,7 @@ def _store(config, kind, res, key, target, db) -> None:
                 path = None
         if path is not None:
             _kernels.store_kernel_file(plan, res.hint, tdesc, path)
-        try:
-            db.put("tuning", key, res.payload())
-        except OSError as e:
-            logger.warning("bitblas cache: cannot write to %s (%s)", db.root, e)
+        db.put("tuning", key, res.payload())        # an unwritable database: warned once, kept in memory
     finally:
         for p in (tmp, os.path.dirname(res.path) if res.path else None):
             if p:
@@ -528,34 +539,33 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
                 results[b] = TuneResult(b, None, None, None, None, 0.0, False, skipped=why)
                 continue
             key = tuning_key(config, kind, b, ddesc)
-            with (db.lock("tuning", key) if db is not None else contextlib.nullcontext()):
-                rec = None if (force or db is None) else db.get("tuning", key)
-                res = None
-                if rec is not None:
-                    try:
-                        res = _load_cached(config, kind, rec, target)
-                        logger.info("bucket %d: %s from the database (%.4f ms)", b, res.hint, res.latency_ms)
-                    except Exception as e:  # noqa: BLE001 - a broken entry is re-tuned, not fatal
-                        logger.warning("bitblas cache: tuning entry for m=%d does not load (%s); re-tuning", b, e)
-                if res is None:
-                    if bar is None:
-                        bar = _progress(progress, config, kind, len(buckets))
-                    rows = min(b, max_measure_rows) if (shared and max_measure_rows) else b
-                    if rows in by_rows:            # timed already (on the same rows): the same winner
-                        prev = by_rows[rows]
-                        res = TuneResult(b, prev.plan_m, prev.hint, prev.latency_ms, prev.default_latency_ms, 0.0,
-                                         False, prev.candidates, entry=prev.entry, measured_rows=rows)
-                        logger.info("bucket %d: timed on %d rows like bucket %d: %s", b, rows, prev.bucket, res.hint)
-                    else:
-                        res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar, time_budget_s,
-                                          rows, built, workdir)
-                        by_rows[rows] = res
-                    _store(config, kind, res, key, target, db)
-                results[b] = res
-                if isinstance(res.hint, GEMVHint) and config.dynamic:
-                    lo = table.range_of(b)[0]
-                    tops = {gemv_kernel_rows(config, kind, r, res.hint) for r in range(lo, b)}
-                    _gemv_rows(config, kind, sorted(tops - {res.plan_m}), res.hint, target, parallel, db)
+            # a stored result is read without the lock (records are replaced atomically; a database
+            # this process cannot write is still read); tuning holds the key's lock, and looks again
+            # under it in case another process tuned the bucket meanwhile
+            res = None if (force or db is None) else _from_database(config, kind, b, db, key, target)
+            if res is None:
+                with (db.lock("tuning", key) if db is not None else contextlib.nullcontext()):
+                    res = None if (force or db is None) else _from_database(config, kind, b, db, key, target)
+                    if res is None:
+                        if bar is None:
+                            bar = _progress(progress, config, kind, len(buckets))
+                        rows = min(b, max_measure_rows) if (shared and max_measure_rows) else b
+                        if rows in by_rows:            # timed already (on the same rows): the same winner
+                            prev = by_rows[rows]
+                            res = TuneResult(b, prev.plan_m, prev.hint, prev.latency_ms, prev.default_latency_ms,
+                                             0.0, False, prev.candidates, entry=prev.entry, measured_rows=rows)
+                            logger.info("bucket %d: timed on %d rows like bucket %d: %s", b, rows, prev.bucket,
+                                        res.hint)
+                        else:
+                            res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar, time_budget_s,
+                                              rows, built, workdir)
+                            by_rows[rows] = res
+                        _store(config, kind, res, key, target, db)
+            results[b] = res
+            if isinstance(res.hint, GEMVHint) and config.dynamic:
+                lo = table.range_of(b)[0]
+                tops = {gemv_kernel_rows(config, kind, r, res.hint) for r in range(lo, b)}
+                _gemv_rows(config, kind, sorted(tops - {res.plan_m}), res.hint, target, parallel, db)
     finally:
         if bar is not None:
             bar.close()

@@ -17,9 +17,9 @@ def auto_detect_nvidia_target(gpu_id: int = 0):
     """
     from .. import env
     from .._tvm import tvm
-    if env.TARGET:
+    if env.target():
         from ..build import cuda_target
-        return cuda_target(env.TARGET)
+        return cuda_target(env.target())
     info = {"kind": "cuda", "arch": DEFAULT_ARCH, "max_shared_memory_per_block": 49152,
             "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536}
     try:

@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                             _save(args.json, meta, rows)
     finally:                                    # the caller's thread counts (when called from Python)
         torch.set_num_threads(torch_threads)
-        bitblas.set_cpu_threads(int(os.environ.get("TVM_NUM_THREADS") or bitblas.build.physical_cores()))
+        bitblas.set_cpu_threads(bitblas.env.cpu_threads() or bitblas.build.physical_cores())
     meta["load_end"] = _load()
     print()
     print_table(rows)

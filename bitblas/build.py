@@ -81,8 +81,7 @@ def _default_cpu_threads() -> None:
     x86 (it assumes 2-way SMT): on a machine without SMT that is half the cores. Unless the user set
     either variable, set TVM_NUM_THREADS to the physical cores before the pool starts (the first CPU
     kernel), as torch does for its own threads."""
-    if not (os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
-        os.environ["TVM_NUM_THREADS"] = str(physical_cores())
+    env.set_default_cpu_threads(physical_cores())
 
 
 def set_cpu_threads(n: int) -> None:

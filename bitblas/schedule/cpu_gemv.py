@@ -24,8 +24,8 @@ Hand-written TIRx, compiled by TVM's LLVM backend; threads through TVM's thread 
   ramp up within it).
 
 Measured (AMD EPYC Zen 4, AVX-512, 1 thread, weights read from memory): W4A16 g128 1 x 4096^2
-0.88 ms vs 3.2 ms for torch's float32 F.linear (the tile schedule before it: 7.3 ms with its
-weights in cache); 16 rows 8.3 ms vs 12.3 ms.
+1.03 ms vs 3.49 ms for torch's float32 F.linear (the tile schedule before it: 7.3 ms with its
+weights in cache); 16 rows 10.6 ms vs 19.1 ms (docs/cpu.md).
 
 The decode of a code, the scale lookup and the zero point come from ``bitblas.ir.matmul``
 (``decode_code``, ``scale_value``, ``zero_value``), the one definition the TensorIR uses.

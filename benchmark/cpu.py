@@ -183,7 +183,8 @@ def _shapes(text):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmark.cpu", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--formats", default=DEFAULT_FORMATS, help=f"benchmark.matmul format names (default {DEFAULT_FORMATS})")
+    ap.add_argument("--formats", default=DEFAULT_FORMATS,
+                    help=f"benchmark.matmul format names (default {DEFAULT_FORMATS})")
     ap.add_argument("--shapes", default="4096x4096", help="NxK,... (default 4096x4096)")
     ap.add_argument("--m", default="1,4,16", help="rows (default 1,4,16)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")

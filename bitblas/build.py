@@ -24,7 +24,8 @@ from .schedule import default_hint, ir_options, schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan", "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
+__all__ = ["cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+           "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
 PASS_CONFIG = {"tirx.use_async_copy": True}

@@ -31,8 +31,8 @@ from typing import List, Optional
 
 from ..config import MatmulConfig
 from ..plan import make_plan
-from ..schedule import (CPUGemvHint, CPUHint, GEMVHint, cpu_gemv_unsupported, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported, hint_to_dict,
-                        wgmma_unsupported)
+from ..schedule import (CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cpu_gemv_unsupported,
+                        gemv_unsupported, hint_to_dict, wgmma_unsupported)
 from ..schedule import cuda_gemv, cuda_mma
 
 __all__ = ["Candidate", "candidates", "mma_rows"]

@@ -13,6 +13,7 @@ from ._tvm import check_versions as _check_versions
 _check_versions()
 
 from . import cache, formats, quantization  # noqa: E402
+from .build import set_cpu_threads  # noqa: E402
 from .cache import get_database_path, set_database_path  # noqa: E402
 from .config import MatmulConfig  # noqa: E402
 from .formats import ACTIVATION_FORMATS, FORMATS, WEIGHT_FORMATS  # noqa: E402
@@ -26,7 +27,8 @@ __version__ = "0.2.0"
 __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeightOnlyDequantizeConfig",
            "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "auto_detect_nvidia_target", "set_log_level",
            "quantization", "formats", "nn", "Linear", "QuantLinear", "quantize_model",
-           "cache", "workload", "set_database_path", "get_database_path", "tvm", "__version__"]
+           "cache", "workload", "set_database_path", "get_database_path", "tvm", "set_cpu_threads",
+           "__version__"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

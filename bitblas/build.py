@@ -24,7 +24,8 @@ from .schedule import default_hint, ir_options, schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "cuda_target", "build_plan", "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
+__all__ = ["cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+           "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
 PASS_CONFIG = {"tirx.use_async_copy": True}
@@ -33,8 +34,65 @@ PASS_CONFIG = {"tirx.use_async_copy": True}
 @functools.lru_cache(maxsize=None)
 def cpu_target():
     """LLVM target for this machine's CPU (its own instruction set extensions, all cores)."""
+    _default_cpu_threads()
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
     return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1})
+
+
+def physical_cores() -> int:
+    """Cores (not SMT threads) this process may run on: distinct (package, core) ids of the CPUs in
+    its affinity mask (Linux sysfs), else the CPU count."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+        try:
+            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            return len(cpus) or 1
+    return len(cores) or 1
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_llc_bytes() -> int:
+    """Size of this CPU's largest cache (Linux sysfs; 32 MB where it does not say)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    for idx in names:
+        try:
+            with open(os.path.join(base, idx, "size")) as f:
+                txt = f.read().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+            best = max(best, int(txt.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or (32 << 20)
+
+
+def _default_cpu_threads() -> None:
+    """TVM's thread pool takes TVM_NUM_THREADS / OMP_NUM_THREADS, else half the hardware threads on
+    x86 (it assumes 2-way SMT): on a machine without SMT that is half the cores. Unless the user set
+    either variable, set TVM_NUM_THREADS to the physical cores before the pool starts (the first CPU
+    kernel), as torch does for its own threads."""
+    env.set_default_cpu_threads(physical_cores())
+
+
+def set_cpu_threads(n: int) -> None:
+    """Run CPU kernels on ``n`` threads of TVM's pool (default: the physical cores, or
+    TVM_NUM_THREADS / OMP_NUM_THREADS; at most that many). Per calling thread, like
+    ``torch.set_num_threads``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is invalid; accepted: an int >= 1")
+    cpu_target()                                    # the default pool size, before the pool starts
+    tvm.get_global_func("runtime.config_threadpool")(1, n)
 
 
 def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):

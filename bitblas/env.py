@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOG_LEVEL", "LOG_LEVEL_SET", "TARGET", "target", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode"]
+__all__ = ["LOG_LEVEL", "LOG_LEVEL_SET", "TARGET", "target", "CUDA_HOME", "database_path", "cache_disabled", "tune_workers", "cuda_compile_mode",
+           "cpu_threads", "set_default_cpu_threads"]
 
 # BITBLAS_LOG_LEVEL: level name for the "bitblas" logger (default WARNING); when set, `import bitblas`
 # calls bitblas.set_log_level with it (a stderr handler on the "bitblas" logger).
@@ -40,3 +41,20 @@ def tune_workers() -> int:
 def cuda_compile_mode() -> str:
     """TVM_CUDA_COMPILE_MODE (read by TVM: "nvrtc" default, or "nvcc"); part of every CUDA cache key."""
     return os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc")
+
+
+def cpu_threads():
+    """TVM_NUM_THREADS, else OMP_NUM_THREADS (read by TVM's thread pool when it starts: the threads
+    that run CPU kernels), as an int; None when neither is set (or not a positive int)."""
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        v = os.environ.get(name, "").strip()
+        if v:
+            return int(v) if v.isdigit() and int(v) > 0 else None
+    return None
+
+
+def set_default_cpu_threads(n: int) -> None:
+    """Set TVM_NUM_THREADS=n for TVM's pool unless TVM_NUM_THREADS or OMP_NUM_THREADS is set
+    (bitblas.build: the physical cores, where TVM would take half the CPUs on x86)."""
+    if not (os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
+        os.environ["TVM_NUM_THREADS"] = str(n)

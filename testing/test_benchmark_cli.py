@@ -79,3 +79,21 @@ def test_plot_with_matplotlib(monkeypatch, tmp_path):
     bm.main(["--formats", "w4a16-g128", "--shapes", "small", "--m", "1", "--json", "", "--plot", str(png),
              "--no-progress"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_cpu_benchmark_small(tmp_path, capsys):
+    """benchmark.cpu on a small shape: one row per (threads, format, m), both baselines timed, the
+    reference check run, the JSON written with the load average and every sample."""
+    import json
+    from benchmark.cpu import main
+    out = tmp_path / "cpu.json"
+    assert main(["--formats", "w4a16-g128", "--shapes", "256x512", "--m", "1,3", "--threads", "1", "--rounds", "2",
+                 "--sample-ms", "2", "--hot", "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert len(res["rows"]) == 2 and res["load_start"] and res["load_end"] and res["physical_cores"] >= 1
+    for r in res["rows"]:
+        assert r["threads"] == 1 and r["bitblas_ms"] > 0 and r["torch_fp32_ms"] > 0 and r["torch_bf16_ms"] > 0
+        assert len(r["samples"]["bitblas"]) == 2 and r["rel_err"] is not None
+    assert "w4a16-g128" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--formats", "nope", "--shapes", "64x64", "--json", ""])

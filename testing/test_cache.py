@@ -158,7 +158,7 @@ def test_list_and_clear(db_path):
     entries = bitblas.cache.list_entries()
     tuning = bitblas.cache.list_entries("tuning")
     assert {e["m"] for e in tuning} == {4, 16}
-    assert all(e["latency_ms"] > 0 and e["hint"]["class"] == "CPUHint" for e in tuning)
+    assert all(e["latency_ms"] > 0 and e["hint"]["class"] in ("CPUHint", "CPUGemvHint") for e in tuning)
     assert len(bitblas.cache.list_entries("kernel")) >= 1
     with pytest.raises(ValueError, match="type"):
         bitblas.cache.list_entries("bogus")
@@ -213,6 +213,43 @@ def test_cache_miss_when_version_changes(db_path, monkeypatch):
     monkeypatch.undo()
     res = bitblas.Matmul(cfg, target="llvm").hardware_aware_finetune(topk=1, parallel_build=False, progress=False)
     assert res[4].from_cache
+
+
+_UNTUNED = """
+    import json, sys, time, torch
+    import tvm
+    import bitblas
+    import bitblas.build as b
+    calls = []
+    orig_plan, orig_compile = b.compile_plan, tvm.compile
+    b.compile_plan = lambda *a, **k: (calls.append("compile_plan"), orig_plan(*a, **k))[1]
+    tvm.compile = lambda *a, **k: (calls.append("tvm.compile"), orig_compile(*a, **k))[1]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.ReLU(), torch.nn.Linear(96, 128))
+    x = torch.randn(3, 256)
+    ref = model(x)
+    t0 = time.perf_counter()
+    bitblas.quantize_model(model, dict(W_dtype="int4", group_size=32), skip=())
+    out = model(x).float()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"calls": calls, "seconds": dt,
+                      "cos": torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0).item()}))
+"""
+
+
+def test_untuned_cpu_kernels_load_in_a_second_process(db_path):
+    """quantize_model + a forward pass on CPU: the first process compiles its kernels and writes
+    them to the database; a second process with the same database loads them, compiling nothing."""
+    runs = []
+    for _ in range(2):
+        r = _run(_UNTUNED, {"BITBLAS_DATABASE_PATH": db_path})
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert "tvm.compile" in first["calls"]           # the first process did compile (a fresh database)
+    assert second["calls"] == []                     # loaded from the database, nothing compiled
+    assert second["cos"] > 0.99 and abs(second["cos"] - first["cos"]) < 1e-6
+    assert len(bitblas.cache.list_entries("kernel")) >= 2
 
 
 _WRITER = """

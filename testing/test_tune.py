@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_target
 from bitblas.hardware import DeviceSpec
 from bitblas.plan import make_plan
-from bitblas.schedule import CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cuda_mma
+from bitblas.schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cuda_mma
 from bitblas.tune import candidates, estimate, select_topk
 from bitblas.tune.space import Candidate
 from bitblas.tune.tuner import _compile_all
@@ -86,9 +87,14 @@ def test_candidate_families_by_bucket():
     # no tensor-core path (float32 activations): the simple schedule's thread counts
     f32 = MatmulConfig(M=None, N=256, K=256, A_dtype="float32", W_dtype="float16", out_dtype="float32")
     assert {type(c.hint) for c in candidates(f32, "cuda", 64, H200)} == {SimpleCUDAHint}
-    # CPU: N tile x K vector width dividing K
-    cpu = candidates(MatmulConfig(M=None, N=256, K=96, A_dtype="float16", W_dtype="int4"), "cpu", 8)
-    assert {c.hint.k_vec for c in cpu} == {1, 4, 8, 16, 32}
+    # CPU: the GEMV kernel's tiles for float activations (blocks dividing N), else N tile x K
+    # vector width dividing K
+    cpu = candidates(MatmulConfig(M=None, N=40, K=96, A_dtype="float16", W_dtype="int4"), "cpu", 8)
+    assert {type(c.hint) for c in cpu} == {CPUGemvHint} and {c.hint.block for c in cpu} == {8}
+    assert all(c.hint.check(make_plan(MatmulConfig(M=None, N=40, K=96, A_dtype="float16", W_dtype="int4"), "cpu"))
+               is None for c in cpu)
+    cpu = candidates(MatmulConfig(M=None, N=256, K=96, A_dtype="int8", W_dtype="int4"), "cpu", 8)
+    assert {type(c.hint) for c in cpu} == {CPUHint} and {c.hint.k_vec for c in cpu} == {1, 4, 8, 16, 32}
 
 
 def test_static_m_plans():
@@ -158,7 +164,7 @@ def test_tune_cpu_parallel_end_to_end(db_path):
     res = op.hardware_aware_finetune(topk=3, parallel_build=True, progress=False)
     assert set(res) == {3, 24}
     for b, r in res.items():
-        assert isinstance(r.hint, CPUHint) and r.latency_ms > 0 and r.default_latency_ms > 0
+        assert isinstance(r.hint, (CPUHint, CPUGemvHint)) and r.latency_ms > 0 and r.default_latency_ms > 0
         assert r.latency_ms <= min(c["ms"] for c in r.candidates if c["ok"]) + 1e-12
         assert any(c["default"] for c in r.candidates)      # the default is always measured
         assert sum(c["ok"] for c in r.candidates) >= 3
@@ -197,6 +203,67 @@ def test_failed_and_wrong_candidates_are_dropped(db_path, monkeypatch, caplog):
     assert not rows[key(wrong)]["ok"] and "wrong result" in rows[key(wrong)]["error"]
     assert "wrong result" in caplog.text
     assert res.hint != wrong and res.hint != bad_build
+
+
+def test_cpu_tuning_is_bounded(db_path, monkeypatch, caplog):
+    """Every default bucket (1..4096) of a CPU operator with a tiny time budget: each bucket measures
+    only its default kernel (the rest are listed as not reached), on at most 64 rows; buckets past
+    64 rows reuse that measurement; the run compiles the one kernel once. Progress reaches the log
+    although stderr is not a terminal."""
+    import bitblas.build as bb
+    compiles = []
+    real = bb.compile_plan
+    monkeypatch.setattr(bb, "compile_plan", lambda *a, **k: (compiles.append(a[2] if len(a) > 2 else k.get("hint")),
+                                                             real(*a, **k))[1])
+    cfg = MatmulConfig(M=None, N=64, K=256, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
+                       with_zeros=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="bitblas"):
+        res = op.hardware_aware_finetune(topk=6, parallel_build=False, time_budget_s=0.001)
+    took = time.perf_counter() - t0
+    assert sorted(res) == [1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    for b, r in res.items():
+        assert r.measured_rows == min(b, 64)
+        assert [c["ok"] for c in r.candidates] == [True] + [False] * (len(r.candidates) - 1)
+        assert r.candidates[0]["default"] and len(r.candidates) > 1
+        assert all(c["error"] == "not measured: time budget" for c in r.candidates[1:])
+        assert r.latency_ms == r.default_latency_ms > 0
+    assert all(res[b].seconds == 0.0 and res[b].latency_ms == res[64].latency_ms for b in (128, 1024, 4096))
+    assert len(compiles) == 1                   # the default kernel, once for all ten buckets
+    assert took < 120
+    assert "time budget of 0.001 s reached after 1 of" in caplog.text
+    assert "tuning float16xuint4 N=64 K=256 (cpu, 10 M buckets): started" in caplog.text
+    assert " - done" in caplog.text
+    # a second operator loads every bucket from the database
+    res2 = bitblas.Matmul(cfg, target="llvm").hardware_aware_finetune(topk=6, progress=False)
+    assert all(r.from_cache and r.measured_rows == min(b, 64) for b, r in res2.items())
+
+
+def test_tuning_progress_off_a_terminal_goes_to_stderr_when_info_is_off(db_path, capsys):
+    """No logging configured, stderr not a terminal (captured): the progress lines are printed to
+    stderr; progress=False prints nothing."""
+    from bitblas.tune import tuner
+    cfg = MatmulConfig(M=4, N=64, K=128, A_dtype="float16", W_dtype="int8", with_scaling=True)
+    assert not logging.getLogger("bitblas.tune.tuner").isEnabledFor(logging.INFO)
+    tuner.tune(cfg, "cpu", [4], topk=2, parallel=False)
+    err = capsys.readouterr().err
+    assert "[bitblas] tuning float16xint8 N=64 K=128 (cpu, 1 M buckets): started" in err
+    assert " - done" in err
+    tuner.tune(cfg.replace(N=32), "cpu", [4], topk=2, parallel=False, progress=False)
+    assert "[bitblas]" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, name", [(dict(time_budget_s=-1), "time_budget_s"),
+                                      (dict(time_budget_s="1"), "time_budget_s"),
+                                      (dict(max_measure_rows=0), "max_measure_rows"),
+                                      (dict(max_measure_rows=2.5), "max_measure_rows")])
+def test_tuning_bounds_validation(kw, name):
+    op = bitblas.Matmul(MatmulConfig(M=4, N=64, K=64, A_dtype="float16", W_dtype="int8"), target="llvm")
+    with pytest.raises(ValueError, match=name):
+        op.hardware_aware_finetune(kind="cpu", **kw)
+    with pytest.raises(TypeError, match="budget"):
+        op.hardware_aware_finetune(kind="cpu", budget=3)
 
 
 def test_topk_validation():

@@ -189,7 +189,7 @@ def test_cli_tune_from_captured_workload(tmp_path, workload):
     save(small, str(wpath))
     cmd = [sys.executable, "-m", "bitblas", "tune", "--workloads", str(wpath), "--formats", "uint4:g32:zeros",
            "int8", "--topk", "2", "--kind", "cpu", "--no-parallel", "--database", str(tmp_path / "db"),
-           "--json", str(tmp_path / "out.json")]
+           "--json", str(tmp_path / "out.json"), "--time-budget", "30", "--max-measure-rows", "8"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -199,6 +199,7 @@ def test_cli_tune_from_captured_workload(tmp_path, workload):
     assert {x["bucket"] for x in q} == {1, 7, 66} and {x["format"] for x in q} == {"uint4:g32:zeros", "int8"}
     assert all(sorted(x["sites"]) == ["layers.0.q_proj", "layers.1.q_proj"] for x in q)   # deduplicated
     assert all(not x["cached"] and x["tuned_ms"] > 0 for x in res)
+    assert all(x["measured_rows"] == min(x["bucket"], 8) for x in res)      # --max-measure-rows
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert all(x["cached"] for x in json.load(open(tmp_path / "out.json"))["rows"])

@@ -1,9 +1,9 @@
 """Compiled kernels: memory -> disk -> compile, keyed by everything that changes the binary.
 
-The key of a kernel is (config, plan rows, hint, target, compile flags, versions). CUDA kernels
-are written to the database when built (a CUDA compile costs seconds, a load milliseconds); CPU
-kernels only when asked (``persist=True``, e.g. tuned ones). A kernel whose file fails to load is
-reported, dropped and rebuilt.
+The key of a kernel is (config, plan rows, hint, target, compile flags, versions). Every kernel is
+written to the database when built (a compile costs a fraction of a second to seconds, a load
+milliseconds; CPU kernels are linked by the host's C compiler, and are kept in memory only where
+there is none). A kernel whose file fails to load is reported, dropped and rebuilt.
 """
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def _from_disk(db, key) -> Optional[Tuple[object, object]]:
 def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = None):
     """(runtime function, hint used) of ``plan`` built with ``hint`` (None: the default hint).
 
-    Looked up in memory, then on disk; else compiled and, when ``persist`` (default: CUDA yes,
-    CPU no), written to the database.
+    Looked up in memory, then on disk; else compiled and, when ``persist`` (default yes, CUDA and
+    CPU alike), written to the database.
     """
     from ..build import compile_plan, cpu_target, cuda_target, kernel_callable
     from ..schedule import default_hint
@@ -125,7 +125,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
     if hit is not None:
         return hit[1], used
     if persist is None:
-        persist = kind == "cuda"
+        persist = True
     db = _database()
     entry = _from_disk(db, key) if db is not None else None
     if entry is None:

@@ -19,7 +19,7 @@ from tvm import te, tirx
 from ..formats import FORMATS, Format
 from ..plan import M_VAR, Plan
 
-__all__ = ["emit_matmul", "decode_code", "decoded_weight", "scale_value", "placeholders"]
+__all__ = ["emit_matmul", "decode_code", "decoded_weight", "scale_value", "zero_value", "placeholders"]
 
 
 def decode_code(buf, row, k, fmt: Format, storage: str):
@@ -65,6 +65,20 @@ def scale_value(plan: Plan, ph: dict, dtype: str):
     return scale_at
 
 
+def zero_value(plan: Plan, ph: dict, dtype: str):
+    """``zero_at(n, g)``: the zero point of channel n, group g, in ``dtype`` (quantized zeros
+    decoded from their codes). ``ph``: the plan's placeholders by name."""
+    c, w = plan.config, plan.w
+
+    def zero_at(n, g):
+        z = ph["zeros"]
+        if c.zeros_mode == "quantized":    # codes [groups, N] packed along N
+            return decode_code(z, g, n, w, plan.w_storage).astype(dtype)
+        return z[n, g].astype(dtype)
+
+    return zero_at
+
+
 def decoded_weight(plan: Plan, ph: dict, dec: str):
     """``weight(n, k)``: the decoded weight element the matmul multiplies with, in ``dec``.
 
@@ -80,13 +94,10 @@ def decoded_weight(plan: Plan, ph: dict, dec: str):
     gsize = _group_len(plan)
     float_decode = not dec.startswith("int")  # float16, bfloat16, float32 (not "bfloat16".startswith("float"))
     scale_at = scale_value(plan, ph, dec if float_decode else "float32")
+    zero_of = zero_value(plan, ph, dec) if c.with_zeros else None
 
     def zero_at(n, k):
-        z = ph["zeros"]
-        g = k // gsize
-        if c.zeros_mode == "quantized":    # codes [groups, N] packed along N
-            return decode_code(z, g, n, w, plan.w_storage).astype(dec)
-        return z[n, g].astype(dec)
+        return zero_of(n, k // gsize)
 
     def weight(n, k):
         if w.kind == "float":

@@ -486,7 +486,8 @@ class Matmul(BitBLASOperatorAPI):
 
         ``warmup`` calls through the operator (building the kernel), then ``repeats`` samples of
         batches of back-to-back kernel launches timed with CUDA events (bitblas.tune.measure);
-        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM.
+        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM (GPU L2,
+        CPU last-level cache).
         """
         self._not_for_nvfp4("profile_latency")
         from ..hardware import query_device
@@ -505,18 +506,24 @@ class Matmul(BitBLASOperatorAPI):
             self(**inputs, output=out)
         plan, fn = self._kernel("cuda" if cuda else "cpu", m)
         spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
-        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda), cuda, samples=max(1, repeats))
+        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
-                                force: bool = False, progress: Optional[bool] = None) -> dict:
+                                force: bool = False, progress: Optional[bool] = None, **bounds) -> dict:
         """Tune every M bucket (bitblas.tune): Roller-style candidates from the device, the ``topk``
         best by the cost model compiled in parallel (``parallel_build``), checked against the
         reference, measured; the fastest serves its bucket from now on. Results and kernels go to
         the database (bitblas.cache): a later call, here or in another process, loads them
         without compiling. ``kind``: "cuda" (default with a GPU) or "cpu". ``force``: re-tune.
+        ``bounds``: ``time_budget_s`` (per bucket; CPU default 60 s, None: unbounded) and
+        ``max_measure_rows`` (CPU default 64), see :func:`bitblas.tune.tune`.
         Returns {bucket: TuneResult}.
         """
         self._not_for_nvfp4("hardware_aware_finetune")
+        unknown = sorted(set(bounds) - {"time_budget_s", "max_measure_rows"})
+        if unknown:
+            raise TypeError(f"hardware_aware_finetune() got unexpected keyword arguments {unknown}; accepted: "
+                            "time_budget_s, max_measure_rows")
         from ..dispatch import BucketTable, buckets_of
         from ..tune import tune
         if kind is None:
@@ -527,7 +534,7 @@ class Matmul(BitBLASOperatorAPI):
             raise ValueError("kind='cuda' but this Matmul was made with target='llvm' (CPU only)")
         buckets = buckets_of(self._kc)
         results = tune(self._kc, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
-                       topk=topk, parallel=parallel_build, force=force, progress=progress)
+                       topk=topk, parallel=parallel_build, force=force, progress=progress, **bounds)
         self._buckets = BucketTable(buckets)
         # a skipped bucket (served by decode-then-GEMM, see bitblas.tune.tuner.composite_serves)
         # has no entry: its rows keep the untuned choice

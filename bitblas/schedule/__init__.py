@@ -2,19 +2,21 @@
 import dataclasses
 
 from .cpu import CPUHint, schedule_cpu
+from .cpu_gemv import CPUGemvHint, cpu_gemv_unsupported, schedule_cpu_gemv
 from .cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
 from .nvfp4 import NVFP4CPUHint, NVFP4GemvHint
 
-__all__ = ["CPUHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu", "schedule_cuda_simple",
+__all__ = ["CPUHint", "CPUGemvHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu",
+           "schedule_cpu_gemv", "cpu_gemv_unsupported", "schedule_cuda_simple",
            "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "gemv_unsupported", "wgmma_unsupported",
            "schedule", "default_hint", "HINTS", "hint_to_dict", "hint_from_dict", "ir_options", "NVFP4GemvHint",
            "NVFP4CPUHint"]
 
-HINTS = {cls.__name__: cls for cls in (CPUHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint, NVFP4GemvHint,
-                                       NVFP4CPUHint)}
+HINTS = {cls.__name__: cls for cls in (CPUHint, CPUGemvHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint,
+                                       NVFP4GemvHint, NVFP4CPUHint)}
 
 
 def hint_to_dict(hint) -> dict:
@@ -32,6 +34,10 @@ def default_hint(plan, target=None):
     if plan.nvfp4_acts:                      # NVFP4 x NVFP4: the hand-written kernels of nvfp4.py
         return NVFP4CPUHint.default(plan) if plan.target_kind == "cpu" else NVFP4GemvHint.default(plan, target)
     if plan.target_kind == "cpu":
+        # float activations x nt weights: decode in SIMD registers (schedule/cpu_gemv.py); the rest
+        # (integer activations, [K, N] weights): the tile schedule
+        if cpu_gemv_unsupported(plan, None) is None:
+            return CPUGemvHint.default(plan, target)
         return CPUHint.default(plan)
     if gemv_default_takes(plan, target):     # static rows 1..64: float16/bfloat16 x int/uint/table, int8 x int/uint
         # int8 x int8 included: from 7 rows the m16n8k32 GEMV beats the 64 x 64 wgmma tile on the
@@ -58,6 +64,8 @@ def schedule(func, plan, hint=None, target=None):
     plan's target kind."""
     hint = hint or default_hint(plan, target)
     if plan.target_kind == "cpu":
+        if isinstance(hint, CPUGemvHint):
+            return schedule_cpu_gemv(func, plan, hint, target)
         return schedule_cpu(func, plan, hint)
     if isinstance(hint, MMAHint):
         return schedule_cuda_mma(func, plan, hint, target)

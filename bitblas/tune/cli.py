@@ -99,6 +99,11 @@ def add_arguments(p) -> None:
                    help="database folder (default: BITBLAS_DATABASE_PATH or ~/.cache/bitblas)")
     p.add_argument("--no-parallel", action="store_true", help="compile candidates in this process")
     p.add_argument("--force", action="store_true", help="re-tune entries already in the database")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="seconds per M bucket before it stops taking candidates (default: 60 on CPU, none on CUDA; "
+                        "0: unbounded)")
+    p.add_argument("--max-measure-rows", type=int, default=None, metavar="M",
+                   help="CPU: time kernels on at most M rows (default 64)")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
 
 
@@ -128,8 +133,13 @@ def run_tune(args) -> int:
         t0 = time.perf_counter()
         try:
             op = bitblas.Matmul(cfg, target="llvm" if kind == "cpu" else None)
+            bounds = {}
+            if args.time_budget is not None:
+                bounds["time_budget_s"] = args.time_budget or None
+            if args.max_measure_rows is not None:
+                bounds["max_measure_rows"] = args.max_measure_rows
             res = op.hardware_aware_finetune(topk=args.topk, parallel_build=not args.no_parallel, kind=kind,
-                                             force=args.force)
+                                             force=args.force, **bounds)
         except Exception as e:  # noqa: BLE001 - one operator failing does not stop the others
             failed += 1
             logger.error("tuning %s (%s) failed: %s", cfg, fname, e)
@@ -141,6 +151,7 @@ def run_tune(args) -> int:
                          "hint": "Deq+WGMMA" if r.skipped else type(r.hint).__name__,
                          "default_ms": r.default_latency_ms, "tuned_ms": r.latency_ms,
                          "speedup": r.speedup, "cached": r.from_cache, "tune_s": r.seconds, "skipped": r.skipped,
+                         "measured_rows": r.measured_rows,
                          "sites": names, "wall_s": time.perf_counter() - t0})
     _print_table(rows)
     if any(r.get("skipped") for r in rows):

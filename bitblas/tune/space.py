@@ -17,7 +17,9 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
   tiles; plan rows as for the mma.sync kernels;
 * the simple schedule (threads per block) where none applies.
 
-On the CPU: :class:`CPUHint` (N tile, K vector width). Hints are filtered by the template's own
+On the CPU: :class:`CPUGemvHint` where it applies (float activations, [N, K] weights: channels per
+thread task, channels per one-row micro-kernel, rows x channels per many-row micro-kernel, steps
+unrolled), else :class:`CPUHint` (N tile, K vector width). Hints are filtered by the template's own
 checks (tile geometry, vector alignment) and by the device's shared memory per block.
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ from typing import List, Optional
 
 from ..config import MatmulConfig
 from ..plan import make_plan
-from ..schedule import (CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported, hint_to_dict,
-                        wgmma_unsupported)
+from ..schedule import (CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cpu_gemv_unsupported,
+                        gemv_unsupported, hint_to_dict, wgmma_unsupported)
 from ..schedule import cuda_gemv, cuda_mma
 
 __all__ = ["Candidate", "candidates", "mma_rows"]
@@ -174,12 +176,25 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
     return out
 
 
+def _cpu(config) -> List[Candidate]:
+    rows = config.M if isinstance(config.M, int) else None
+    plan = make_plan(config, "cpu", rows)
+    if cpu_gemv_unsupported(plan) is None:
+        out = []
+        for block, ch, (r, rc), unroll, pf in itertools.product((8, 16, 32), (2, 4, 8),
+                                                               ((4, 2), (2, 4), (6, 2), (8, 1)), (1, 4), (0, 16384)):
+            hint = CPUGemvHint(block=block, channels=ch, rows=r, row_channels=rc, unroll=unroll, prefetch=pf)
+            if hint.check(plan) is None:
+                out.append(Candidate(rows, hint))
+        return out
+    ks = [k for k in (1, 4, 8, 16, 32, 64) if config.K % k == 0]
+    return [Candidate(rows, CPUHint(n_tile=n, k_vec=k)) for n in (4, 8, 16, 32, 64, 128) for k in ks]
+
+
 def candidates(config: MatmulConfig, kind: str, bucket: int, spec=None) -> List[Candidate]:
     """Every valid candidate for ``bucket`` (unranked). ``spec``: the DeviceSpec (CUDA)."""
     if kind == "cpu":
-        rows = config.M if isinstance(config.M, int) else None
-        ks = [k for k in (1, 4, 8, 16, 32, 64) if config.K % k == 0]
-        return [Candidate(rows, CPUHint(n_tile=n, k_vec=k)) for n in (4, 8, 16, 32, 64, 128) for k in ks]
+        return _cpu(config)
     if kind != "cuda":
         raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
     out = _gemv(config, bucket, spec) + _mma(config, spec) + _wgmma(config, spec)

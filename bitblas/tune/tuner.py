@@ -14,6 +14,16 @@ For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 5. the rest are timed (:func:`~bitblas.tune.measure.time_kernel`: warm-up, batches of launches,
    median; weight copies cycled to exceed the L2) and the fastest is kept.
 
+Bounds (the CPU is slow to measure and compile on): candidates are compiled, checked and measured
+in rank order, a worker's batch at a time, and a bucket stops taking new batches once it has used
+``time_budget_s`` (the default kernel is always measured; default budget: CPU
+``CPU_TIME_BUDGET_S`` per bucket, CUDA none); the candidates it did not reach are listed as
+such. On the CPU every candidate is symbolic in M, so a tuning run compiles each once for all its
+buckets, and kernels are measured on at most ``max_measure_rows`` rows (default
+``CPU_MEASURE_ROWS``; the time of these kernels grows linearly past a few row blocks, so their
+order does not change): buckets above it share one measurement. ``TuneResult.measured_rows``
+says on how many rows a bucket was timed.
+
 Buckets whose rows an untuned operator runs as decode + wgmma GEMM (quantized weights on sm_90,
 see :func:`composite_serves`) are not tuned: a tuned entry would take their rows off that faster
 path. Their results carry ``skipped`` (the reason) and no hint.
@@ -52,7 +62,10 @@ from .space import Candidate, candidates
 logger = logging.getLogger(__name__)
 
 __all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args",
-           "composite_serves"]
+           "composite_serves", "CPU_TIME_BUDGET_S", "CPU_MEASURE_ROWS"]
+
+CPU_TIME_BUDGET_S = 60.0     # default time budget of a bucket on the CPU (seconds; None / 0: unbounded)
+CPU_MEASURE_ROWS = 64        # CPU kernels (symbolic in M) are timed on at most this many rows
 
 
 @dataclass
@@ -68,6 +81,7 @@ class TuneResult:
     entry: object = field(default=None, repr=False)        # (module, fn) of the winner, when built here
     path: Optional[str] = field(default=None, repr=False)  # its exported library (worker-built), until stored
     skipped: Optional[str] = None      # why the bucket was not tuned (then no hint, no latencies)
+    measured_rows: Optional[int] = None  # rows the latencies were measured on (the bucket, or fewer on CPU)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -78,7 +92,8 @@ class TuneResult:
     def payload(self) -> dict:
         return {"bucket": self.bucket, "m": self.plan_m, "hint": hint_to_dict(self.hint),
                 "latency_ms": self.latency_ms, "default_latency_ms": self.default_latency_ms,
-                "tune_seconds": self.seconds, "candidates": self.candidates}
+                "tune_seconds": self.seconds, "candidates": self.candidates,
+                "measured_rows": self.measured_rows if self.measured_rows is not None else self.bucket}
 
 
 # -- keys ----------------------------------------------------------------------------------------
@@ -177,14 +192,21 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
     return args
 
 
-def _weight_copies(plan, inputs, out, spec, cuda: bool) -> List[list]:
-    """Argument sets cycling through enough copies of the weights to exceed the L2 (CUDA)."""
+def _weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> List[list]:
+    """Argument sets cycling through enough copies of the weights to exceed twice the L2 (CUDA) or
+    the CPU's last-level cache: kernels are timed reading their weights from memory (``flush``
+    False: one set)."""
     base = kernel_args(plan, inputs, out)
-    if not cuda or spec is None:
+    if not flush or (cuda and spec is None):
         return [base]
+    if cuda:
+        cache = spec.l2_bytes
+    else:
+        from ..build import cpu_llc_bytes
+        cache = cpu_llc_bytes()
     names = [i for i, s in enumerate(plan.args) if s.name in ("W", "scale", "zeros")]
     wbytes = sum(base[i].numel() * base[i].element_size() for i in names)
-    n = max(1, min(16, math.ceil(2 * spec.l2_bytes / max(wbytes, 1))))
+    n = max(1, min(16, math.ceil(2 * cache / max(wbytes, 1))))
     sets = [base]
     for _ in range(n - 1):
         s = list(base)
@@ -195,13 +217,14 @@ def _weight_copies(plan, inputs, out, spec, cuda: bool) -> List[list]:
 
 
 # -- one bucket ------------------------------------------------------------------------------------
-def _compile_all(config, kind, cands, target, parallel, bar, workdir) -> List[dict]:
-    """Compile each candidate; returns one dict per candidate: ok, error, seconds, entry (module, fn)."""
+def _compile_all(config, kind, cands, target, parallel, bar, workdir, first_index: int = 0) -> List[dict]:
+    """Compile each candidate; returns one dict per candidate: ok, error, seconds, entry (module, fn).
+    Worker-built libraries are ``workdir/cand<first_index + i>.so``."""
     tasks = []
     tgt_dict = target.export() if (target is not None and kind == "cuda") else None
     for i, c in enumerate(cands):
         tasks.append({"config": config.to_dict(), "kind": kind, "m": c.plan_m, "hint": hint_to_dict(c.hint),
-                      "target": tgt_dict, "out": os.path.join(workdir, f"cand{i}.so")})
+                      "target": tgt_dict, "out": os.path.join(workdir, f"cand{first_index + i}.so")})
     results: List[Optional[dict]] = [None] * len(tasks)
     if parallel and len(tasks) > 1:
         from concurrent.futures import as_completed
@@ -246,19 +269,30 @@ def _compile_all(config, kind, cands, target, parallel, bar, workdir) -> List[di
 
 
 def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=None, topk: int = 20,
-                parallel: bool = True, bar=None) -> TuneResult:
+                parallel: bool = True, bar=None, time_budget_s: Optional[float] = None,
+                measure_rows: Optional[int] = None, built: Optional[dict] = None,
+                workdir: Optional[str] = None) -> TuneResult:
     """Tune one bucket (no database access); the result carries the winner's kernel (``entry``)
-    and, when a worker compiled it, a copy of its library (``path``)."""
+    and, when a worker compiled it, a copy of its library (``path``).
+
+    ``time_budget_s``: stop taking new candidates (a worker's batch at a time, best ranked first,
+    the default kernel always) once this many seconds have passed. ``measure_rows``: rows the
+    candidates are checked and timed on (default ``bucket``; fewer only for kernels symbolic in M).
+    ``built``: {(plan rows, hint): compile result} shared by the buckets of one run (``workdir``
+    holds their libraries), so a candidate another bucket compiled is not compiled again."""
     from ..build import cpu_target, cuda_target
     from ..reference import random_inputs, reference_matmul, relative_error, tolerance
     t_start = time.perf_counter()
     cuda = kind == "cuda"
     tgt = cuda_target(target) if cuda else cpu_target()
     cores = os.cpu_count() or 1
+    rows = bucket if measure_rows is None else measure_rows
     ranked = []
     for c in candidates(config, kind, bucket, spec):
+        if c.plan_m is not None and rows != bucket:
+            raise ValueError(f"measure_rows={measure_rows} != bucket {bucket} for a kernel of static rows")
         try:
-            cost = estimate(make_plan(config, kind, c.plan_m), c.hint, bucket, spec, cores)
+            cost = estimate(make_plan(config, kind, c.plan_m), c.hint, rows, spec, cores)
         except (ArithmeticError, ValueError):
             cost = math.inf
         if math.isfinite(cost):
@@ -272,72 +306,103 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
         # what an untuned operator runs for these rows (Matmul._wgmma_for_rows): the symbolic
         # kernel with the tile class of the row count, not the 128 x 256 tile of a symbolic plan
         d_hint = WGMMAHint.default(make_plan(config, kind, bucket), tgt) or d_hint
-    default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, bucket, spec, cores) if (spec or not cuda) else 0.0)
-    if all((c.plan_m, c.hint) != (default.plan_m, default.hint) for c in chosen):
-        chosen.append(default)
-    logger.info("bucket %d: %d candidates, measuring %d", bucket, len(ranked), len(chosen))
+    default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, rows, spec, cores) if (spec or not cuda) else 0.0)
+    chosen = [c for c in chosen if (c.plan_m, c.hint) != (default.plan_m, default.hint)]
+    chosen.insert(0, default)                     # measured first: a budget never leaves it out
+    logger.info("bucket %d: %d candidates, measuring up to %d on %d rows%s", bucket, len(ranked), len(chosen), rows,
+                f" (time budget {time_budget_s:g} s)" if time_budget_s else "")
     if bar is not None:
         bar.total = (bar.total or 0) + len(chosen)
         bar.set_postfix_str(f"m={bucket}")
-    workdir = tempfile.mkdtemp(prefix="bitblas_tune_")
+    own_dir = workdir is None
+    workdir = tempfile.mkdtemp(prefix="bitblas_tune_") if own_dir else workdir
+    built = {} if built is None else built
     try:
-        built = _compile_all(config, kind, chosen, tgt, parallel, bar, workdir)
         device = "cuda" if cuda else "cpu"
-        inputs = random_inputs(config, bucket, device=device, seed=1234)
-        ref = reference_matmul(config, **inputs, cast=True, device=device)
+        inputs = ref = None              # made after the first compile (a compile failure needs no device)
         tol = tolerance(config)
-        table, best, best_i = [], None, None
-        out_dtype = ref.dtype
-        for i, (c, r) in enumerate(zip(chosen, built)):
-            is_default = (c.plan_m, c.hint) == (default.plan_m, default.hint)
-            row = {**c.to_dict(), "default": is_default, "compile_s": round(r["seconds"], 3), "ok": False,
-                   "ms": None, "error": r.get("error")}
-            table.append(row)
-            if not r["ok"]:
-                logger.info("candidate %s did not build: %s", c.hint, r["error"])
-                continue
-            plan = make_plan(config, kind, c.plan_m)
-            fn = r["entry"][1]
-            out = torch.full((bucket, config.N), float("nan"), device=device).to(out_dtype) \
-                if out_dtype.is_floating_point else torch.full((bucket, config.N), -12345, dtype=out_dtype,
-                                                               device=device)
-            try:
-                fn(*kernel_args(plan, inputs, out))
-                if cuda:
-                    torch.cuda.synchronize()
-                err = relative_error(out, ref)
-            except Exception as e:  # noqa: BLE001 - a kernel that fails at run time is dropped
-                row["error"] = f"run: {e}"[:500]
-                logger.warning("candidate %s failed to run: %s", c.hint, e)
-                continue
-            if not err <= tol:
-                row["error"] = f"wrong result: relative error {err:.3g} > {tol:g}"
-                logger.warning("candidate %s gives a wrong result (relative error %.3g > %g); dropped",
-                               c.hint, err, tol)
-                continue
-            sets = _weight_copies(plan, inputs, out, spec, cuda)
-            ms = time_kernel(fn, sets, cuda, samples=15 if cuda else 5)
-            row.update(ok=True, ms=ms, error=None)
-            if best is None or ms < best:
-                best, best_i = ms, i
-            if bar is not None:
-                bar.set_postfix_str(f"m={bucket} best={best * 1e3:.1f}us")
+        table = [{**c.to_dict(), "default": i == 0, "compile_s": None, "ok": False, "ms": None,
+                  "error": "not measured: time budget"} for i, c in enumerate(chosen)]
+        results: List[Optional[dict]] = [None] * len(chosen)
+        best, best_i = None, None
+        # without a budget: one batch (every candidate compiled at once); with one: the default
+        # alone, then a worker's batch at a time
+        step = len(chosen) if not time_budget_s else (max(1, _tune_workers()) if parallel else 1)
+        done = 0
+        while done < len(chosen):
+            if done and time_budget_s and time.perf_counter() - t_start >= time_budget_s:
+                logger.info("bucket %d: time budget of %g s reached after %d of %d candidates", bucket,
+                            time_budget_s, done, len(chosen))
+                if bar is not None:
+                    bar.update(len(chosen) - done)
+                break
+            batch = list(range(done, min(len(chosen), done + (1 if done == 0 and time_budget_s else step))))
+            done = batch[-1] + 1
+            todo = [i for i in batch if (chosen[i].plan_m, chosen[i].hint) not in built]
+            for i, r in zip(todo, _compile_all(config, kind, [chosen[i] for i in todo], tgt, parallel, None, workdir,
+                                               len(built))):
+                built[(chosen[i].plan_m, chosen[i].hint)] = r
+            for i in batch:
+                c, row = chosen[i], table[i]
+                r = results[i] = built[(c.plan_m, c.hint)]
+                row.update(compile_s=round(r["seconds"], 3) if i in todo else 0.0, error=r.get("error"))
+                if bar is not None:
+                    bar.update(1)
+                if not r["ok"]:
+                    logger.info("candidate %s did not build: %s", c.hint, r["error"])
+                    continue
+                plan = make_plan(config, kind, c.plan_m)
+                fn = r["entry"][1]
+                if inputs is None:
+                    inputs = random_inputs(config, rows, device=device, seed=1234)
+                    ref = reference_matmul(config, **inputs, cast=True, device=device)
+                out_dtype = ref.dtype
+                out = torch.full((rows, config.N), float("nan"), device=device).to(out_dtype) \
+                    if out_dtype.is_floating_point else torch.full((rows, config.N), -12345, dtype=out_dtype,
+                                                                   device=device)
+                try:
+                    fn(*kernel_args(plan, inputs, out))
+                    if cuda:
+                        torch.cuda.synchronize()
+                    err = relative_error(out, ref)
+                except Exception as e:  # noqa: BLE001 - a kernel that fails at run time is dropped
+                    row["error"] = f"run: {e}"[:500]
+                    logger.warning("candidate %s failed to run: %s", c.hint, e)
+                    continue
+                if not err <= tol:
+                    row["error"] = f"wrong result: relative error {err:.3g} > {tol:g}"
+                    logger.warning("candidate %s gives a wrong result (relative error %.3g > %g); dropped",
+                                   c.hint, err, tol)
+                    continue
+                sets = _weight_copies(plan, inputs, out, spec, cuda)
+                ms = time_kernel(fn, sets, cuda, samples=15 if cuda else 5)
+                row.update(ok=True, ms=ms, error=None)
+                if best is None or ms < best:
+                    best, best_i = ms, i
+                if bar is not None:
+                    bar.set_postfix_str(f"m={bucket} best={best * 1e3:.1f}us")
         if best_i is None:
             raise RuntimeError(f"tuning bucket m={bucket} of {config}: no candidate built and passed the check "
                                f"(first error: {next((r['error'] for r in table if r['error']), None)})")
-        d_row = next(r for r in table if r["default"])
+        d_row = table[0]
         win = chosen[best_i]
         res = TuneResult(bucket, win.plan_m, win.hint, best, d_row["ms"], time.perf_counter() - t_start, False, table,
-                         entry=built[best_i]["entry"])
-        if built[best_i].get("path"):
+                         entry=results[best_i]["entry"], measured_rows=rows)
+        if results[best_i].get("path") and os.path.exists(results[best_i]["path"]):
             keep = tempfile.mkdtemp(prefix="bitblas_best_")
-            res.path = shutil.copy(built[best_i]["path"], os.path.join(keep, "kernel.so"))
+            res.path = shutil.copy(results[best_i]["path"], os.path.join(keep, "kernel.so"))
         logger.info("bucket %d: best %s %.4f ms, default %.4f ms (%.2fx), %d/%d candidates ok, %.1f s", bucket,
                     win.hint, best, d_row["ms"] or float("nan"), res.speedup or float("nan"),
                     sum(r["ok"] for r in table), len(table), res.seconds)
         return res
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tune_workers() -> int:
+    from .. import env
+    return env.tune_workers()
 
 
 # -- an operator ---------------------------------------------------------------------------------
@@ -369,7 +434,8 @@ def _load_cached(config, kind, rec, target) -> TuneResult:
     plan = make_plan(config, kind, rec["m"])
     _kernels.get_kernel(plan, hint, target, persist=True)
     return TuneResult(rec["bucket"], rec["m"], hint, rec["latency_ms"], rec.get("default_latency_ms"),
-                      rec.get("tune_seconds", 0.0), True, rec.get("candidates", []))
+                      rec.get("tune_seconds", 0.0), True, rec.get("candidates", []),
+                      measured_rows=rec.get("measured_rows", rec["bucket"]))
 
 
 def _from_database(config, kind, bucket, db, key, target) -> Optional[TuneResult]:
@@ -397,7 +463,9 @@ def _store(config, kind, res, key, target, db) -> None:
         _kernels.remember(plan, res.hint, tdesc, res.entry)
         if db is None:
             return
-        if path is None:                           # built in this process: export it now
+        if db.get("kernel", _kernels.kernel_key(plan, res.hint, tdesc)) is not None:
+            path = None                            # stored already (another bucket of this run won with it)
+        elif path is None:                         # built in this process: export it now
             tmp = tempfile.mkdtemp(prefix="bitblas_export_")
             path = os.path.join(tmp, "kernel.so")
             if not _kernels.export(res.entry[0], path, kind):
@@ -411,8 +479,12 @@ def _store(config, kind, res, key, target, db) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+_DEFAULT = object()
+
+
 def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, topk: int = 20,
-         parallel: bool = True, force: bool = False, progress: Optional[bool] = None) -> Dict[int, TuneResult]:
+         parallel: bool = True, force: bool = False, progress: Optional[bool] = None,
+         time_budget_s=_DEFAULT, max_measure_rows=_DEFAULT) -> Dict[int, TuneResult]:
     """Tune every bucket of an operator, or load the result from the database.
 
     Returns {bucket: TuneResult}; each result's kernel is in the kernel cache (memory and, where
@@ -420,11 +492,27 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     returns it without compiling. ``force``: tune even when the database has a result. A bucket
     that the decode-then-GEMM path serves (see :func:`composite_serves`) is not tuned: its result
     has ``skipped`` set (the reason) and no hint.
+
+    ``time_budget_s``: seconds a bucket may spend on candidates before it stops taking new ones
+    (default ``CPU_TIME_BUDGET_S`` on the CPU, unbounded on CUDA; None: unbounded).
+    ``max_measure_rows``: kernels symbolic in M are timed on at most this many rows (default
+    ``CPU_MEASURE_ROWS`` on the CPU, the bucket's rows on CUDA; None: the bucket's rows). Progress:
+    a bar on a terminal (``progress`` None), else lines through the "bitblas.tune" logger.
     """
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"kind={kind!r} is invalid; accepted: 'cpu', 'cuda'")
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         raise ValueError(f"topk={topk!r} is invalid; accepted: an int >= 1")
+    if time_budget_s is _DEFAULT:
+        time_budget_s = CPU_TIME_BUDGET_S if kind == "cpu" else None
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
+                                      or not time_budget_s >= 0):
+        raise ValueError(f"time_budget_s={time_budget_s!r} is invalid; accepted: seconds >= 0, or None (unbounded)")
+    if max_measure_rows is _DEFAULT:
+        max_measure_rows = CPU_MEASURE_ROWS if kind == "cpu" else None
+    if max_measure_rows is not None and (isinstance(max_measure_rows, bool) or not isinstance(max_measure_rows, int)
+                                         or max_measure_rows < 1):
+        raise ValueError(f"max_measure_rows={max_measure_rows!r} is invalid; accepted: an int >= 1, or None")
     spec = None
     if kind == "cuda":
         if not torch.cuda.is_available():
@@ -437,6 +525,12 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     table = BucketTable(sorted(buckets))
     results: Dict[int, TuneResult] = {}
     bar = None
+    # CPU: every candidate is symbolic in M (static only for an int M): compile each once for the
+    # whole run, and time buckets past max_measure_rows once
+    shared = kind == "cpu" and not isinstance(config.M, int)
+    built: Optional[dict] = {} if shared else None
+    workdir = tempfile.mkdtemp(prefix="bitblas_tune_") if shared else None
+    by_rows: Dict[int, TuneResult] = {}
     try:
         for b in buckets:
             why = composite_serves(config, kind, b, target)
@@ -454,8 +548,18 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
                     res = None if (force or db is None) else _from_database(config, kind, b, db, key, target)
                     if res is None:
                         if bar is None:
-                            bar = _progress(progress, config)
-                        res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar)
+                            bar = _progress(progress, config, kind, len(buckets))
+                        rows = min(b, max_measure_rows) if (shared and max_measure_rows) else b
+                        if rows in by_rows:            # timed already (on the same rows): the same winner
+                            prev = by_rows[rows]
+                            res = TuneResult(b, prev.plan_m, prev.hint, prev.latency_ms, prev.default_latency_ms,
+                                             0.0, False, prev.candidates, entry=prev.entry, measured_rows=rows)
+                            logger.info("bucket %d: timed on %d rows like bucket %d: %s", b, rows, prev.bucket,
+                                        res.hint)
+                        else:
+                            res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar, time_budget_s,
+                                              rows, built, workdir)
+                            by_rows[rows] = res
                         _store(config, kind, res, key, target, db)
             results[b] = res
             if isinstance(res.hint, GEMVHint) and config.dynamic:
@@ -465,6 +569,8 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     finally:
         if bar is not None:
             bar.close()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
     return results
 
 
@@ -505,7 +611,9 @@ def _gemv_rows(config, kind, rows, hint, target, parallel, db) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _progress(progress, config):
+def _progress(progress, config, kind="cuda", n_buckets=0):
+    """A bar on a terminal; else progress lines (INFO records of this module's logger, or stderr
+    where INFO is off: see tune/progress.py)."""
     from .progress import progress_bar
-    return progress_bar(enabled=progress, total=0, unit="kernel", leave=False,
-                        desc=f"tuning {config.A_dtype}x{config.W_dtype} N={config.N} K={config.K}")
+    desc = f"tuning {config.A_dtype}x{config.W_dtype} N={config.N} K={config.K} ({kind}, {n_buckets} M buckets)"
+    return progress_bar(enabled=progress, total=0, unit="kernel", leave=False, logger=logger, desc=desc)

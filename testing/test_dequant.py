@@ -371,3 +371,56 @@ def test_dequant_gpu(name, a_dtype, nk):
     torch.cuda.synchronize()
     err = _mismatch(cfg, inputs, out)
     assert err is None, f"{cfg} seed={seed}: {err}"
+
+
+TAIL_SHAPES = [(7, 56), (2, 512), (33, 40), (1000, 1032)]     # N * K / 8 not a multiple of the block
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+@pytest.mark.parametrize("nk", TAIL_SHAPES, ids=[f"{n}x{k}" for n, k in TAIL_SHAPES])
+@pytest.mark.parametrize("w_dtype,a_dtype", [("int1", "bfloat16"), ("uint4", "float16"), ("nf4", "float16"),
+                                             ("int2", "int8"), ("fp4_e2m1", "bfloat16")])
+def test_dequant_tail_store_guarded(w_dtype, a_dtype, nk, threads):
+    """Threads past N * K / 8 in the last block store nothing: the vector store of the decoded weights
+    sits under the same tail predicate as the decode (it once did not, and the idle threads wrote 16
+    bytes each past W_decoded: GPU fuzz seeds 100121 and 100141 read corrupted activations after it)."""
+    n, k = nk
+    if n * k // 8 % threads == 0:
+        pytest.skip(f"{n * k // 8} threads of work fill blocks of {threads}: no tail")
+    kw = {} if w_dtype == "int1" else dict(with_scaling=True, group_size=8)
+    cfg = MatmulConfig(M=None, N=n, K=k, A_dtype=a_dtype, W_dtype=w_dtype, out_dtype="float16", **kw)
+    src = dequant_source(make_plan(cfg, "cuda"), TARGETS["sm_90"], threads=threads)
+    lines = [ln.strip() for ln in src[src.index("__global__ void"):].splitlines() if ln.strip()]
+    stores = [i for i, ln in enumerate(lines) if ln.startswith(("*(uint4*)(W_decoded_ptr", "*(int2*)(W_decoded_ptr"))]
+    assert stores, "no vector store of the decoded weights"
+    for i in stores:
+        assert lines[i - 1].startswith("if (") and "threadIdx.x" in lines[i - 1], \
+            f"unguarded store ({n * k // 8} threads of work, blocks of {threads}): {lines[i - 1]!r} / {lines[i]!r}"
+    if find_nvcc() is not None and threads == 256:
+        assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
+
+
+def test_dequant_full_blocks_unguarded():
+    """Where the blocks are full (N * K / 8 a multiple of the threads) the store stays unpredicated."""
+    cfg = MatmulConfig(M=None, N=4096, K=4096, W_dtype="uint4", group_size=128, with_scaling=True)
+    src = dequant_source(make_plan(cfg, "cuda"), TARGETS["sm_90"])
+    body = src[src.index("__global__ void"):]
+    assert "if (" not in body and "*(uint4*)(W_decoded_ptr + " in body
+
+
+@pytest.mark.gpu
+@_skip
+@pytest.mark.parametrize("nk", TAIL_SHAPES, ids=[f"{n}x{k}" for n, k in TAIL_SHAPES])
+def test_dequant_gpu_writes_nothing_past_the_end(nk):
+    """W_decoded as the head of a NaN-filled buffer: the kernel writes exactly N * K values."""
+    n, k = nk
+    cfg = MatmulConfig(N=n, K=k, A_dtype="float16", W_dtype="uint4", group_size=8, with_scaling=True)
+    plan = make_plan(cfg, "cuda")
+    fn = build_dequant(plan, cuda_target())
+    inputs = _inputs(cfg, 0, device="cuda")
+    buf = torch.full((n * k + 4096,), float("nan"), dtype=torch.float16, device="cuda")
+    out = buf[: n * k].view(n, k)
+    fn(*dequant_args(plan, inputs, out))
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert torch.isnan(buf[n * k:]).all(), "the kernel wrote past W_decoded"

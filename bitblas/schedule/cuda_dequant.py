@@ -138,22 +138,25 @@ def schedule_cuda_dequant(func: tirx.PrimFunc, plan: Plan, threads: int = 256) -
     _check(plan)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     blk = sch.get_sblock(BLOCK_NAME)
-    n, k = sch.get_loops(blk)
+    # the loops are split on the store (registers -> global, one 16-byte vector store per thread) and
+    # the decode is computed inside them: the split's tail predicate (threads past N * K / 8) then
+    # guards the store too. (Splitting the decode block and reverse_compute_at-ing the store left the
+    # store unpredicated: the last block's idle threads wrote 16 bytes each past W_decoded.)
+    store = sch.cache_write(blk, 0, "local")
+    n, k = sch.get_loops(store)
     ko, ki = sch.split(k, [None, VEC])
     bx, tx = sch.split(sch.fuse(n, ko), [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    # registers -> global with one 16-byte vector store
-    store = sch.cache_write(blk, 0, "local")
-    sch.reverse_compute_at(store, tx)
-    sch.vectorize(sch.get_loops(store)[-1])
+    sch.compute_at(blk, tx)
+    sch.vectorize(ki)
     # the thread's packed bytes (8 codes) with one vector load
     load = sch.cache_read(blk, "W", "local")
     sch.compute_at(load, tx)
     inner = sch.get_loops(load)[-1]
     if plan.w.codes_per_byte < VEC:       # one byte (1-bit codes) needs no vector
         sch.vectorize(inner)
-    sch.unroll(ki)
+    sch.unroll(sch.get_loops(blk)[-1])
     return sch.mod
 
 

@@ -52,8 +52,9 @@ class BitBLASConfig(QuantizationConfigMixin):
     ``group_size``, ``with_scaling``, ``with_zeros``, ``zeros_mode``, ``out_dtype``, ``method``; the
     same defaults: uint4, group 128, zero points on for unsigned formats, method "mse").
     ``modules_to_not_convert``: module names or patterns left float (transformers' matching; None:
-    the output embedding / tied and last modules, i.e. ``lm_head``). ``skip_unsupported``: layers the format cannot take (e.g.
-    in_features not a multiple of group_size) stay float instead of raising.
+    the output embedding / tied and last modules, i.e. ``lm_head``). ``skip_unsupported``: layers
+    the format cannot take (e.g. in_features not a multiple of group_size) stay float instead of
+    raising.
     """
 
     def __init__(self, W_dtype: str = "uint4", A_dtype: Optional[str] = None, group_size: int = 128,

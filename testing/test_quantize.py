@@ -279,6 +279,26 @@ def test_linear_takes_the_method():
         assert torch.equal(u["zeros"], q.zeros)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, group_size, zeros", [("uint4", 128, True), ("int4", 64, False), ("nf4", 128, False),
+                                                     ("nvfp4", 16, False), ("float8_e4m3", 128, False)])
+def test_mse_on_cuda(name, group_size, zeros):
+    """The search runs on the weight's device (transformers' device_map="cuda" quantizes there):
+    results stay on it and no group is worse than RTN's."""
+    w = (torch.randn(256, 512) * 0.02).cuda()
+    config = bitblas.MatmulConfig(N=256, K=512, W_dtype=name, group_size=group_size, with_scaling=True,
+                                  with_zeros=zeros)
+    err = {}
+    for m in METHODS:
+        q = quantize(w, config, method=m)
+        assert all(t.device.type == "cuda" for t in q.values())
+        deq = dequantize(config, **{k: v.cpu() for k, v in q.items()})
+        err[m] = ((deq - w.cpu().double()) ** 2).reshape(256, -1, group_size).sum(-1)
+    assert (err["mse"] <= err["rtn"] * (1 + 1e-6)).all()
+    assert float(err["mse"].sum()) < float(err["rtn"].sum())
+
+
 def test_nvfp4_without_global_scale():
     w = _weight()
     config = bitblas.MatmulConfig(N=N, K=K, W_dtype="nvfp4", group_size=16, with_scaling=True)

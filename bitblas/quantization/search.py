@@ -10,10 +10,13 @@ Starting from round-to-nearest's parameters (absmax or min/max per group), each 
   scale and min; then ``REFITS`` more refits of the best (re-rounding in between: Lloyd's
   alternation restricted to a uniform grid).
 
-Every candidate is evaluated exactly as the kernel decodes it (scales and zeros rounded to their
-stored dtype, float8 block scales of nvfp4 included) and each group keeps the one with the smallest
-squared error; RTN's own parameters are candidate 0 and are replaced only by a strictly smaller
-error, so no group gets worse than RTN. Vectorised over all groups, in row blocks that stay in cache.
+Every candidate's parameters are rounded as they are stored (float16 / bfloat16 scales and zeros,
+integer zero points, nvfp4's float8 block scales) and its codes are the nearest to each weight; each
+group keeps the candidate with the smallest squared error (compared in code units,
+``step**2 * sum((w / step + z - v)**2)``, the same quantity). RTN's own parameters are candidate 0,
+and a last check decodes the choice and RTN's as the kernel does (float32) and keeps RTN's unless
+the choice is strictly better: no group gets worse than RTN. Vectorised over all groups, in row
+blocks of ~1M elements whose scratch buffers are reused; weights with inf / nan keep RTN's result.
 """
 from __future__ import annotations
 

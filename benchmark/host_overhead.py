@@ -75,7 +75,7 @@ def _layer(args, device):
                          group_size=args.group_size, with_zeros=args.zeros, device=device)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(args.n, args.k, generator=g)
-    lin.load_and_transform_weight(w)            # quantized round-to-nearest
+    lin.load_and_transform_weight(w)            # quantized (default method)
     return lin
 
 

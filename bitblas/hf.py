@@ -13,7 +13,7 @@ for external quantizers (``transformers.quantizers.register_quantization_config`
     model = AutoModelForCausalLM.from_pretrained(out)    # bitblas layers, packed tensors loaded as saved
 
 Quantize on load: the model is built on the meta device, and each ``nn.Linear`` weight is quantized
-(round-to-nearest, :func:`bitblas.quantize_model`'s rules) as it is read from the checkpoint, so the
+(:func:`bitblas.quantize_model`'s rules and ``method``) as it is read from the checkpoint, so the
 float model is never materialized whole. Loading a saved bitblas model builds the ``bitblas.Linear``
 skeletons first and hands each layer its tensors through the layer's own ``load_state_dict`` (format
 record checked, packed tensors taken as they are). A fresh process needs ``import bitblas.hf`` before
@@ -42,24 +42,26 @@ __all__ = ["BitBLASConfig", "BitBLASHfQuantizer", "QUANT_METHOD", "record_config
 logger = logging.getLogger(__name__)
 
 QUANT_METHOD = "bitblas"
-_FIELDS = ("W_dtype", "A_dtype", "group_size", "with_scaling", "with_zeros", "zeros_mode", "out_dtype")
+_FIELDS = ("W_dtype", "A_dtype", "group_size", "with_scaling", "with_zeros", "zeros_mode", "out_dtype", "method")
 
 
 class BitBLASConfig(QuantizationConfigMixin):
     """transformers quantization config for bitblas layers.
 
     The bitblas fields are :class:`bitblas.nn.QuantizationConfig`'s (``W_dtype``, ``A_dtype``,
-    ``group_size``, ``with_scaling``, ``with_zeros``, ``zeros_mode``, ``out_dtype``; the same defaults:
-    uint4, group 128, zero points on for unsigned formats). ``modules_to_not_convert``: module names
-    or patterns left float (transformers' matching; None: the output embedding / tied and last
-    modules, i.e. ``lm_head``). ``skip_unsupported``: layers the format cannot take (e.g.
-    in_features not a multiple of group_size) stay float instead of raising.
+    ``group_size``, ``with_scaling``, ``with_zeros``, ``zeros_mode``, ``out_dtype``, ``method``; the
+    same defaults: uint4, group 128, zero points on for unsigned formats, method "mse").
+    ``modules_to_not_convert``: module names or patterns left float (transformers' matching; None:
+    the output embedding / tied and last modules, i.e. ``lm_head``). ``skip_unsupported``: layers
+    the format cannot take (e.g. in_features not a multiple of group_size) stay float instead of
+    raising.
     """
 
     def __init__(self, W_dtype: str = "uint4", A_dtype: Optional[str] = None, group_size: int = 128,
                  with_scaling: Optional[bool] = None, with_zeros: Optional[bool] = None,
                  zeros_mode: str = "original", out_dtype: Optional[str] = None,
-                 modules_to_not_convert: Optional[List[str]] = None, skip_unsupported: bool = False, **kwargs):
+                 modules_to_not_convert: Optional[List[str]] = None, skip_unsupported: bool = False,
+                 method: str = "mse", **kwargs):
         kwargs.pop("quant_method", None)
         if kwargs:
             raise ValueError(f"BitBLASConfig: unknown field(s) {sorted(kwargs)}; accepted: "
@@ -68,6 +70,7 @@ class BitBLASConfig(QuantizationConfigMixin):
         self.W_dtype, self.A_dtype, self.group_size = W_dtype, A_dtype, group_size
         self.with_scaling, self.with_zeros, self.zeros_mode, self.out_dtype = with_scaling, with_zeros, zeros_mode, \
             out_dtype
+        self.method = method
         if modules_to_not_convert is not None and (isinstance(modules_to_not_convert, str) or not all(
                 isinstance(m, str) for m in modules_to_not_convert)):
             raise TypeError(f"modules_to_not_convert: expected a list of module names, got {modules_to_not_convert!r}")
@@ -100,7 +103,7 @@ class _Quantize(ConversionOps):
         old = model.get_submodule(name)
         bias = old.bias if old.bias is not None and not old.bias.is_meta else None
         try:
-            new.load_and_transform_weight(weight, bias=bias)
+            new.load_and_transform_weight(weight, bias=bias, method=self.hf_quantizer.quantization_config.method)
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         new._is_hf_initialized = True

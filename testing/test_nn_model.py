@@ -73,6 +73,25 @@ def test_quantize_model_prequantized_and_skip():
     assert torch.equal(layer.dequantized_weight(), ref_w.float())
 
 
+def test_quantize_model_method():
+    """QuantizationConfig.method reaches every layer: "rtn" and the default "mse" give the layers that
+    quantize_weight gives with that method, and "mse" a smaller total weight error."""
+    ref = tl.TinyLlama(CFG).init_weights(0).half()
+    err = {}
+    for m in ("rtn", "mse"):
+        model = tl.TinyLlama(CFG).half()
+        model.load_state_dict(ref.state_dict())
+        bitblas.quantize_model(model, dict(W_dtype="uint4", group_size=64, **({} if m == "mse" else {"method": m})))
+        err[m] = 0.0
+        for name, layer in model.named_modules():
+            if isinstance(layer, bitblas.Linear):
+                w = ref.get_submodule(name).weight
+                want = quantize_weight(w, "uint4", group_size=64, with_zeros=True, method=m)
+                assert torch.equal(layer.unpacked()["codes"].to(torch.int16), want.codes), name
+                err[m] += float((layer.dequantized_weight() - w.float()).pow(2).sum())
+    assert err["mse"] < 0.95 * err["rtn"], err       # measured 0.86 for uint4 on Gaussian weights
+
+
 @torch.no_grad()
 def test_quantize_model_is_atomic(naming):
     model = tl.TinyLlama(CFG).init_weights(0).half()

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from ..formats import get_format
 from ..quantization.quantize import QuantizedWeight
+from ..quantization.search import METHODS
 from .checkpoint import from_compressed_tensors
 from .linear import Linear
 
@@ -38,7 +39,10 @@ class QuantizationConfig:
     (uint8/4/2/1: asymmetric min/max quantization, so negative weights are represented), False
     otherwise (signed formats are symmetric). ``group_size`` -1: per output channel. Integer /
     float8 ``A_dtype`` quantizes activations per token inside the layer (e.g. BitNet:
-    A_dtype="int8", W_dtype="int2").
+    A_dtype="int8", W_dtype="int2"). ``method``: how float weights are quantized
+    (:func:`bitblas.quantization.quantize_weight`): "mse" (default; per group, the clipped or
+    least-squares-refitted scale and zero point with the smallest squared error, never worse than
+    round-to-nearest) or "rtn" (plain round-to-nearest, absmax / min-max).
     """
 
     W_dtype: str = "uint4"
@@ -49,9 +53,12 @@ class QuantizationConfig:
     zeros_mode: str = "original"
     out_dtype: Optional[str] = None
     opt_M: Optional[Tuple[int, ...]] = Linear.opt_M
+    method: str = "mse"
 
     def __post_init__(self):
         get_format(self.W_dtype, "W", "W_dtype")
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is invalid; accepted: {', '.join(map(repr, METHODS))}")
         if self.A_dtype is not None:
             get_format(self.A_dtype, "A", "A_dtype")
         if isinstance(self.opt_M, list):
@@ -184,7 +191,7 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
     tensors by layer name, each a :class:`~bitblas.quantization.QuantizedWeight`, a dict
     ``{"codes", "scale", "zeros", "global_scale", "bias"}``, or a GPTQ / AWQ layer's tensors
     ``{"qweight", "qzeros", "scales", "g_idx", "bias", "format": "gptq" | "gptq_v2" | "awq"}``;
-    other layers are quantized round-to-nearest from their float weights. New layers live on each old
+    other layers are quantized from their float weights (``config.method``). New layers live on each old
     layer's device. A layer on the meta device (a skeleton, e.g. built under ``torch.device("meta")``)
     becomes a bitblas layer with meta buffers, to be filled by ``load_state_dict(..., assign=True)``.
 
@@ -217,7 +224,7 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
             if name in weights:
                 _load_prequantized(new, weights[name], layer.bias)
             elif not layer.weight.is_meta:
-                new.load_and_transform_weight(layer.weight, bias=layer.bias)
+                new.load_and_transform_weight(layer.weight, bias=layer.bias, method=cfg.method)
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         replacements[name] = new

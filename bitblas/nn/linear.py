@@ -237,10 +237,12 @@ class Linear(nn.Module):
     @torch.no_grad()
     def load_and_transform_weight(self, weight: torch.Tensor, scales: Optional[torch.Tensor] = None,
                                   zeros: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                                  global_scale: Optional[torch.Tensor] = None) -> "Linear":
+                                  global_scale: Optional[torch.Tensor] = None, *, method: str = "mse") -> "Linear":
         """Load a weight [out_features, in_features]: integer codes (with ``scales`` [N, groups] and
         ``zeros`` as the config takes them; see the README's format table), or a float weight, which
-        is quantized round-to-nearest (or, for float16/bfloat16 W_dtype, taken as is).
+        is quantized by :func:`bitblas.quantization.quantize_weight` with ``method`` ("mse": per-group
+        least-squared-error scales and zeros, the default; "rtn": round-to-nearest) (float16 /
+        bfloat16 W_dtype: taken as is).
 
         Scales / zeros not given keep their current values. Everything is checked before any
         buffer changes. Returns self.
@@ -249,11 +251,12 @@ class Linear(nn.Module):
         if isinstance(weight, torch.Tensor) and weight.device != w.device and weight.device.type in ("cpu", "cuda") \
                 and not w.is_meta:
             self.to(weight.device)      # as BitBLAS's, whose buffer becomes the given tensor: the layer follows it
-        new = self._prepare(weight, scales, zeros, bias, global_scale)
+        new = self._prepare(weight, scales, zeros, bias, global_scale, method)
         self._commit(new, perm=None)
         return self
 
-    def _prepare(self, weight, scales=None, zeros=None, bias=None, global_scale=None) -> Dict[str, torch.Tensor]:
+    def _prepare(self, weight, scales=None, zeros=None, bias=None, global_scale=None,
+                 method: str = "mse") -> Dict[str, torch.Tensor]:
         c = self.config
         w = FORMATS[c.W_dtype]
         if not isinstance(weight, torch.Tensor):
@@ -269,7 +272,7 @@ class Linear(nn.Module):
             plan = self._plan
             sd = TORCH_DTYPES["float32" if plan.scale_dtype in (None, "float8_e4m3") else plan.scale_dtype]
             q = quantize_weight(weight.detach(), c.W_dtype, c.group_size, c.with_scaling, c.with_zeros,
-                                c.zeros_mode, scale_dtype=sd)
+                                c.zeros_mode, scale_dtype=sd, method=method)
             weight, scales, zeros, global_scale = q.codes, q.scale, q.zeros, q.global_scale
         packed = pack_weight(c, weight.detach(), None if scales is None else scales.detach(),
                              None if zeros is None else zeros.detach(),

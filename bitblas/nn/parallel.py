@@ -130,12 +130,13 @@ class _Parallel(nn.Module):
         raise NotImplementedError
 
     @torch.no_grad()
-    def load_and_transform_weight(self, weight, scales=None, zeros=None, bias=None, global_scale=None):
+    def load_and_transform_weight(self, weight, scales=None, zeros=None, bias=None, global_scale=None, *,
+                                  method: str = "mse"):
         """Load the full layer's weight (as ``bitblas.Linear.load_and_transform_weight`` takes it); this
         rank keeps its shard."""
         full = Linear(self.in_features, self.out_features, bias=bias is not None or self._has_bias,
                       **self._kwargs)
-        full.load_and_transform_weight(weight, scales, zeros, bias, global_scale)
+        full.load_and_transform_weight(weight, scales, zeros, bias, global_scale, method=method)
         self._load_shard(full)
         return self
 

@@ -16,6 +16,7 @@ import torch
 from ..config import MatmulConfig
 from ..formats import FORMATS, Format, code_storage, get_format
 from ..plan import make_plan
+from .search import METHODS, Grid, search
 from .utils import pack_codes, unpack_codes
 
 logger = logging.getLogger(__name__)
@@ -82,13 +83,20 @@ def _safe(s: torch.Tensor) -> torch.Tensor:
 
 def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, with_scaling: bool = True,
                     with_zeros: bool = False, zeros_mode: str = "original", scale_dtype=torch.float16,
-                    global_scale: Optional[bool] = None) -> QuantizedWeight:
-    """Round-to-nearest quantization of ``weight`` [N, K] to ``W_dtype``.
+                    global_scale: Optional[bool] = None, method: str = "mse") -> QuantizedWeight:
+    """Quantize ``weight`` [N, K] to ``W_dtype``, per output channel (group_size=-1) or per
+    ``group_size`` consecutive K elements.
 
-    Symmetric (absmax) scales without zeros, asymmetric (min/max) with zeros; per output channel
-    (group_size=-1) or per ``group_size`` consecutive K elements. nvfp4 always uses 16-element
-    groups with float8_e4m3 scales and, unless ``global_scale=False``, a float32 global scale.
+    ``method="rtn"``: round-to-nearest with symmetric (absmax) scales without zeros, asymmetric
+    (min/max) with zeros. ``method="mse"`` (default): RTN's parameters and, per group, clipped and
+    least-squares-refitted scales (and zero points), keeping whichever gives the group the smallest
+    squared error as the kernel decodes it (never more than RTN's; see ``bitblas.quantization.search``).
+    nvfp4 always uses 16-element groups with float8_e4m3 scales and, unless ``global_scale=False``,
+    a float32 global scale (chosen as RTN's in both methods). Without scales (and for float16 /
+    bfloat16 W_dtype) both methods are the same.
     """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is invalid; accepted: {', '.join(map(repr, METHODS))}")
     fmt = get_format(W_dtype, "W")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
         raise ValueError("weight: expected a float tensor [N, K]")
@@ -113,8 +121,14 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         else:
             sb = (amax / fmt.max_abs).clamp(max=FORMATS["float8_e4m3"].max_abs).to(torch.float8_e4m3fn)
             denom = sb.to(torch.float32)
-        codes = _nearest_code(wg / _safe(denom).unsqueeze(-1), fmt).reshape(n, k)
-        return QuantizedWeight(codes, sb, None, gscale)
+        codes = _nearest_code(wg / _safe(denom).unsqueeze(-1), fmt)
+        if method == "mse":
+            e4m3 = FORMATS["float8_e4m3"].max_abs
+            grid = Grid(fmt, None, lambda t: t.clamp(max=e4m3).to(torch.float8_e4m3fn).to(torch.float32), None,
+                        gscale)
+            s, _, c = search(grid, wg, sb.to(torch.float32), None, codes.to(torch.float32))
+            sb, codes = s.to(torch.float8_e4m3fn), c.to(torch.int16)
+        return QuantizedWeight(codes.reshape(n, k), sb, None, gscale)
 
     if not with_scaling:
         if with_zeros:
@@ -140,12 +154,17 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     if fmt.kind == "table":
         s = rounded(wg.abs().amax(-1) / fmt.max_abs)
         x = wg / _safe(s).unsqueeze(-1)
-        if fmt.torch_dtype:
+        cast = TORCH_DTYPES[fmt.torch_dtype] if fmt.torch_dtype else None
+        if cast is not None:
             lim = fmt.max_abs
-            codes = x.clamp(-lim, lim).to(TORCH_DTYPES[fmt.torch_dtype]).reshape(n, k)
+            codes = x.clamp(-lim, lim).to(cast)
         else:
-            codes = _nearest_code(x, fmt).reshape(n, k)
-        return QuantizedWeight(codes, s.to(scale_dtype))
+            codes = _nearest_code(x, fmt)
+        if method == "mse":
+            s, _, c = search(Grid(fmt, None, rounded, None, cast=cast), wg, s, None,
+                             codes.to(torch.float32))
+            codes = c.to(cast if cast is not None else torch.int16)
+        return QuantizedWeight(codes.reshape(n, k), s.to(scale_dtype))
 
     lo, hi = fmt.code_range
     if not with_zeros:
@@ -161,6 +180,8 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
             s = wg.clamp(min=0).amax(-1) / hi
         s = _safe(rounded(s))
         q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)
+        if method == "mse":
+            s, _, q = search(Grid(fmt, None, lambda t: _safe(rounded(t)), None), wg, s, None, q)
         return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype))
 
     wmin = wg.amin(-1).clamp(max=0)
@@ -175,6 +196,10 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         q = (wg / s.unsqueeze(-1) + z.unsqueeze(-1)).round().clamp(lo, hi)
     else:
         raise ValueError(f"zeros_mode={zeros_mode!r} is invalid; accepted: original, rescale, quantized")
+    if method == "mse":
+        grid = Grid(fmt, zeros_mode, lambda t: _safe(rounded(t)),
+                    (lambda t: t) if zeros_mode == "quantized" else rounded)
+        s, z, q = search(grid, wg, s, z, q)
     zeros = z.to(torch.int16) if zeros_mode == "quantized" else z.to(scale_dtype)
     return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype), zeros)
 
@@ -261,8 +286,9 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
     return out
 
 
-def quantize(weight: torch.Tensor, config: MatmulConfig) -> Dict[str, torch.Tensor]:
-    """Quantize a float weight ([N, K], or [K, N] for layout "nn") for ``Matmul(config)``.
+def quantize(weight: torch.Tensor, config: MatmulConfig, method: str = "mse") -> Dict[str, torch.Tensor]:
+    """Quantize a float weight ([N, K], or [K, N] for layout "nn") for ``Matmul(config)``
+    (``method``: as :func:`quantize_weight`'s).
 
     Returns {"W": ..., "scale": ..., "zeros": ..., "global_scale": ...}, only the keys the
     operator takes; pass them as keyword arguments: ``op(A, **quantize(w, config))``.
@@ -270,7 +296,7 @@ def quantize(weight: torch.Tensor, config: MatmulConfig) -> Dict[str, torch.Tens
     plan = make_plan(config)
     sd = TORCH_DTYPES["float32" if plan.scale_dtype in (None, "float8_e4m3") else plan.scale_dtype]
     q = quantize_weight(weight, config.W_dtype, config.group_size, config.with_scaling, config.with_zeros,
-                        config.zeros_mode, scale_dtype=sd)
+                        config.zeros_mode, scale_dtype=sd, method=method)
     return pack_weight(config, q.codes, q.scale, q.zeros, q.global_scale)
 
 

@@ -142,7 +142,7 @@ def main(argv=None):
                            generator=torch.Generator(device=dev).manual_seed(1))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     res = {"device": torch.cuda.get_device_name(dev) if cuda else platform.processor() or "cpu",
-           "torch": torch.__version__, "model": vars(cfg), "weights": "uint4 g128 zeros (RTN), lm_head float16",
+           "torch": torch.__version__, "model": vars(cfg), "weights": "uint4 g128 zeros (method mse), lm_head float16",
            "batch": a.batch, "prompt": a.prompt, "steps": steps, "quantize_model_s": round(t_quant, 2)}
     try:
         res["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

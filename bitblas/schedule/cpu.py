@@ -13,7 +13,8 @@ from .._tvm import tvm
 __all__ = ["CPUHint", "schedule_cpu"]
 
 
-def _largest_divisor(n: int, candidates) -> int:
+def largest_divisor(n: int, candidates) -> int:
+    """The first of ``candidates`` that divides ``n`` (1 if none does)."""
     for c in candidates:
         if n % c == 0:
             return c
@@ -28,7 +29,7 @@ class CPUHint:
     @classmethod
     def default(cls, plan) -> "CPUHint":
         K = plan.config.K
-        return cls(n_tile=32, k_vec=_largest_divisor(K, (32, 16, 8, 4, 2)))
+        return cls(n_tile=32, k_vec=largest_divisor(K, (32, 16, 8, 4, 2)))
 
 
 def schedule_cpu(func, plan, hint: CPUHint):

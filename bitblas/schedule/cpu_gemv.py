@@ -38,6 +38,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..ir.matmul import decode_code, scale_value, zero_value
+from .cpu import largest_divisor as _divisor
 
 __all__ = ["CPUGemvHint", "cpu_gemv_unsupported", "schedule_cpu_gemv", "vector_lanes"]
 
@@ -126,13 +127,6 @@ def _permute_lookup(plan, L: int, target=None):
             return tirx.Select(tirx.NE(idx & b8, tirx.Broadcast(tirx.IntImm("int32", 0), 8)), hi, lo)
         return lookup
     return None
-
-
-def _divisor(n: int, candidates) -> int:
-    for c in candidates:
-        if n % c == 0:
-            return c
-    return 1
 
 
 @dataclass(frozen=True)

@@ -122,20 +122,33 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     return t
 
 
+def _tag_target(t):
+    """A TVM tag's Target ("nvidia/nvidia-h100") with the shared memory a block of that device may
+    opt in to (the local GPU's when it is that arch, else the compute-capability family's, from
+    :class:`bitblas.arch.Arch`): TVM's tags give every GPU the 48 KB default, which would keep
+    the big-tile templates (wgmma, deep mma rings) off the device the tag names."""
+    from .arch import Arch
+    a = Arch.from_target(t)
+    optin = a.spec.smem_per_block if a.spec.source == "device" else a.optin_smem_per_block
+    cur = a.smem_per_block
+    if not optin or (cur is not None and cur >= optin):
+        return t
+    spec = {k: v for k, v in dict(t.export()).items() if k not in ("tag", "keys")}
+    spec["max_shared_memory_per_block"] = int(optin)
+    return tvm.target.Target(spec)
+
+
 def _arch_target(arch: str) -> dict:
     """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
     else generic ones (48 KB shared memory per block)."""
     from .utils import auto_detect_nvidia_target
     info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
             "thread_warp_size": 32}
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    from .arch import Arch, local_cc
     try:
-        import torch
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(torch.cuda.current_device())
-            if f"{p.major}{p.minor}" == digits:
-                local = dict(auto_detect_nvidia_target().export())
-                info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
+        if Arch.parse(arch).sm == local_cc():
+            local = dict(auto_detect_nvidia_target().export())
+            info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
     except Exception:  # noqa: BLE001 - a broken driver: generic limits
         pass
     return info
@@ -179,7 +192,7 @@ def _compile(mod, tgt):
     from .schedule.cuda_gemv import TIRX_PIPELINE_ATTR
     from .schedule.cuda_wgmma import WGMMA_ARCH_ATTR
     attrs = mod.attrs
-    if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
+    if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # arch-specific kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
         spec["arch"] = str(attrs[WGMMA_ARCH_ATTR])
         tgt = tvm.target.Target({k: v for k, v in spec.items() if k not in ("tag", "keys")})
@@ -261,8 +274,10 @@ def nvcc_resources(source: str, arch: str = "sm_90", timeout: float = 300.0) -> 
 
 def _nvcc(source: str, arch: str, timeout: float, extra=()):
     """(cubin bytes, nvcc's stdout + stderr)."""
-    if arch == "sm_90" and ("wgmma." in source or "setmaxnreg." in source):
-        arch = "sm_90a"
+    from .arch import Arch
+    a = Arch.parse(arch) if arch.startswith("sm_") else None
+    if a is not None and a.wgmma and not a.suffix and ("wgmma." in source or "setmaxnreg." in source):
+        arch = a.wgmma_arch
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found: set CUDA_HOME to a CUDA toolkit")

@@ -25,13 +25,13 @@ def auto_detect_nvidia_target(gpu_id: int = 0):
     try:
         import torch
         if torch.cuda.is_available() and gpu_id < torch.cuda.device_count():
-            p = torch.cuda.get_device_properties(gpu_id)
-            info["arch"] = f"sm_{p.major}{p.minor}"
-            info["max_shared_memory_per_block"] = int(getattr(p, "shared_memory_per_block_optin", 49152) or 49152)
-            info["registers_per_block"] = int(getattr(p, "regs_per_multiprocessor", 65536) or 65536)
-            l2 = int(getattr(p, "L2_cache_size", 0) or 0)
-            if l2:
-                info["l2_cache_size_bytes"] = l2
+            from ..arch import Arch
+            arch = Arch.from_device(gpu_id)          # bitblas.hardware.query_device's DeviceSpec
+            info["arch"] = f"sm_{arch.sm}"
+            info["max_shared_memory_per_block"] = arch.smem_per_block or 49152
+            info["registers_per_block"] = arch.regs_per_sm or 65536
+            if arch.l2_bytes:
+                info["l2_cache_size_bytes"] = arch.l2_bytes
             return tvm.target.Target(info)
     except Exception as e:  # a broken driver must not stop code generation
         logger.warning("could not query GPU %d (%s); using a generic %s target", gpu_id, e, DEFAULT_ARCH)

@@ -1,0 +1,51 @@
+"""bitblas.arch: one Arch per target, from every spelling a user gives (no GPU needed)."""
+from __future__ import annotations
+
+import pytest
+
+from bitblas.arch import Arch, arch_of, as_arch, UNKNOWN
+
+
+@pytest.mark.parametrize("spelling,sm,suffix", [
+    ("nvidia/nvidia-h100", 90, "a"), ("nvidia/nvidia-a100", 80, ""), ("cuda -arch=sm_90a", 90, "a"),
+    ("sm_89", 89, ""), ({"kind": "cuda", "arch": "sm_90a"}, 90, "a")])
+def test_every_spelling_gives_an_arch(spelling, sm, suffix):
+    a = Arch.of(spelling)
+    assert (a.kind, a.sm, a.suffix, a.arch) == ("cuda", sm, suffix, f"sm_{sm}{suffix}")
+    assert Arch.of(spelling) is a                 # made once per target
+    assert a.wgmma == a.tma == a.pdl == (sm == 90)
+    assert a.fp8_mma == (sm >= 89) and a.mma and a.cp_async and a.dp4a
+
+
+def test_cpu_and_unknown():
+    cpu = Arch.of("llvm")
+    assert cpu.kind == "cpu" and cpu.sm is None and not (cpu.mma or cpu.wgmma or cpu.pdl or cpu.fp8_cvt)
+    assert arch_of(None) is UNKNOWN and as_arch(None) is UNKNOWN
+    # an unknown CUDA arch is taken as sm_80-class: mma.sync yes, Hopper / float8 mma no
+    assert UNKNOWN.mma and not (UNKNOWN.wgmma or UNKNOWN.pdl or UNKNOWN.fp8_mma) and UNKNOWN.fp8_cvt
+
+
+def test_int_and_target_coercion():
+    from bitblas.build import cuda_target
+    assert as_arch(90).wgmma and not as_arch(80).wgmma and as_arch(89).fp8_mma
+    t = cuda_target("sm_80")
+    assert as_arch(t) is arch_of(t) and as_arch(t).sm == 80
+    with pytest.raises(ValueError, match="arch='compute_90'"):
+        Arch.parse("compute_90")
+
+
+def test_tvm_target_environment_variable(monkeypatch):
+    monkeypatch.delenv("BITBLAS_TARGET", raising=False)
+    monkeypatch.setenv("TVM_TARGET", "nvidia/nvidia-h100")
+    a = Arch.of(None)
+    assert a.sm == 90 and a.wgmma
+
+
+def test_device_facts_without_a_gpu(monkeypatch):
+    """SM count: the Target's, else the local GPU's (pinned here), else 132; the rest from the
+    DeviceSpec (generic, source="target", without a GPU of that arch)."""
+    import bitblas.arch as arch_mod
+    monkeypatch.setattr(arch_mod, "_LOCAL_SMS", [100])
+    a = Arch.parse("sm_80")
+    assert a.sm_count == 100
+    assert a.spec.arch == "sm_80" and a.regs_per_sm > 0 and a.l2_bytes > 0

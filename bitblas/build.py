@@ -114,6 +114,8 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
             t = tvm.target.Target(target)
         except Exception as e:  # TVM raises several types here
             raise ValueError(f"target={target!r} is not a valid target: {e}") from None
+        if isinstance(target, str) and "/" in target and t.kind.name == "cuda":
+            t = _tag_target(t)                # "nvidia/nvidia-h100": the device's shared memory
     else:
         raise TypeError(f"target: expected None, a str, a dict or a tvm Target, got {type(target).__name__}")
     if t.kind.name != "cuda":

@@ -17,6 +17,14 @@ def test_every_spelling_gives_an_arch(spelling, sm, suffix):
     assert a.fp8_mma == (sm >= 89) and a.mma and a.cp_async and a.dp4a
 
 
+def test_tags_get_the_devices_opt_in_shared_memory():
+    """TVM's tags say 48 KB for every GPU; the Arch of a tag holds what a block of that device may
+    opt in to, so the H100 tag gets the same kernels as an sm_90a target."""
+    assert Arch.of("nvidia/nvidia-h100").smem_per_block == 232448
+    assert Arch.of("nvidia/nvidia-a100").smem_per_block == 166912
+    assert Arch.of("cuda -arch=sm_90a").smem_per_block == 49152       # explicit limits are kept
+
+
 def test_cpu_and_unknown():
     cpu = Arch.of("llvm")
     assert cpu.kind == "cpu" and cpu.sm is None and not (cpu.mma or cpu.wgmma or cpu.pdl or cpu.fp8_cvt)
@@ -38,7 +46,7 @@ def test_tvm_target_environment_variable(monkeypatch):
     monkeypatch.delenv("BITBLAS_TARGET", raising=False)
     monkeypatch.setenv("TVM_TARGET", "nvidia/nvidia-h100")
     a = Arch.of(None)
-    assert a.sm == 90 and a.wgmma
+    assert a.sm == 90 and a.wgmma and a.smem_per_block == 232448
 
 
 def test_device_facts_without_a_gpu(monkeypatch):
@@ -49,3 +57,15 @@ def test_device_facts_without_a_gpu(monkeypatch):
     a = Arch.parse("sm_80")
     assert a.sm_count == 100
     assert a.spec.arch == "sm_80" and a.regs_per_sm > 0 and a.l2_bytes > 0
+
+
+def test_h100_tag_gets_the_wgmma_kernels():
+    """Issue 23: target="nvidia/nvidia-h100" runs what {"kind": "cuda", "arch": "sm_90a"} runs."""
+    from bitblas import MatmulConfig
+    from bitblas.build import cuda_target
+    from bitblas.plan import make_plan
+    from bitblas.schedule import WGMMAHint, default_hint
+    cfg = MatmulConfig(M=None, N=4096, K=4096, A_dtype="float16", W_dtype="float16", out_dtype="float16")
+    plan = make_plan(cfg, "cuda", None)
+    tag = default_hint(plan, cuda_target("nvidia/nvidia-h100"))
+    assert isinstance(tag, WGMMAHint) and tag == default_hint(plan, cuda_target({"kind": "cuda", "arch": "sm_90a"}))

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["Arch", "arch_of", "as_arch", "UNKNOWN", "GENERIC_SM_COUNT"]
+__all__ = ["Arch", "arch_of", "as_arch", "cpu_arch", "UNKNOWN", "GENERIC_SM_COUNT"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class Arch:
     suffix: str = ""                       # "a" (arch-specific features: wgmma, setmaxnreg), "f" or ""
     smem_per_block: Optional[int] = None   # bytes a block may use (opt-in); None: the target set no limit
     target: object = field(default=None, compare=False, hash=False, repr=False)
+    cores: Optional[int] = field(default=None, compare=False)   # CPU: threads the cost model assumes
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
@@ -109,6 +110,20 @@ class Arch:
         return cls(kind="cuda", arch=arch, sm=sm, suffix=suffix, smem_per_block=smem, target=target)
 
     @classmethod
+    def from_spec(cls, spec, target=None) -> "Arch":
+        """The Arch of a :class:`bitblas.hardware.DeviceSpec` (the tuner's device), its facts from
+        the spec."""
+        sm, suffix = _parse_arch(spec.arch)
+        if target is not None and target.kind.name == "cuda" and "arch" in target.attrs:
+            tsm, tsuffix = _parse_arch(str(target.attrs["arch"]))
+            if tsm == sm:
+                suffix = tsuffix
+        a = cls(kind="cuda", arch=f"sm_{sm}{suffix}", sm=sm, suffix=suffix, smem_per_block=spec.smem_per_block,
+                target=target)
+        a.__dict__["spec"] = spec
+        return a
+
+    @classmethod
     def from_device(cls, index: Optional[int] = None) -> "Arch":
         """The Arch of the local GPU ``index`` (torch's current device by default)."""
         from .hardware import query_device
@@ -133,13 +148,12 @@ class Arch:
             {"kind": "cuda", "arch": self.arch or "sm_80"})
         return DeviceSpec.from_target(tgt)
 
-    @functools.cached_property
+    @property
     def sm_count(self) -> int:
-        """Multiprocessors: the Target's ``multi_processor_count``, else the local GPU's, else
-        :data:`GENERIC_SM_COUNT`."""
-        if self.target is not None and "multi_processor_count" in self.target.attrs:
-            return int(self.target.attrs["multi_processor_count"])
-        return _local_sm_count()
+        """Multiprocessors: the DeviceSpec's when one was given (``from_spec`` / ``from_device``),
+        else the local GPU's, else :data:`GENERIC_SM_COUNT`."""
+        given = self.__dict__.get("spec")
+        return given.sm_count if given is not None else _local_sm_count()
 
     @property
     def smem_per_sm(self) -> int:
@@ -246,6 +260,13 @@ def arch_of(target) -> Arch:
     if a is None:
         a = _CACHE[key] = Arch.from_target(target)
     return a
+
+
+def cpu_arch(cores: Optional[int] = None) -> Arch:
+    """The Arch of the host CPU (its LLVM Target; ``cores``: threads the cost model assumes)."""
+    from .build import cpu_target
+    a = arch_of(cpu_target())
+    return a if cores is None else Arch(kind="cpu", target=a.target, cores=cores)
 
 
 def as_arch(x) -> Arch:

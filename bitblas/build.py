@@ -18,9 +18,8 @@ from typing import Optional, Union
 
 from . import env
 from ._tvm import tvm
-from .ir.matmul import emit_matmul
 from .plan import Plan
-from .schedule import default_hint, ir_options, schedule
+from .schedule import default_hint
 
 logger = logging.getLogger(__name__)
 
@@ -180,12 +179,12 @@ def _cli_target(text: str) -> dict:
 
 
 def lower_plan(plan: Plan, hint=None, target=None):
-    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and ``target``)."""
+    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and
+    ``target``); the template builds it (:func:`bitblas.kernels.lower`: the TensorIR is emitted
+    only for templates that schedule it)."""
+    from .kernels import lower
     hint = hint or default_hint(plan, target)
-    if plan.nvfp4_acts:                 # NVFP4 x NVFP4: hand-written kernels (schedule/nvfp4.py), no TensorIR
-        from .schedule.nvfp4 import schedule_nvfp4
-        return schedule_nvfp4(plan, hint, target)
-    return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
+    return lower(plan, hint, target)
 
 
 def _compile(mod, tgt):
@@ -219,19 +218,25 @@ def kernel_callable(mod):
     return main
 
 
-def compile_plan(plan: Plan, target=None, hint=None):
-    """Compile a plan; returns the tvm Executable (``ex["main"]``, ``ex.export_library(path)``)."""
+def compile_plan(plan: Plan, target=None, hint=None, fallback: Optional[bool] = None):
+    """Compile a plan; returns the tvm Executable (``ex["main"]``, ``ex.export_library(path)``).
+    ``fallback`` (default: ``hint`` is None, i.e. the default kernel): when the kernel fails to
+    build, build the registry's last-resort template instead (:func:`bitblas.kernels.fallback_hint`)."""
     tgt = cpu_target() if plan.target_kind == "cpu" else cuda_target(target)
+    if fallback is None:
+        fallback = hint is None
+    hint = hint or default_hint(plan, tgt)
     try:
         mod = lower_plan(plan, hint, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = _compile(mod, tgt)
-    except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
-        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
-        if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint, WGMMAHint)):
+    except Exception as e:  # noqa: BLE001 - a default kernel that fails to build falls back
+        from .kernels import fallback_hint
+        fb = fallback_hint(plan, hint) if fallback else None
+        if fb is None:
             raise
-        logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
-        mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
+        logger.warning("%s kernel failed to build (%s); using %s", type(hint).__name__, e, type(fb).__name__)
+        mod = lower_plan(plan, fb, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = _compile(mod, tgt)
     return ex

@@ -5,7 +5,7 @@ Issue 23 refactors kernel selection (one template registry, one selector) under 
 selection decides without a GPU or a compile:
 
 * ``cuda``: for (target, config, N x K, M mode, rows), the kernel an untuned ``Matmul`` runs for
-  ``rows`` rows (``Matmul._choose``): the path (``fused`` kernel, or ``dequant-gemm``: decode, then
+  ``rows`` rows (``Matmul.choice``, i.e. ``bitblas.kernels.select``): the path (``fused`` kernel, or ``dequant-gemm``: decode, then
   the dense GEMM), the rows its plan is built for (None: symbolic in M) and its hint (for the
   dequant-gemm path, the dense GEMM's hint); plus ``default_hint`` of the plan of exactly ``rows``
   rows. With ``rows`` = M for a static M.
@@ -24,7 +24,7 @@ The local GPU's SM count enters two defaults (``Arch.sm_count``); it is pinned t
 the same on every machine.
 
 What it calls today, and what a refactor that replaces these must re-point (the adapters here
-change, the table does not): ``Matmul._choose`` and ``ops.matmul._DequantGemmChoice``,
+change, the table does not): ``Matmul.choice`` (``bitblas.kernels.select``),
 ``schedule.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
 imports it), ``tune.tuner.tune_bucket`` / ``_compile_all`` / ``composite_serves``,
 ``ops.nvfp4.NVFP4Matmul`` (``uses_gemm``, ``_gemm_hint``, ``gemv_rows``, ``gemv_plan``) and
@@ -251,7 +251,6 @@ def _configs():
 def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
     from bitblas import Matmul
     from bitblas.build import cuda_target
-    from bitblas.ops.matmul import _DequantGemmChoice
     from bitblas.plan import make_plan
     from bitblas.schedule import default_hint
     from bitblas.tune.space import candidates
@@ -262,13 +261,9 @@ def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
             op = Matmul(cfg, target=tgt)
             kc = op._kc
             for rows in rows_list:
-                m, hint = op._choose("cuda", rows)
-                if isinstance(hint, _DequantGemmChoice):
-                    path, hint = "dequant-gemm", hint.gemm
-                else:
-                    path = "fused"
-                    if hint is None:
-                        hint = default_hint(make_plan(kc, "cuda", m), tgt)
+                c = op.choice("cuda", rows)
+                path = "dequant-gemm" if c.template == "dequant-gemm" else "fused"
+                m, hint = c.rows, c.hint
                 plan_default = default_hint(make_plan(kc, "cuda", rows), tgt)
                 out[_case_id(tname, cid, f"{N}x{K}", _mode(M), f"r{rows}")] = [path, m, hints(hint),
                                                                               hints(plan_default)]
@@ -276,9 +271,8 @@ def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
         kc = op._kc
         base = _case_id("cpu", cid, f"{N}x{K}", _mode(M))
         for rows in rows_list:
-            m, hint = op._choose("cpu", rows)
-            cpu[_case_id(base, f"r{rows}")] = [m, hints(hint if hint is not None else
-                                                         default_hint(make_plan(kc, "cpu", m)))]
+            c = op.choice("cpu", rows)
+            cpu[_case_id(base, f"r{rows}")] = [c.rows, hints(c.hint)]
         cpu[_case_id(base, "candidates")] = _digest(candidates(kc, "cpu", rows_list[-1]))
 
 

@@ -93,3 +93,19 @@ def elf_bytes(n: int) -> bytes:
     head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 56, 0, 64, 0, 0)
     assert len(head) == 64
     return head + os.urandom(n)
+
+
+def choose(op, kind: str, rows: int):
+    """``op.choice(kind, rows)`` as (plan rows, hint): the hint None for the plain default of the
+    plan (the registry's first template), ("dequant-gemm", dense GEMM hint) for decode-then-GEMM;
+    a tuned hint or a row-class hint (the wgmma tiles of a symbolic kernel) as it is."""
+    from bitblas.plan import make_plan
+    from bitblas.schedule import default_hint
+    c = op.choice(kind, rows)
+    if c.template == "dequant-gemm":
+        return c.rows, ("dequant-gemm", c.hint)
+    if c.template == "wgmma" and c.rows is None:       # the tile class of the rows, always explicit
+        return c.rows, c.hint
+    if not c.tuned and c.hint == default_hint(make_plan(op._kc, kind, c.rows), op.arch if kind == "cuda" else None):
+        return c.rows, None
+    return c.rows, c.hint

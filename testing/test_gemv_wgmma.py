@@ -18,7 +18,7 @@ import pytest
 
 from bitblas import MatmulConfig
 from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
-from bitblas.dispatch import gemv_kernel_rows
+from bitblas.kernels.select import row_class as gemv_kernel_rows
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, default_hint
 from bitblas.schedule.cuda_gemv import _helpers, gemv_hint_unsupported, schedule_cuda_gemv

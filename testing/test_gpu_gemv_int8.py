@@ -88,7 +88,7 @@ def _check(cfg, m, fn=None, plan=None):
         op = bitblas.Matmul(cfg)
         op(**inputs, output=out)
         kplan = op._kernel("cuda", m)[0]
-        assert kplan.m == op._kernel_m("cuda", m) and isinstance(default_hint(kplan, op.target), GEMVHint), \
+        assert kplan.m == op.plan("cuda", m).m and isinstance(default_hint(kplan, op.target), GEMVHint), \
             "GEMV kernel not selected"      # the rows kernel for m rows, or the tensor-core one of m's class
     else:
         fn(*kernel_args(plan, inputs, out))
@@ -264,7 +264,7 @@ def test_gemv_int8_selection(w, arch):
             first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
             assert isinstance(hint, GEMVHint) and hint.mma == (m >= first), (w, kw, m, hint)   # m16n8k32
         op = bitblas.Matmul(cfg)     # the rows kernel per row count, the tensor-core one per class (8: 1..8)
-        assert op._kernel_m("cuda", 1) == 1 and op._kernel_m("cuda", 7) == 8
+        assert op.plan("cuda", 1).m == 1 and op.plan("cuda", 7).m == 8
         for m in (17, 33, 64):                # the m16n8k32 GEMV in chunks of 16 rows (8-bit codes up to 32)
             plan = make_plan(cfg, "cuda", m)
             hint = default_hint(plan, target)

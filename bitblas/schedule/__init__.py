@@ -3,7 +3,7 @@ import dataclasses
 
 from .cpu import CPUHint, schedule_cpu
 from .cpu_gemv import CPUGemvHint, cpu_gemv_unsupported, schedule_cpu_gemv
-from .cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
+from .cuda_gemv import GEMVHint, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
@@ -29,29 +29,11 @@ def hint_from_dict(d: dict):
     return HINTS[d.pop("class")](**d)
 
 
-def default_hint(plan, target=None):
-    """The default hint of a plan (``target``: the CUDA Target it is built for, when known)."""
-    if plan.nvfp4_acts:                      # NVFP4 x NVFP4: the hand-written kernels of nvfp4.py
-        return NVFP4CPUHint.default(plan) if plan.target_kind == "cpu" else NVFP4GemvHint.default(plan, target)
-    if plan.target_kind == "cpu":
-        # float activations x nt weights: decode in SIMD registers (schedule/cpu_gemv.py); the rest
-        # (integer activations, [K, N] weights): the tile schedule
-        if cpu_gemv_unsupported(plan, None) is None:
-            return CPUGemvHint.default(plan, target)
-        return CPUHint.default(plan)
-    if gemv_default_takes(plan, target):     # static rows 1..64: float16/bfloat16 x int/uint/table, int8 x int/uint
-        # int8 x int8 included: from 7 rows the m16n8k32 GEMV beats the 64 x 64 wgmma tile on the
-        # H200 (N=K=8192: m=9 22.7 vs 29.9 us, m=16 22.9 vs 29.1; g128 22.6 vs 29.5, 26.0 vs 28.7;
-        # 28672: 63-75 vs 95-113)
-        return GEMVHint.default(plan, target)
-    # Hopper: wgmma for weights that need no decode, at every row count the GEMV does not take
-    # (H200, fp16 N=K=4096: 2.5-3.5x the mma.sync kernel from 32 rows up)
-    hint = WGMMAHint.default(plan, target)
-    if hint is not None:
-        return hint
-    # tensor cores with more rows (or symbolic M): float16/bfloat16, int8 and (sm_89+) float8
-    # activations, see cuda_mma.mma_reason; None: n/a
-    return MMAHint.default(plan, target) or SimpleCUDAHint.default(plan)
+def default_hint(plan, target=None, rows=None):
+    """The default hint of a plan (``target``: the CUDA Target or :class:`bitblas.arch.Arch` it is
+    built for, when known): the first template of the registry (:mod:`bitblas.kernels`) that gives one."""
+    from ..kernels import default_hint as registry_default
+    return registry_default(plan, target, rows)
 
 
 def ir_options(plan, hint) -> dict:
@@ -60,17 +42,8 @@ def ir_options(plan, hint) -> dict:
 
 
 def schedule(func, plan, hint=None, target=None):
-    """Scheduled IRModule of ``func`` (from ``emit_matmul(plan, **ir_options(plan, hint))``) for the
-    plan's target kind."""
+    """Scheduled IRModule of ``func`` (from ``emit_matmul(plan, **ir_options(plan, hint))``; None
+    for templates that write the kernel directly) for the plan's target kind."""
+    from ..kernels import _arch, template_of
     hint = hint or default_hint(plan, target)
-    if plan.target_kind == "cpu":
-        if isinstance(hint, CPUGemvHint):
-            return schedule_cpu_gemv(func, plan, hint, target)
-        return schedule_cpu(func, plan, hint)
-    if isinstance(hint, MMAHint):
-        return schedule_cuda_mma(func, plan, hint, target)
-    if isinstance(hint, GEMVHint):
-        return schedule_cuda_gemv(func, plan, hint, target)
-    if isinstance(hint, WGMMAHint):
-        return schedule_cuda_wgmma(func, plan, hint, target)
-    return schedule_cuda_simple(func, plan, hint)
+    return template_of(hint).build(plan, hint, _arch(target, plan.target_kind), func)

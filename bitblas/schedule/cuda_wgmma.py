@@ -118,14 +118,14 @@ class WGMMAHint:
         return 0
 
     @classmethod
-    def default(cls, plan, target=None) -> Optional["WGMMAHint"]:
+    def default(cls, plan, target=None, rows: Optional[int] = None) -> Optional["WGMMAHint"]:
         """The default tile, or None where the template does not apply (see :func:`wgmma_unsupported`).
 
         128 x 256 tiles (2 consumer warpgroups), 4 stages, persistent; int8: 128 x 128, 6 stages
         (TVM's s8 wgmma stops at N=224; 128 measured as fast as 224 on the H200); N <= 128: BN=128.
         With few rows, the first of 128 x 256, 128 x 128, 64 x 128, 64 x 64 tiles whose count reaches 90% of
         the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
-        None below 128 KB."""
+        None below 128 KB. ``rows``: size the tiles for this row count instead of the plan's."""
         arch = arch_of(target)
         smem = arch.smem_per_block
         if wgmma_unsupported(plan, arch) is not None:
@@ -140,11 +140,12 @@ class WGMMAHint:
         fits = [h for h in tiles if smem is None or h.smem_bytes(plan) <= smem]
         if not fits:
             return None
-        if plan.m is None:
+        m = plan.m if rows is None else rows     # rows: a call's row count on a symbolic plan
+        if m is None:
             return fits[0]
         want = 0.9 * arch.sm_count
         for h in fits:
-            if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
+            if -(-m // h.BM) * -(-c.N // h.BN) >= want:
                 return h
         return fits[-1]
 

@@ -17,7 +17,7 @@ The model here does the same for the bitblas templates, from the :class:`~bitbla
   ``stages``-deep ring keeps too few bytes in flight per SM to cover DRAM latency (Little's law);
 * Hopper wgmma (:class:`WGMMAHint`, one CTA per SM: its ring fills most of shared memory):
   ``waves = ceil(tiles / SMs)`` of per-tile time ``max(tensor-core time, A and W tile bytes over
-  the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`_wgmma_cost` for the
+  the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`wgmma_cost` for the
   constants, fitted to the H200 tile table of docs/benchmarks.md;
 * GEMV: weight bytes over DRAM bandwidth, scaled by bytes in flight per SM (warps x lanes x
   vector x unroll x rows) against latency, SM imbalance for few blocks, and ALU cycles for decode
@@ -27,6 +27,7 @@ Estimates only rank candidates; the tuner measures the top-k on the device.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
@@ -75,7 +76,7 @@ def _decode_ops(plan) -> float:
     return ops
 
 
-def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
+def mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     BM, BN, BK, WM, WN = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN
@@ -130,7 +131,7 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     return parts[2] + 0.1 * (parts[0] + parts[1]) + _LAUNCH_S
 
 
-def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
+def wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
     """Seconds of the wgmma kernel: one CTA per SM (the persistent grid has one per SM; the ring
     and the setmaxnreg split, 232 registers per consumer thread, are sized for a whole SM),
     ``ceil(tiles / SMs)`` tiles on the busiest SM, each ``max(tensor, memory) + epilogue``:
@@ -183,7 +184,7 @@ def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
     return max(t, t_dram) + _LAUNCH_S
 
 
-def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
+def gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     vb = cuda_gemv._vec_bytes(plan, hint.vec_bytes)
@@ -316,14 +317,14 @@ def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:
     return math.ceil(plan.config.N / hint.rows_per_warp) * chunks * math.ceil(vectors / 4) * per
 
 
-def _simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:
+def simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:
     c = plan.config
     work = 2.0 * m * c.N * c.K
     occupancy = min(1.0, spec.max_threads_per_sm / hint.threads / spec.max_blocks_per_sm * 4)
     return work / (spec.sm_count * spec.clock_hz * 64 * occupancy) + _LAUNCH_S
 
 
-def _cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
+def cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
     c = plan.config
     tiles = math.ceil(c.N / hint.n_tile)
     waves = math.ceil(tiles / cores)
@@ -335,7 +336,7 @@ def _cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
     return (flops / simd_eff + decode) * cache_pen / (par_eff * cores * 8e9)
 
 
-def _cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
+def cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
     """schedule/cpu_gemv.py: per step (``lanes`` weight bytes of a channel) a micro-kernel of nc
     channels x R rows decodes nc x cpb vectors (~3 SIMD ops each: shift/mask, widen, convert) and
     issues nc x cpb x R FMAs and cpb x R activation loads; ~2 SIMD ops, 1 FMA and 2 loads per
@@ -365,19 +366,21 @@ def _cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
 
 
 def estimate(plan, hint, m: int, spec=None, cores: int = 1) -> float:
-    """Estimated seconds of ``hint`` on ``plan`` at ``m`` rows (``spec``: DeviceSpec for CUDA plans)."""
-    if isinstance(hint, CPUHint):
-        return _cpu_cost(plan, hint, m, cores)
-    if isinstance(hint, CPUGemvHint):
-        return _cpu_gemv_cost(plan, hint, m, cores)
-    if spec is None:
-        raise ValueError("estimate: a DeviceSpec is needed for CUDA hints")
-    if isinstance(hint, MMAHint):
-        return _mma_cost(plan, hint, m, spec)
-    if isinstance(hint, WGMMAHint):
-        return _wgmma_cost(plan, hint, m, spec)
-    if isinstance(hint, GEMVHint):
-        return _gemv_cost(plan, hint, m, spec)
-    if isinstance(hint, SimpleCUDAHint):
-        return _simple_cost(plan, hint, m, spec)
-    raise TypeError(f"estimate: unknown hint type {type(hint).__name__}")
+    """Estimated seconds of ``hint`` on ``plan`` at ``m`` rows (``spec``: DeviceSpec for CUDA plans):
+    the cost of the hint's template (``bitblas/kernels/``; TypeError for an unknown hint)."""
+    from ..kernels import template_of
+    t = template_of(hint)
+    return t.cost(plan, hint, m, _arch(spec, t.kind, cores))
+
+
+def _arch(spec, kind, cores):
+    from ..arch import Arch
+    if kind == "cpu":
+        return Arch(kind="cpu", cores=cores)
+    return None if spec is None else _spec_arch(spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_arch(spec):
+    from ..arch import Arch
+    return Arch.from_spec(spec)

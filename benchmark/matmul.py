@@ -140,7 +140,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     torch.cuda.synchronize()
     build_s = time.perf_counter() - t0
     if fn is None:
-        from bitblas.schedule import default_hint
+        from bitblas.kernels import default_hint
         from bitblas.ops.dequant_gemm import DequantGemm
         if isinstance(kern[1], DequantGemm):
             kname = "Dequant+WGMMA"

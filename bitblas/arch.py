@@ -13,7 +13,8 @@ compares ``sm`` numbers. Facts come from three places, in this order:
 Made from a tvm Target, a target string (``"nvidia/nvidia-h100"``, ``"cuda -arch=sm_90a"``,
 ``"sm_90a"``, ``"cuda"``, ``"llvm"``), a dict, None (``BITBLAS_TARGET`` / ``TVM_TARGET``, else the
 local GPU, else a generic sm_80) or an int compute capability (``Arch.from_sm(90)``, for reason
-functions and tests). :func:`arch_of` caches one Arch per target.
+functions and tests). :func:`arch_of` caches one Arch per tvm Target; ``bitblas.build.target_arch``
+takes every spelling (it resolves the Target first). A leaf: imports only ``hardware`` and ``_tvm``.
 """
 from __future__ import annotations
 
@@ -238,6 +239,7 @@ class Arch:
 
 
 UNKNOWN = Arch(kind="cuda")
+_CPU = Arch(kind="cpu")
 
 
 def _key(target) -> str:
@@ -249,8 +251,7 @@ _CACHE: dict = {}
 
 def arch_of(target) -> Arch:
     """The Arch of ``target`` (a tvm Target, an Arch, or None: an unknown CUDA arch), one per
-    distinct Target. A str / dict target: :func:`bitblas.build.cuda_target` first (or
-    :meth:`Arch.of`)."""
+    distinct Target. Any other spelling: ``bitblas.build.target_arch``."""
     if target is None:
         return UNKNOWN
     if isinstance(target, Arch):
@@ -263,10 +264,9 @@ def arch_of(target) -> Arch:
 
 
 def cpu_arch(cores: Optional[int] = None) -> Arch:
-    """The Arch of the host CPU (its LLVM Target; ``cores``: threads the cost model assumes)."""
-    from .build import cpu_target
-    a = arch_of(cpu_target())
-    return a if cores is None else Arch(kind="cpu", target=a.target, cores=cores)
+    """The Arch of the host CPU (the CPU templates read the host's LLVM target themselves;
+    ``cores``: threads the cost model assumes)."""
+    return _CPU if cores is None else Arch(kind="cpu", cores=cores)
 
 
 def as_arch(x) -> Arch:
@@ -276,21 +276,3 @@ def as_arch(x) -> Arch:
     if isinstance(x, bool) or not isinstance(x, int):
         return arch_of(x)
     return Arch.from_sm(x)
-
-
-def of(target=None) -> Arch:
-    """The Arch of any target spelling: None (BITBLAS_TARGET / TVM_TARGET, else the local GPU,
-    else generic sm_80), "cuda", "nvidia/nvidia-h100", "cuda -arch=sm_90a", "sm_90a", a dict, a
-    tvm Target; "llvm" / "cpu" / "c": the CPU."""
-    if isinstance(target, Arch):
-        return target
-    if isinstance(target, str) and target in ("llvm", "cpu", "c"):
-        return Arch(kind="cpu")
-    if target is not None and not isinstance(target, (str, dict)):
-        if getattr(getattr(target, "kind", None), "name", None) == "llvm":
-            return arch_of(target)
-    from .build import cuda_target
-    return arch_of(cuda_target(target))
-
-
-Arch.of = staticmethod(of)

@@ -19,11 +19,11 @@ from typing import Optional, Union
 from . import env
 from ._tvm import tvm
 from .plan import Plan
-from .schedule import default_hint
+from .kernels import default_hint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+__all__ = ["target_arch", "cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
            "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
@@ -121,6 +121,20 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
         raise ValueError(f"target={target!r} is a {t.kind.name} target; a CUDA target is needed "
                          "(CPU tensors always use the CPU backend)")
     return t
+
+
+def target_arch(target=None):
+    """The :class:`bitblas.arch.Arch` of any target spelling: None (BITBLAS_TARGET / TVM_TARGET, else
+    the local GPU, else a generic sm_80), "cuda", a tag ("nvidia/nvidia-h100"), "cuda -arch=sm_90a",
+    "sm_90a", a dict, a tvm Target; "llvm" / "cpu" / "c" (or an LLVM Target): the host CPU."""
+    from .arch import Arch, arch_of, cpu_arch
+    if isinstance(target, Arch):
+        return target
+    if isinstance(target, str) and target in ("llvm", "cpu", "c"):
+        return cpu_arch()
+    if isinstance(target, tvm.target.Target) and target.kind.name == "llvm":
+        return cpu_arch()
+    return arch_of(cuda_target(target))
 
 
 def _tag_target(t):

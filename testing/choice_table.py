@@ -252,7 +252,7 @@ def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
     from bitblas import Matmul
     from bitblas.build import cuda_target
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     from bitblas.tune.space import candidates
     targets = {name: cuda_target(t) for name, t in TARGETS.items()}
     for cid, N, K, M, cfg in _configs():
@@ -313,7 +313,7 @@ def _nvfp4_cases(hints: _Hints, out: dict) -> None:
     from bitblas.build import cuda_target
     from bitblas.ops.nvfp4 import NVFP4Matmul
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     targets = {name: cuda_target(t) for name, t in TARGETS.items()}
     for N, K in NVFP4_SHAPES:
         cfg = MatmulConfig(M=None, N=N, K=K, A_dtype="nvfp4", W_dtype="nvfp4", with_scaling=True,

@@ -77,7 +77,7 @@ def ranked_candidates(cfg, bucket: int, spec):
     """The tuner's candidates for ``bucket`` of ``cfg`` on ``spec`` with a finite cost estimate, cheapest first."""
     import math
     from bitblas.plan import make_plan
-    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import estimate
     from bitblas.tune.space import Candidate, candidates
     out = []
     for c in candidates(cfg, "cuda", bucket, spec):
@@ -100,7 +100,7 @@ def choose(op, kind: str, rows: int):
     plan (the registry's first template), ("dequant-gemm", dense GEMM hint) for decode-then-GEMM;
     a tuned hint or a row-class hint (the wgmma tiles of a symbolic kernel) as it is."""
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     c = op.choice(kind, rows)
     if c.template == "dequant-gemm":
         return c.rows, ("dequant-gemm", c.hint)

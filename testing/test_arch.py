@@ -4,15 +4,16 @@ from __future__ import annotations
 import pytest
 
 from bitblas.arch import Arch, arch_of, as_arch, UNKNOWN
+from bitblas.build import target_arch
 
 
 @pytest.mark.parametrize("spelling,sm,suffix", [
     ("nvidia/nvidia-h100", 90, "a"), ("nvidia/nvidia-a100", 80, ""), ("cuda -arch=sm_90a", 90, "a"),
     ("sm_89", 89, ""), ({"kind": "cuda", "arch": "sm_90a"}, 90, "a")])
 def test_every_spelling_gives_an_arch(spelling, sm, suffix):
-    a = Arch.of(spelling)
+    a = target_arch(spelling)
     assert (a.kind, a.sm, a.suffix, a.arch) == ("cuda", sm, suffix, f"sm_{sm}{suffix}")
-    assert Arch.of(spelling) is a                 # made once per target
+    assert target_arch(spelling) is a                 # made once per target
     assert a.wgmma == a.tma == a.pdl == (sm == 90)
     assert a.fp8_mma == (sm >= 89) and a.mma and a.cp_async and a.dp4a
 
@@ -20,13 +21,13 @@ def test_every_spelling_gives_an_arch(spelling, sm, suffix):
 def test_tags_get_the_devices_opt_in_shared_memory():
     """TVM's tags say 48 KB for every GPU; the Arch of a tag holds what a block of that device may
     opt in to, so the H100 tag gets the same kernels as an sm_90a target."""
-    assert Arch.of("nvidia/nvidia-h100").smem_per_block == 232448
-    assert Arch.of("nvidia/nvidia-a100").smem_per_block == 166912
-    assert Arch.of("cuda -arch=sm_90a").smem_per_block == 49152       # explicit limits are kept
+    assert target_arch("nvidia/nvidia-h100").smem_per_block == 232448
+    assert target_arch("nvidia/nvidia-a100").smem_per_block == 166912
+    assert target_arch("cuda -arch=sm_90a").smem_per_block == 49152       # explicit limits are kept
 
 
 def test_cpu_and_unknown():
-    cpu = Arch.of("llvm")
+    cpu = target_arch("llvm")
     assert cpu.kind == "cpu" and cpu.sm is None and not (cpu.mma or cpu.wgmma or cpu.pdl or cpu.fp8_cvt)
     assert arch_of(None) is UNKNOWN and as_arch(None) is UNKNOWN
     # an unknown CUDA arch is taken as sm_80-class: mma.sync yes, Hopper / float8 mma no
@@ -45,7 +46,7 @@ def test_int_and_target_coercion():
 def test_tvm_target_environment_variable(monkeypatch):
     monkeypatch.delenv("BITBLAS_TARGET", raising=False)
     monkeypatch.setenv("TVM_TARGET", "nvidia/nvidia-h100")
-    a = Arch.of(None)
+    a = target_arch(None)
     assert a.sm == 90 and a.wgmma and a.smem_per_block == 232448
 
 
@@ -64,7 +65,8 @@ def test_h100_tag_gets_the_wgmma_kernels():
     from bitblas import MatmulConfig
     from bitblas.build import cuda_target
     from bitblas.plan import make_plan
-    from bitblas.schedule import WGMMAHint, default_hint
+    from bitblas.schedule import WGMMAHint
+    from bitblas.kernels import default_hint
     cfg = MatmulConfig(M=None, N=4096, K=4096, A_dtype="float16", W_dtype="float16", out_dtype="float16")
     plan = make_plan(cfg, "cuda", None)
     tag = default_hint(plan, cuda_target("nvidia/nvidia-h100"))

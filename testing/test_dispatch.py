@@ -178,7 +178,7 @@ def test_default_gemv_tile_constant_per_class(arch):
     """kernels.select.kernel_rows serves a row count with its class top's untuned kernel: that holds
     because the default tensor-core GEMV hint is the same for every row count of a class."""
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     from bitblas.schedule.gemv_mma import row_class
     from bitblas.schedule.gemv_wgmma import wgmma_rows
     t = cuda_target(arch)

@@ -20,7 +20,8 @@ from bitblas import MatmulConfig
 from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
 from bitblas.kernels.select import row_class as gemv_kernel_rows
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint, default_hint
+from bitblas.schedule import GEMVHint
+from bitblas.kernels import default_hint
 from bitblas.schedule.cuda_gemv import _helpers, gemv_hint_unsupported, schedule_cuda_gemv
 from bitblas.schedule.gemv_wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows
 from bitblas.tune.space import candidates

@@ -15,7 +15,8 @@ from bitblas import MatmulConfig
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, default_hint, gemv_unsupported
+from bitblas.schedule import GEMVHint, gemv_unsupported
+from bitblas.kernels import default_hint
 
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -27,7 +27,8 @@ from bitblas.formats import FORMATS
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES, pack_weight
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint, gemv_unsupported
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported
+from bitblas.kernels import default_hint
 from kernel_helpers import H200_SPEC, TARGETS
 
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -325,7 +326,7 @@ def test_gemv_int8_refused(naming):
 def test_gemv_int8_tuner_candidates():
     """The tuner offers the rows and tensor-core kernels for int8 activations (no k-split), and the
     cost model refuses the k-split."""
-    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import estimate
     from bitblas.tune.space import candidates
     cfg = _cfg("i4-chan-as-bias-f16")
     cands = candidates(cfg, "cuda", 4, H200_SPEC)

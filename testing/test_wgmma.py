@@ -13,7 +13,8 @@ import torch
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, wgmma_unsupported
+from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, wgmma_unsupported
+from bitblas.kernels import default_hint
 from kernel_helpers import TARGETS, check_kernel, choose, fp8_mma_tolerance
 
 C = MatmulConfig

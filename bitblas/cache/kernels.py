@@ -115,7 +115,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
     untuned choice, so a failed build falls back to the last-resort template (build.compile_plan).
     """
     from ..build import compile_plan, cpu_target, cuda_target, kernel_callable
-    from ..schedule import default_hint
+    from ..kernels import default_hint
     kind = plan.target_kind
     tgt = cpu_target() if kind == "cpu" else cuda_target(target)
     used = hint if hint is not None else default_hint(plan, tgt)

@@ -4,7 +4,7 @@ Each file here adapts one template family of ``bitblas/schedule/`` (where the ke
 written) to the protocol: its hint class, why it does not take a plan, its default hint, its
 tuning space and cost estimate, and its build. The registry is tried in order, like TVM dlight's
 schedule rules: a plan's default kernel is the first template whose ``default`` gives a hint.
-The tuner (``tune/space.candidates``, ``tune/cost.estimate``), the builder (``build.lower_plan``)
+The tuner (``tune/space.candidates``, ``tune/space.estimate``), the builder (``build.lower_plan``)
 and the selector (:mod:`bitblas.kernels.select`) iterate it; none of them names a template.
 
 Adding a template: one file here (a class with the protocol's members and ``TEMPLATE = ...``) and

@@ -9,6 +9,7 @@ from ..plan import make_plan
 from ..schedule.cpu_gemv import CPUGemvHint, cpu_gemv_unsupported, schedule_cpu_gemv
 from ._common import not_nvfp4
 from .base import Candidate
+from .costmodel import cpu_gemv_cost
 
 
 class CPUGemv:
@@ -42,7 +43,6 @@ class CPUGemv:
         return out
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import cpu_gemv_cost
         return cpu_gemv_cost(plan, hint, rows, arch.cores)
 
     def build(self, plan, hint, arch, func=None):

@@ -7,6 +7,7 @@ from typing import List, Optional
 from ..schedule.cpu import CPUHint, schedule_cpu
 from ._common import not_nvfp4
 from .base import Candidate
+from .costmodel import cpu_cost
 
 
 class CPUTile:
@@ -30,7 +31,6 @@ class CPUTile:
         return [Candidate(m, CPUHint(n_tile=n, k_vec=k)) for n in (4, 8, 16, 32, 64, 128) for k in ks]
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import cpu_cost
         return cpu_cost(plan, hint, rows, arch.cores)
 
     def build(self, plan, hint, arch, func=None):

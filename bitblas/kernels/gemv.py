@@ -11,6 +11,7 @@ from ..schedule import cuda_gemv
 from ..schedule.cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
 from ._common import need_spec, not_nvfp4, spec_of
 from .base import Candidate
+from .costmodel import gemv_cost
 
 
 class GEMV:
@@ -72,7 +73,6 @@ class GEMV:
         return ("gemv", hint.mma, hint.wgmma, hint.act_smem, hint.rows_per_warp, hint.warps, hint.k_warps)
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import gemv_cost
         return gemv_cost(plan, hint, rows, need_spec(arch))
 
     def build(self, plan, hint, arch, func=None):

@@ -10,6 +10,7 @@ from ..schedule import cuda_mma
 from ..schedule.cuda_mma import MMAHint, ir_options, mma_reason, schedule_cuda_mma
 from ._common import need_spec, not_nvfp4, spec_of
 from .base import Candidate
+from .costmodel import mma_cost
 
 _MAX_WARP_TILE = 64 * 64          # largest warp tile (accumulator registers: WM * WN / 32 floats per thread)
 
@@ -75,7 +76,6 @@ class MMA:
         return ("mma", hint.BM, hint.BN, hint.BK, hint.WM, hint.WN)
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import mma_cost
         return mma_cost(plan, hint, rows, need_spec(arch))
 
     def ir_options(self, plan, hint) -> dict:

@@ -15,15 +15,51 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from ..plan import make_plan
+from ..config import MatmulConfig
+from ..plan import Plan, make_plan
 from . import by_name, default_hint, template_of
 from .base import KernelChoice
 
-__all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serves", "DEQUANT_GEMM"]
+__all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serves", "DEQUANT_GEMM",
+           "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_reason"]
 
 DEQUANT_GEMM = "dequant-gemm"
 _GEMV = by_name("gemv")
 _WGMMA = by_name("wgmma")
+
+
+# -- the decode-then-GEMM path (ops/dequant_gemm.py builds it): which plans and rows it serves ------
+DEQUANT_GEMM_MIN_ROWS = 17         # quantized weights from this many rows on sm_90: decode, then wgmma
+
+
+def dense_config(config: MatmulConfig) -> MatmulConfig:
+    """The config of the GEMM half: the same shape, activations, bias and output, float weights;
+    for int8 activations int8 weights (the decoded integer values) with the original per-channel
+    or group scales and activation scales."""
+    if config.A_dtype == "int8":
+        return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype="int8", W_dtype="int8",
+                            out_dtype=config.out_dtype, accum_dtype=config.accum_dtype, layout=config.layout,
+                            with_bias=config.with_bias, with_scaling=config.with_scaling,
+                            group_size=config.group_size, with_act_scaling=config.with_act_scaling)
+    return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype=config.A_dtype, W_dtype=config.A_dtype,
+                        out_dtype=config.out_dtype, layout=config.layout, with_bias=config.with_bias)
+
+
+def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
+    """Why the decode-then-GEMM path does not take ``plan`` on ``target`` (None: it does)."""
+    from ..schedule.cuda_dequant import dequant_unsupported
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if plan.w.kind == "float" or (c.A_dtype == "int8" and c.W_dtype == "int8"):
+        return f"W_dtype={c.W_dtype}: nothing to decode"
+    why = dequant_unsupported(plan)
+    if why:
+        return why
+    dense = make_plan(dense_config(c), "cuda", plan.m)
+    if template_of(default_hint(dense, target)) is not _WGMMA:
+        return "the dense GEMM of this target is not the wgmma template (sm_90 with its shared memory)"
+    return None
 
 
 def _static_m(config, rows):
@@ -70,7 +106,6 @@ def _dequant_gemm_reason(config, arch) -> Optional[str]:
 
 
 def _dequant_reason(config, arch) -> Optional[str]:
-    from ..ops.dequant_gemm import dequant_gemm_reason
     return dequant_gemm_reason(make_plan(config, "cuda", None), arch)
 
 
@@ -79,7 +114,6 @@ _dequant_reason_cached = functools.lru_cache(maxsize=1024)(_dequant_reason)
 
 def _dequant_gemm(config, rows: int, arch):
     """The dense GEMM's hint of the decode-then-GEMM path for ``rows``, or None where it does not apply."""
-    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dense_config
     if rows < DEQUANT_GEMM_MIN_ROWS or not arch.wgmma or _dequant_gemm_reason(config, arch) is not None:
         return None
     return _WGMMA.default(make_plan(dense_config(config), "cuda", rows), arch)
@@ -119,7 +153,7 @@ def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = Tru
         return KernelChoice(template_of(hint).name, hint, None)
     if gemv_hint is not None:
         return KernelChoice(template_of(gemv_hint).name, gemv_hint, default_m)
-    if composite and kind == "cuda" and default_m >= _dequant_min():
+    if composite and kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS:
         dq = _dequant_gemm(config, rows, arch)     # a static M (the config's int) past the GEMV
         if dq is not None:
             return KernelChoice(DEQUANT_GEMM, dq, default_m)
@@ -127,26 +161,20 @@ def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = Tru
     return KernelChoice(template_of(hint).name, hint, default_m)
 
 
-def _dequant_min() -> int:
-    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS
-    return DEQUANT_GEMM_MIN_ROWS
-
-
-def composite_serves(config, kind: str, bucket: int, arch=None) -> Optional[str]:
+def composite_serves(config, kind: str, bucket: int, arch) -> Optional[str]:
     """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
 
     An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
     kernel symbolic in M for them) as decode + dense wgmma GEMM, 2.5-6x faster than the fused
     kernels the tuner can pick from. A tuned entry takes priority in dispatch, so tuning such a
     bucket would replace the fast path with a slower kernel: the tuner leaves it untuned."""
-    from ..arch import Arch
-    if kind != "cuda" or bucket < _dequant_min():
+    from ..arch import as_arch
+    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
         return None
-    arch = arch if isinstance(arch, Arch) else Arch.of(arch)      # None: the local GPU / BITBLAS_TARGET
+    arch = as_arch(arch)             # an Arch or a tvm Target (tuner.composite_serves takes any spelling)
     if gemv_serves(config, kind, bucket, arch):    # the GEMV serves these rows (up to 64)
         return None
     m = kernel_rows(config, kind, bucket, arch)
-    from ..ops.dequant_gemm import dequant_gemm_reason
     if dequant_gemm_reason(make_plan(config, kind, m), arch) is not None:
         return None
     return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "

@@ -7,6 +7,7 @@ from typing import List, Optional
 from ..schedule.cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from ._common import need_spec, not_nvfp4
 from .base import Candidate
+from .costmodel import simple_cost
 
 
 class Simple:
@@ -30,7 +31,6 @@ class Simple:
         return [Candidate(m, SimpleCUDAHint(threads=t)) for t in (64, 128, 256, 512)]
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import simple_cost
         return simple_cost(plan, hint, rows, need_spec(arch))
 
     def build(self, plan, hint, arch, func=None):

@@ -9,6 +9,7 @@ from ..plan import make_plan
 from ..schedule.cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported
 from ._common import need_spec, not_nvfp4, spec_of
 from .base import Candidate
+from .costmodel import wgmma_cost
 from .mma import mma_rows
 
 
@@ -55,7 +56,6 @@ class WGMMA:
         return ("wgmma", hint.BM, hint.BN)
 
     def cost(self, plan, hint, rows, arch) -> float:
-        from ..tune.cost import wgmma_cost
         return wgmma_cost(plan, hint, rows, need_spec(arch))
 
     def build(self, plan, hint, arch, func=None):

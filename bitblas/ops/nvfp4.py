@@ -94,7 +94,8 @@ class NVFP4Matmul:
 
     def _gemm_hint(self, rows: int):
         """The dense wgmma GEMM's tiles for ``rows`` (None: this target has no wgmma GEMM)."""
-        from ..schedule import WGMMAHint, default_hint
+        from ..kernels import default_hint
+        from ..schedule import WGMMAHint
         key = ("gemm-hint", rows)
         if key not in self._fns:
             dense = self._dense_config("float16")

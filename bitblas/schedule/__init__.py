@@ -12,7 +12,7 @@ from .nvfp4 import NVFP4CPUHint, NVFP4GemvHint
 __all__ = ["CPUHint", "CPUGemvHint", "SimpleCUDAHint", "MMAHint", "GEMVHint", "WGMMAHint", "schedule_cpu",
            "schedule_cpu_gemv", "cpu_gemv_unsupported", "schedule_cuda_simple",
            "schedule_cuda_mma", "schedule_cuda_gemv", "schedule_cuda_wgmma", "gemv_unsupported", "wgmma_unsupported",
-           "schedule", "default_hint", "HINTS", "hint_to_dict", "hint_from_dict", "ir_options", "NVFP4GemvHint",
+           "HINTS", "hint_to_dict", "hint_from_dict", "ir_options", "NVFP4GemvHint",
            "NVFP4CPUHint"]
 
 HINTS = {cls.__name__: cls for cls in (CPUHint, CPUGemvHint, SimpleCUDAHint, MMAHint, GEMVHint, WGMMAHint,
@@ -29,21 +29,6 @@ def hint_from_dict(d: dict):
     return HINTS[d.pop("class")](**d)
 
 
-def default_hint(plan, target=None, rows=None):
-    """The default hint of a plan (``target``: the CUDA Target or :class:`bitblas.arch.Arch` it is
-    built for, when known): the first template of the registry (:mod:`bitblas.kernels`) that gives one."""
-    from ..kernels import default_hint as registry_default
-    return registry_default(plan, target, rows)
-
-
 def ir_options(plan, hint) -> dict:
     """Keyword arguments of ``emit_matmul`` for the IR form the hint's template schedules."""
     return _mma_ir_options(plan, hint)
-
-
-def schedule(func, plan, hint=None, target=None):
-    """Scheduled IRModule of ``func`` (from ``emit_matmul(plan, **ir_options(plan, hint))``; None
-    for templates that write the kernel directly) for the plan's target kind."""
-    from ..kernels import _arch, template_of
-    hint = hint or default_hint(plan, target)
-    return template_of(hint).build(plan, hint, _arch(target, plan.target_kind), func)

@@ -24,6 +24,7 @@ checks (tile geometry, vector alignment) and by the device's shared memory per b
 """
 from __future__ import annotations
 
+import functools
 from typing import List
 
 from ..config import MatmulConfig
@@ -32,7 +33,7 @@ from ..kernels.base import Candidate
 from ..kernels.mma import mma_rows
 from ..plan import make_plan
 
-__all__ = ["Candidate", "candidates", "mma_rows"]
+__all__ = ["Candidate", "candidates", "estimate", "mma_rows"]
 
 
 def candidates(config: MatmulConfig, kind: str, bucket: int, spec=None) -> List[Candidate]:
@@ -46,3 +47,20 @@ def candidates(config: MatmulConfig, kind: str, bucket: int, spec=None) -> List[
         from ..arch import Arch
         arch = Arch.from_spec(spec)
     return _registry_candidates(make_plan(config, kind, None), kind, bucket, arch)
+
+
+def estimate(plan, hint, m: int, spec=None, cores: int = 1) -> float:
+    """Estimated seconds of ``hint`` on ``plan`` at ``m`` rows (``spec``: DeviceSpec for CUDA plans):
+    the cost of the hint's template (``bitblas/kernels/``; TypeError for an unknown hint)."""
+    from ..kernels import template_of
+    t = template_of(hint)
+    if t.kind == "cpu":
+        from ..arch import cpu_arch
+        return t.cost(plan, hint, m, cpu_arch(cores))
+    return t.cost(plan, hint, m, None if spec is None else _spec_arch(spec))
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_arch(spec):
+    from ..arch import Arch
+    return Arch.from_spec(spec)

@@ -3,7 +3,7 @@
 For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 
 1. every valid candidate of the templates that apply (:mod:`bitblas.tune.space`) is scored by the
-   cost model (:mod:`bitblas.tune.cost`) on the device's :class:`~bitblas.hardware.DeviceSpec`;
+   cost model (:mod:`bitblas.kernels.costmodel`, through each template) on the device's :class:`~bitblas.hardware.DeviceSpec`;
 2. the ``topk`` best are kept, at most two per tile shape (so knobs such as stages and vector
    widths do not crowd out other tiles) and at least a quarter from each template when several
    apply (GEMV, mma.sync, wgmma); the default kernel of the bucket (the one an untuned operator
@@ -55,9 +55,9 @@ from ..dispatch import BucketTable
 from ..formats import FORMATS
 from ..plan import make_plan
 from ..kernels import template_of
-from ..kernels.select import composite_serves, row_class, select
+from ..kernels.select import composite_serves as _composite_serves, row_class, select
 from ..schedule import hint_from_dict, hint_to_dict
-from .cost import estimate
+from .space import estimate
 from .measure import time_kernel
 from .space import Candidate, candidates
 
@@ -406,6 +406,15 @@ def _tune_workers() -> int:
 
 
 # -- an operator ---------------------------------------------------------------------------------
+def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) -> Optional[str]:
+    """Why ``bucket`` is left to the decode-then-GEMM path, or None (:func:`bitblas.kernels.select.composite_serves`;
+    ``target``: any target spelling, None: the local GPU / BITBLAS_TARGET)."""
+    if kind != "cuda":
+        return None
+    from ..build import target_arch
+    return _composite_serves(config, kind, bucket, target_arch(target))
+
+
 def _load_cached(config, kind, rec, target) -> TuneResult:
     """The result of a tuning record, its kernel loaded into the kernel cache (rebuilt if its file is gone)."""
     hint = hint_from_dict(rec["hint"])

@@ -23,18 +23,19 @@ The model here does the same for the bitblas templates, from the :class:`~bitbla
   vector x unroll x rows) against latency, SM imbalance for few blocks, and ALU cycles for decode
   and the m-row dot products.
 
-Estimates only rank candidates; the tuner measures the top-k on the device.
+Estimates only rank candidates; the tuner measures the top-k on the device. Each template's
+``cost`` (``bitblas/kernels/<family>.py``) calls its function here; ``bitblas.tune.space.estimate``
+asks the hint's template.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from ..schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
 from ..schedule import cuda_gemv, cuda_mma, cuda_wgmma
 from ..schedule.gemv_mma import chunk_loop
 
-__all__ = ["estimate", "DRAM_LATENCY_S"]
+__all__ = ["mma_cost", "wgmma_cost", "gemv_cost", "simple_cost", "cpu_cost", "cpu_gemv_cost", "DRAM_LATENCY_S"]
 
 DRAM_LATENCY_S = 1.0e-6      # loaded DRAM latency the in-flight bytes must cover
 L1_WAVEFRONTS_PER_CLK = 1.0  # L1 load wavefronts per SM and clock (one 128-byte line of one load each)
@@ -363,24 +364,3 @@ def cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
     wbytes = c.N * c.K / cpb * (full + (1 if rest else 0))
     bw = 12e9 if hint.prefetch else 6e9
     return max(cycles / 3e9, wbytes / bw) / (par_eff * cores) + 5e-6 * waves
-
-
-def estimate(plan, hint, m: int, spec=None, cores: int = 1) -> float:
-    """Estimated seconds of ``hint`` on ``plan`` at ``m`` rows (``spec``: DeviceSpec for CUDA plans):
-    the cost of the hint's template (``bitblas/kernels/``; TypeError for an unknown hint)."""
-    from ..kernels import template_of
-    t = template_of(hint)
-    return t.cost(plan, hint, m, _arch(spec, t.kind, cores))
-
-
-def _arch(spec, kind, cores):
-    from ..arch import Arch
-    if kind == "cpu":
-        return Arch(kind="cpu", cores=cores)
-    return None if spec is None else _spec_arch(spec)
-
-
-@functools.lru_cache(maxsize=64)
-def _spec_arch(spec):
-    from ..arch import Arch
-    return Arch.from_spec(spec)

@@ -176,8 +176,7 @@ def lower_plan(plan: Plan, hint=None, target=None):
 def _compile(mod, tgt):
     """tvm.compile; modules of hand-written TIRx kernels (GEMV, wgmma) say so by attributes: the
     tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
-    from .schedule.cuda_gemv import TIRX_PIPELINE_ATTR
-    from .schedule.cuda_wgmma import WGMMA_ARCH_ATTR
+    from .schedule.target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     attrs = mod.attrs
     if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
@@ -199,7 +198,7 @@ def kernel_callable(mod):
     main = mod["main"]
     rt = getattr(mod, "mod", mod)
     if rt.implements_function("permute"):          # the host wrappers: no import queried (no GPU needed)
-        from .schedule.gemv_wgmma import WgmmaGemvFn
+        from .schedule.gemv import WgmmaGemvFn
         return WgmmaGemvFn(mod["permute"], main)
     return main
 

@@ -178,8 +178,8 @@ def test_default_gemv_tile_constant_per_class(arch):
     because the default tensor-core GEMV hint is the same for every row count of a class."""
     from bitblas.plan import make_plan
     from bitblas.schedule import default_hint
-    from bitblas.schedule.gemv_mma import row_class
-    from bitblas.schedule.gemv_wgmma import wgmma_rows
+    from bitblas.schedule.gemv.mma import row_class
+    from bitblas.schedule.gemv.wgmma import wgmma_rows
     t = cuda_target(arch)
     for kw in (dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
                dict(A_dtype="bfloat16", W_dtype="int2", group_size=128, with_scaling=True, out_dtype="bfloat16"),

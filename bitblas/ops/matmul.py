@@ -18,7 +18,7 @@ from ..formats import FORMATS
 from ..plan import M_VAR, ArgSpec, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..dispatch import default_rows, gemv_hint_takes, gemv_kernel_rows
-from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
+from ..schedule.gemv import GEMV_MMA_MAX_ROWS, GEMVHint
 from .compat import BitBLASOperatorAPI, kernel_config
 from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 

@@ -84,9 +84,9 @@ class NVFP4Matmul:
     def gemv_rows(self) -> int:
         """Activation rows of one GEMV launch: up to NVFP4_GEMV_MAX_ROWS, as many as the staged rows'
         shared memory allows."""
-        from ..schedule.cuda_mma import _target_info
+        from ..schedule.target import target_info
         from ..schedule.nvfp4 import gemv_smem_cap
-        cap = gemv_smem_cap(_target_info(self._target())[0])
+        cap = gemv_smem_cap(target_info(self._target())[0])
         m = NVFP4_GEMV_MAX_ROWS
         while m > 1 and gemv_smem_bytes(self.config.K, m) > cap:
             m -= 1

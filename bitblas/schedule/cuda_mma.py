@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
+from .target import target_info
 
 __all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
            "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
@@ -113,13 +114,13 @@ class MMAHint:
         and stages / tiles shrink until the shared memory fits its ``max_shared_memory_per_block``.
         Every path (fp16/bf16, int8, float8; see the module docstring) uses the same rule.
         """
-        if mma_reason(plan, _target_info(target)[0]) is not None:
+        if mma_reason(plan, target_info(target)[0]) is not None:
             return None
         return cls._pick(plan, target)
 
     @classmethod
     def _pick(cls, plan, target) -> Optional["MMAHint"]:
-        sm, smem_limit = _target_info(target)
+        sm, smem_limit = target_info(target)
         if sm is not None and sm < 80:
             return None                      # cp.async and mma.m16n8k16 need sm_80
         m, N = plan.m, plan.config.N
@@ -157,18 +158,6 @@ class MMAHint:
             ring += self.stages * self.BN * self.BK * w.bits // 8
             static = self.BN * row                      # the decoded tile
         return max(ring, self.BM * self.BN * 4) + static
-
-
-def _target_info(target):
-    """(sm version or None, max shared memory per block or None) of a CUDA Target."""
-    if target is None:
-        return None, None
-    attrs = target.attrs
-    arch = str(attrs["arch"]) if "arch" in attrs else ""
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
-    sm = int(digits) if digits else None
-    smem = int(attrs["max_shared_memory_per_block"]) if "max_shared_memory_per_block" in attrs else None
-    return sm, smem
 
 
 def mma_reason(plan, sm: Optional[int] = None) -> Optional[str]:
@@ -548,7 +537,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
     """``func``: ``emit_matmul(plan, **ir_options(plan, hint))``; ``target``: the CUDA Target (the
     float8 path needs sm_89+)."""
     int8, eight_bit = _int8(plan), _eight_bit(plan)
-    reason = mma_reason(plan, _target_info(target)[0])
+    reason = mma_reason(plan, target_info(target)[0])
     if reason is not None:
         raise ValueError(f"tensor-core schedule does not apply: {reason}")
     hint.check()

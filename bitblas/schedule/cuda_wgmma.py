@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .cuda_mma import _PTX_FP8, _target_info
+from .cuda_mma import _PTX_FP8
 from .epilogue import scaled_sum
+from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
 
-__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR"]
+__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma"]
 
-WGMMA_ARCH_ATTR = "bitblas.arch"        # module attribute: compile for this arch (sm_90a)
 _ROW_BYTES = 128                        # one swizzled tile row (BK * element bytes)
 _SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -124,10 +124,9 @@ class WGMMAHint:
         With few rows, the first of 128 x 256, 128 x 128, 64 x 128, 64 x 64 tiles whose count reaches 90% of
         the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
         None below 128 KB."""
-        sm, smem = _target_info(target)
+        sm, smem = target_info(target)
         if wgmma_unsupported(plan, sm) is not None:
             return None
-        from .cuda_gemv import _num_sms
         c = plan.config
         big = [] if c.A_dtype == "int8" or c.N <= 128 or _group_tiles(plan) else [cls()]
         # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
@@ -140,7 +139,7 @@ class WGMMAHint:
             return None
         if plan.m is None:
             return fits[0]
-        want = 0.9 * _num_sms()
+        want = 0.9 * num_sms()
         for h in fits:
             if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
                 return h
@@ -440,13 +439,12 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
 def schedule_cuda_wgmma(func, plan, hint: Optional[WGMMAHint] = None, target=None):
     """IRModule of the wgmma kernel for ``plan`` (``func``, the plan's TensorIR, is not used: the
     kernel is written directly). Carries the tirx-pipeline and sm_90a attributes for the build."""
-    from .cuda_gemv import TIRX_PIPELINE_ATTR, _num_sms
     why = wgmma_unsupported(plan, 90)
     if why:
         raise ValueError(f"wgmma template does not take this plan: {why}")
     hint = (hint or WGMMAHint.default(plan, target) or WGMMAHint()).check(plan)
     from tvm.script import tirx as T
-    text = _kernel_script(plan, hint, _num_sms())
+    text = _kernel_script(plan, hint, num_sms())
     prim = tvm.script.from_source(text, extra_vars={"T": T})
     mod = tvm.IRModule({"main": prim})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 
 from ..schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
-from ..schedule import cuda_gemv, cuda_mma, cuda_wgmma
-from ..schedule.gemv_mma import chunk_loop
+from ..schedule import cuda_mma, cuda_wgmma, gemv
+from ..schedule.gemv import chunk_loop
 
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
@@ -186,8 +186,8 @@ def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
 def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
-    vb = cuda_gemv._vec_bytes(plan, hint.vec_bytes)
-    if vb is None or cuda_gemv.gemv_hint_unsupported(plan, hint) is not None:
+    vb = gemv.vec_bytes(plan, hint.vec_bytes)
+    if vb is None or gemv.gemv_hint_unsupported(plan, hint) is not None:
         return math.inf
     if hint.wgmma:
         return _wgmma_gemv_cost(plan, hint, m, spec)
@@ -259,9 +259,9 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     if hint.mma:
         # decode + scale per weight pair (once per block that streams the weights), activation
         # fragments once per 2 * R / 16 vectors and token tile; the mma run on the tensor pipe
-        ops = chunks * (N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
+        ops = chunks * (N * K * (gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
     else:
-        ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
+        ops = N * K * (gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     if hint.mma:
         # L1 stays busy with 8+ warps of loads per SM; fewer leave it waiting on latency (H200, W4A16
@@ -273,14 +273,14 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
 
 
 def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
-    """The wgmma GEMV (gemv_wgmma): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
+    """The wgmma GEMV (gemv/wgmma.py): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
     whatever the rows, each taking ~44 + 0.83 N cycles of an SM's tensor cores with the A operand
     in registers (H200, W4A16 K=8192: ~64 cycles at N=24, ~97 at N=64; 28672 at 8 / 17 / 32 rows
     51.6 / 56.4 / 61.5 µs), over the warpgroups an SM holds; at least a lone warpgroup's chain of
     slabs (decode, wgmma, wait: ~1100 cycles per slab and 64-channel tile, 8192² with one
     warpgroup per SM: 36.8 µs); or the weight bytes at the DRAM rate if that is longer; plus the
     permute kernel (~1.2 µs). Register-bound occupancy beyond one wave counts whole waves."""
-    from ..schedule.gemv_wgmma import slab_codes, wgmma_rows
+    from ..schedule.gemv import slab_codes, wgmma_rows
     c, w = plan.config, plan.w
     R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
     NT = wgmma_rows(m)

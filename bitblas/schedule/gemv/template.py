@@ -13,9 +13,9 @@ device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen
 * k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
   activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
-The rows kernel's body is in gemv_rows.py, the k-split one in gemv_ksplit.py, the tensor-core ones
-(``mma=True``) in gemv_mma.py and gemv_mma_int8.py; the load, decode, scale and store lines they
-all use are generated here (``_kernel_script``).
+The rows kernel's body is in rows.py, the k-split one in ksplit.py, the tensor-core ones
+(``mma=True``) in mma.py and mma_int8.py; the load, decode, scale and store lines they
+all use are generated here (``kernel_script``).
 
 Decode: two values at a time into half2/bfloat162 with the magic-number trick: one ``lop3``
 places a b-bit field (signed codes: offset-binary, ``q + 2**(b-1)``, as they are stored; int8 ones
@@ -28,7 +28,7 @@ float32 with the group scale. The integer offset centres the codes (2**(b-1) for
 zero-point code, the rounded float zero point); the float remainder of a zero point is applied
 through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
 
-Table formats (:func:`_decoder` picks the rule from the format's table, not its name); the group
+Table formats (:func:`decoder` picks the rule from the format's table, not its name); the group
 scale stays a float32 multiply after the dot product, as for int codes:
 
 * e2m1 (fp4_e2m1, nvfp4): per pair, one shifted copy of the word gives the magnitude bits
@@ -62,8 +62,8 @@ scale stays a float32 multiply after the dot product, as for int codes:
 
 int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3 rows
 (4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
-tensor-core kernel of gemv_mma_int8.py; the k-split kernel refuses them; the helpers live in
-gemv_int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
+tensor-core kernel of mma_int8.py; the k-split kernel refuses them; the helpers live in
+int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
 bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes are stored offset
 by 2**(b-1), taken back by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are
 permuted (``prmt``) into the same K order once per vector and row, shared by the warp's weight
@@ -82,21 +82,24 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from .._tvm import tvm
-from .cuda_mma import _target_info
-from .epilogue import scaled_sum
-from .gemv_decode import (_ACT, _decoder, _e4m3_consts, _e4m3_scale_helper, _f8_pair_dec, _lut, _prep_adjacent,
-                          _table_dec)
-from .gemv_int8 import _i8_helpers
+from ..._tvm import tvm
+from ..epilogue import scaled_sum
+from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
+from .decode import ACT, decoder, e4m3_consts
+from .emit import (act_smem_bytes, f8_scales, fmt_float, format_helpers, mma_decodable, prep_words, span_vectors,
+                   uses_f32_path, vec_bytes)
+from .ksplit import body as ksplit_body
+from .mma import body as mma_body, mma_gemv_unsupported
+from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
+from .rows import body as rows_body
+from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
-__all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "schedule_cuda_gemv", "GEMV_MAX_ROWS",
-           "GEMV_MMA_MAX_ROWS", "TIRX_PIPELINE_ATTR"]
+__all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
+           "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES"]
 
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
-GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, gemv_mma.row_chunks)
+GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
 WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (GEMVHint._wgmma_tile) and tuned from here
-TIRX_PIPELINE_ATTR = "bitblas.tir_pipeline"   # module attribute: compile with tir_pipeline="tirx"
-
 
 
 @dataclass(frozen=True)
@@ -108,16 +111,16 @@ class GEMVHint:
     k_warps: int = 0           # >0: warps splitting K, activations held in registers (small m)
     grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
     stages: int = 2            # register slots of weights (rows kernel): stages - 1 steps in flight while one decodes
-    mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see gemv_mma._body_mma)
+    mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see mma.body)
     min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
     pdl: bool = False          # programmatic dependent launch (sm_90+): waits for the previous kernel before
                                # any access; the next may launch once this one's main loop is done
     chunk_loop: bool = False   # tensor-core kernel, 17..64 rows: a block serves every 16-row chunk of its
                                # channel tile, the weights decoded once (else one block per chunk)
     wgmma: bool = False        # tensor-core kernel on sm_90a: wgmma with the decoded weights in registers and the
-                               # (permuted) activations in shared memory (gemv_wgmma.py)
+                               # (permuted) activations in shared memory (wgmma.py)
     act_smem: bool = False     # rows kernel, one row: the block stages the activations in shared memory once,
-                               # already paired for the decoder, in a conflict-free lane order (gemv_rows.py)
+                               # already paired for the decoder, in a conflict-free lane order (rows.py)
 
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
@@ -125,7 +128,7 @@ class GEMVHint:
         dependent launch (H200, back-to-back calls, W4A16 1x8192^2: 10.3 -> 9.6 us; the launch
         and ramp of one kernel overlap the previous one's tail)."""
         hint = cls._default_shape(plan, target)
-        sm = _target_info(target)[0]
+        sm = target_info(target)[0]
         return dataclasses.replace(hint, pdl=True) if sm is not None and sm >= 90 else hint
 
     @classmethod
@@ -142,10 +145,10 @@ class GEMVHint:
         a decoder that yields half pairs (every float-activation format) and sm_80+ (``target``: the
         CUDA Target, None = assume sm_80+). int8 activations: from 3 rows (group-scaled 4-bit codes
         4, 8-bit codes 5 with group scales and 6 without) the m16n8k32 tensor-core kernel
-        (gemv_mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the
+        (mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the
         rows kernel."""
         m = plan.m or 1
-        sm = _target_info(target)[0]
+        sm = target_info(target)[0]
         wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
         if wg:
             return wg
@@ -153,9 +156,9 @@ class GEMVHint:
             return cls._chunk_tile(plan)
         if m >= 2 and (sm is None or sm >= 80):
             mma = cls._mma_base(plan, m)
-            if plan.float_acts and _mma_decodable(plan.w):
+            if plan.float_acts and mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
-            # int8: m16n8k32 (gemv_mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
+            # int8: m16n8k32 (mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
             # K=8192, N=8192 / 28672, µs, 8th session, docs/benchmarks.md): 1-, 2-bit and per-channel
             # 4-bit codes from 3 rows (w2a8-g128 m=3 8.1 vs 12.6, 27.9 vs 32.2; w4a8-chan 10.5 vs 11.4,
             # 32.9 vs 33.5), group-scaled 4-bit from 4 (m=3 11.0 vs 10.7; m=4 10.9 vs 12.2, 35.5 vs
@@ -166,21 +169,20 @@ class GEMVHint:
             else:
                 first = 4 if plan.groups > 1 and plan.w.bits == 4 else 3
             if not plan.float_acts and m >= first:
-                from .gemv_mma_int8 import mma_int8_unsupported
                 tile = cls._int8_mma_tile(plan, m, mma)
                 if mma_int8_unsupported(plan, tile) is None:
                     return tile
         staged = cls._staged_row(plan) if m == 1 else None
         if staged:
             return staged
-        if m <= 2 and _decoder(plan.w) != "lut4":
+        if m <= 2 and decoder(plan.w) != "lut4":
             # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
             # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
             # 8 channels per warp (14.9 -> 10.3 us), 8-bit and nvfp4 2 channels in 2-warp blocks
             # (w8a16: 28.0 -> 18.7 us); the nf4 table decoder is faster without (18.4 vs 19.5)
             if plan.w.bits <= 2:              # 2-warp blocks: 10.1 -> 9.7 us (28672: 28.9 -> 25.4)
                 return cls(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
-            if plan.w.bits == 8 or (_vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
+            if plan.w.bits == 8 or (vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
                 return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
             return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
         if m <= 4:
@@ -195,7 +197,7 @@ class GEMVHint:
     @classmethod
     def _staged_row(cls, plan) -> Optional["GEMVHint"]:
         """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
-        gemv_rows.py; 15th session) where it measured faster, else None. 8-warp blocks under 4
+        rows.py; 15th session) where it measured faster, else None. 8-warp blocks under 4
         blocks per SM (<= 64 registers, 32 warps per SM: twice the warps of the register-bound
         default), one vector per row and step, the loop unrolled. H200, µs, against the previous
         defaults (docs/benchmarks.md): float activations, 2 channels per warp, 2 steps in flight:
@@ -209,13 +211,13 @@ class GEMVHint:
         9.67 (23.9 vs 26.1), w1a16 9.68 vs 11.15 (29.1 vs 31.0); at 6144x4096 5.49 vs 4.92.
         int8 activations: 2-bit codes (w2a8 g128 6.01 vs 6.52, 16.1 vs 16.7); 4- and 8-bit codes
         tie or lose (w8a8 16.1 vs 16.0)."""
-        b, dec, N = plan.w.bits, _decoder(plan.w), plan.config.N
+        b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
         if not plan.float_acts:
             hint = _ROWS_STAGED if b == 2 else None
         elif b <= 2:
             hint = _ROWS_STAGED_8 if N >= 8192 else None
         elif b == 8:
-            blocks, slots = -(-N // 16), 4 * _num_sms()
+            blocks, slots = -(-N // 16), 4 * num_sms()
             hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
         elif dec == "lut4":
             hint = _ROWS_STAGED if plan.config.K <= 8192 else None
@@ -242,7 +244,7 @@ class GEMVHint:
         N=16896 without the next step in flight 7-27% (fp8 weights 25.0 -> 19.9); nvfp4's float8
         scales and 1-/2-bit codes spill under the bound and keep ``base``."""
         b = plan.w.bits
-        if m <= 8 and b == 4 and not _f8_scales(plan):
+        if m <= 8 and b == 4 and not f8_scales(plan):
             return _MMA_WIDE
         if m > 8 and b in (4, 8):
             # wide layers too (14th session, N=28672, 9 / 16 rows, µs, vs the 64-channel base tile):
@@ -272,7 +274,7 @@ class GEMVHint:
 
     @classmethod
     def _chunk_tile(cls, plan) -> "GEMVHint":
-        """The tensor-core tile for 17..64 rows (chunks of 16 rows, gemv_mma.row_chunks).
+        """The tensor-core tile for 17..64 rows (chunks of 16 rows, mma.row_chunks).
 
         Float activations: the chunk loop (11th session; one block serves every chunk of its 32
         channels, the weights decoded once, 4 K warps, 255 registers). H200, K=8192, N=8192 /
@@ -317,7 +319,7 @@ class GEMVHint:
         # 8-bit codes tie): 32 rows w4a8 g128 55.4 vs 60.1, w2a8 g128 51.3 vs 59.5, w4a8 per channel
         # 40.8 vs 44.5; 48 rows w4a8 per channel 52.0 vs 65.4.
         if plan.float_acts:
-            fits = plan.w.bits >= 2 and m <= 48 and not (_decoder(plan.w) == "lut4" and m <= 32)
+            fits = plan.w.bits >= 2 and m <= 48 and not (decoder(plan.w) == "lut4" and m <= 32)
         else:
             fits = plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48)
         if fits and _wide_layer(plan):
@@ -326,7 +328,7 @@ class GEMVHint:
 
     @classmethod
     def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
-        """The wgmma GEMV's tile for 9..64 rows on sm_90 (gemv_wgmma.py), where it measured faster
+        """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
         than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. H200, K=8192, µs,
         13th session (docs/benchmarks.md): N=28672,
         one warpgroup of 64 channels per block up to 40 rows, 128 channels above (40 rows 66.9 vs
@@ -347,7 +349,6 @@ class GEMVHint:
         54.2 / 61.1; 8-bit codes lose (w8a16 86.6 / 88.6 vs 72.0 / 74.0). From N=8192 2-bit codes
         take 4 warpgroups splitting K: w2a16 g128 8192^2 15.6 / 15.4 vs 20.2 / 23.6 (4-bit codes
         there keep the tensor-core GEMV: 15.0 / 17.2 vs ~19 for the wgmma GEMV at 17 rows)."""
-        from .gemv_wgmma import wgmma_gemv_unsupported
         m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
         wide = _wide_layer(plan)
         if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
@@ -385,10 +386,10 @@ _MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, 
 # N >= 16896)
 _MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
 # 17..64 rows (float and int8 activations): the chunk loop, one block of 32 channels x 4 K warps
-# serving every 16-row chunk (gemv_mma); 16 channels per warp lose by 2x (each block reads the
+# serving every 16-row chunk (mma); 16 channels per warp lose by 2x (each block reads the
 # activations of all rows, so half the channels per block read them twice as often)
 _MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
-# the wgmma GEMV (gemv_wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
+# the wgmma GEMV (wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
 # registers (up to 40 rows); 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups
 # splitting K (N < 16896)
 _WGMMA_WIDE = GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True)
@@ -414,71 +415,10 @@ def gemv_default_takes(plan, target=None) -> bool:
         return False
     if plan.m <= GEMV_MAX_ROWS:
         return True
-    sm = _target_info(target)[0]
+    sm = target_info(target)[0]
     if sm is not None and sm < 80:
         return False
     return plan.float_acts or plan.w.bits < 8 or plan.m <= 32
-
-
-def _f8_scales(plan) -> bool:
-    """Float activations with float8_e4m3 scale bytes (nvfp4), decoded per vector."""
-    return plan.config.A_dtype != "int8" and plan.config.with_scaling and plan.scale_dtype != plan.config.A_dtype
-
-
-_SMS = []
-
-
-def _num_sms() -> int:
-    """Multiprocessors of the local GPU (132, an H100/H200, when none is visible)."""
-    if not _SMS:
-        n = 132
-        try:
-            import torch
-            if torch.cuda.is_available():
-                n = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        except Exception:  # noqa: BLE001 - a broken driver must not stop code generation
-            pass
-        _SMS.append(int(n))
-    return _SMS[0]
-
-
-def _vec_bytes(plan, want: int = 0, group_vectors: int = 1) -> Optional[int]:
-    """Weight bytes per lane vector (``want``, or the largest of 16 / 8 / 4 that fits): at least
-    one 16-byte activation load of values, K a multiple of the values, <= 64 values unless asked,
-    and with group scales ``group_vectors`` vectors inside one group (the int8 tensor-core GEMV: 4,
-    one mma k-step of a lane quad)."""
-    c, b = plan.config, plan.w.bits
-    vmin = 8 if plan.float_acts else 16      # values per 16-byte activation load
-    for vb in ((want,) if want else (16, 8, 4)):
-        v = vb * 8 // b
-        if v < vmin or c.K % v or (not want and v > 64):   # <= 64 values per vector: registers
-            continue
-        if plan.groups > 1 and c.group_size % (group_vectors * v):
-            continue
-        return vb
-    return None
-
-
-def span_vectors(plan) -> Optional[tuple]:
-    """``(vec_bytes, n)`` for float activations whose default weight vector (:func:`_vec_bytes`)
-    holds more than 16 codes: the smallest vector the plan takes of at least 16 codes (2 bytes
-    per bit of code width), so that a lane's activations span 32 bytes and the four lanes of a
-    token row in the tensor-core GEMV load one 128-byte line per load, and ``n`` of them cover one
-    default vector. None otherwise."""
-    vb0 = _vec_bytes(plan)
-    if not plan.float_acts or vb0 is None:
-        return None
-    for vb in (4, 8, 16):
-        if vb >= 2 * plan.w.bits and _vec_bytes(plan, vb) is not None:
-            return (vb, vb0 // vb) if vb < vb0 else None
-    return None
-
-
-def decode_ops_per_weight(plan) -> float:
-    """Rough ALU instructions per weight of the decode (the tuner's cost model)."""
-    if not plan.float_acts:
-        return 0.5                           # int8 activations: lop3 / shift per 4 codes, prmt shared
-    return {"int": 1.5, "e2m1": 2.4, "lut4": 2.6, "e5m2": 1.5, "e4m3": 3.0}.get(_decoder(plan.w), 1.5)
 
 
 def gemv_unsupported(plan) -> Optional[str]:
@@ -488,21 +428,20 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "not a CUDA plan"
     if plan.m is None or not 1 <= plan.m <= GEMV_MMA_MAX_ROWS:
         return f"needs a static row count 1..{GEMV_MMA_MAX_ROWS}"
-    if c.A_dtype not in _ACT and c.A_dtype != "int8":
+    if c.A_dtype not in ACT and c.A_dtype != "int8":
         return f"A_dtype={c.A_dtype!r}: activations must be float16, bfloat16 or int8"
     if c.layout != "nt":
         return "layout must be 'nt'"
     if c.A_dtype == "int8":
         why = _int8_unsupported(plan)
         if why is None and plan.m > GEMV_MAX_ROWS:
-            from .gemv_mma_int8 import mma_int8_unsupported
             mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
             if mma_why:
                 why = f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows ({mma_why})"
         return why
-    if _decoder(plan.w) is None:
+    if decoder(plan.w) is None:
         return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
-    if plan.m > GEMV_MAX_ROWS and not _mma_decodable(plan.w):
+    if plan.m > GEMV_MAX_ROWS and not mma_decodable(plan.w):
         return f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows"
     if c.with_act_scaling:
         return "no activation scales"
@@ -510,7 +449,7 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "scales must have the activation dtype (or be float8_e4m3 bytes)"
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return "output must be float16, bfloat16 or float32"
-    if _vec_bytes(plan) is None:
+    if vec_bytes(plan) is None:
         return "K (and the group size) must be multiples of the values in one 4-byte weight vector (>= 8)"
     return None
 
@@ -527,240 +466,20 @@ def _int8_unsupported(plan) -> Optional[str]:
         return f"scale dtype {plan.scale_dtype!r}: int8 activations take float32 scales"
     if c.out_dtype not in ("float16", "bfloat16", "float32", "int32"):
         return f"out_dtype={c.out_dtype!r}: output must be float16, bfloat16, float32 or int32"
-    if _vec_bytes(plan) is None:
+    if vec_bytes(plan) is None:
         return (f"K={c.K} (and group_size={c.group_size}) must be multiples of the values in one weight vector "
                 f"(with int8 activations at least {max(16, 32 // plan.w.bits)} for {c.W_dtype})")
     return None
 
 
-# --------------------------------------------------------------------------------------------
-# CUDA helpers (device functions, inlined by nvcc), generated per format
-# --------------------------------------------------------------------------------------------
-# lop3 LUT of f(a, b, c) = b ? (a ^ c) : c  (b = field mask, c = sign bit inside the field, magic outside)
-_LUT_FIELD = _lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))
-
-
-def _field_plan(bits: int, mant: int):
-    """For each pair p of a 32-bit word (field p of the low and the high 16-bit half): the right
-    shift applied to the word and the bit position of the field afterwards (<= mant - bits, so
-    magic + field * 2**pos stays exact)."""
-    out, shift = [], None
-    for p in range(16 // bits):
-        off = p * bits
-        if shift is None or off - shift > mant - bits:
-            shift = off
-        out.append((shift, off - shift))
-    return out
-
-
-def _helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: str = "int", table=None,
-             half_pairs: bool = False):
-    """CUDA source of the helpers for one (activation dtype, weight format, vector size);
-    ``storage``: how the codes are stored (``plan.w_storage``: "offset", "twos", "plain"); ``dec``
-    and ``table`` from :func:`_decoder`: table decoders reuse the int path's activation and dot
-    helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
-    activations take the dp4a helpers of gemv_int8."""
-    if act == "int8":
-        return {**_load_helpers(nw), **_i8_helpers(tag, bits, storage, nw)}
-    src = _int_helpers(tag, act, bits, storage == "twos", nw, half_pairs)
-    if dec in ("e4m3", "e5m2") and half_pairs:
-        src[f"bb_dec_{tag}"] = _f8_pair_dec(tag, act, nw, dec)
-    elif dec != "int":
-        src[f"bb_dec_{tag}"] = _table_dec(tag, act, nw, dec, table)
-        if dec == "lut4":
-            src[f"bb_prep_{tag}"] = _prep_adjacent(tag, act, nw)
-        src["bb_e4m3f"] = _e4m3_scale_helper()
-    return src
-
-
-def _load_helpers(nw: int):
-    """The load helpers every kernel uses: ``nw`` words of packed weights (L1 not allocated),
-    16 bytes of activations, the cp.async ring's copy / commit / wait and its shared-memory read."""
-    src = {}
-    src[f"bb_ldw{nw}"] = {
-        4: r"""
-__device__ __forceinline__ void bb_ldw4(const void* p, unsigned* d) {
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p));
-}
-""", 2: r"""
-__device__ __forceinline__ void bb_ldw2(const void* p, unsigned* d) {
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(d[0]), "=r"(d[1]) : "l"(p));
-}
-""", 1: r"""
-__device__ __forceinline__ void bb_ldw1(const void* p, unsigned* d) {
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(d[0]) : "l"(p));
-}
-"""}[nw]
-    src["bb_lda"] = r"""
-__device__ __forceinline__ void bb_lda(const void* p, unsigned* d) {
-  uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
-}
-"""
-    return src
-
-
-def _byte_floats(j: int, twos: bool, dst, decl: str = ""):
-    """CUDA lines opening a block: the four bytes of word ``w[j]`` (``twos``, two's complement:
-    XOR-ed to offset-binary ``q + 128``) as exact float32 values minus ``c`` = 2**23 + off (``prmt``
-    into 2**23's mantissa), into ``dst(t)``."""
-    x = f"(w[{j}] ^ 0x80808080u)" if twos else f"w[{j}]"
-    return [f"  {{ unsigned x = {x};" + (f" {decl}" if decl else "")] + [
-        f"    {dst(t)} = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;" for t in range(4)]
-
-
-def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs: bool = False):
-    """``twos``: the codes are stored in two's complement (int8): the decoder XORs each field's
-    sign bit, giving the offset-binary field ``q + 2**(bits-1)`` that offset-binary codes (signed
-    1/2/4-bit weights) are stored as, and unsigned codes are taken as they are; the decode gives
-    ``field - off``. ``half_pairs``: 8-bit codes decoded to half pairs like the narrower codes (the
-    tensor-core GEMV's operand; float16 through the magic number, bfloat16 through float32), else
-    the float32 path of the rows kernel."""
-    ctype, t2, magic, mant, magic_f = _ACT[act]
-    src = _load_helpers(nw)
-    if bits == 8 and not half_pairs:
-        # float32 path: activations to float, bytes to float through 2**23, float32 FMAs
-        n_a = nw * 4
-        cvt = "__half2float" if act == "float16" else "__bfloat162float"
-        lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, float* af) {{",
-                 f"  const {ctype}* h = reinterpret_cast<const {ctype}*>(a);",
-                 "  float s0 = 0.f, s1 = 0.f;"]
-        for i in range(n_a):
-            lines.append(f"  af[{i}] = {cvt}(h[{i}]); s{i % 2} += af[{i}];")
-        lines += ["  return s0 + s1;", "}"]
-        src[f"bb_prep_{tag}"] = "\n" + "\n".join(lines) + "\n"
-        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{",
-                 "  const float c = 8388608.f + (float)off;"]
-        for j in range(nw):
-            lines += _byte_floats(j, twos, lambda t: f"d[{4 * j + t}]")
-            lines.append("  }")
-        lines.append("}")
-        src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
-        lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const float* d, const float* af) {{",
-                 "  float s0 = 0.f, s1 = 0.f;"]
-        for i in range(n_a):
-            lines.append(f"  s{i % 2} = fmaf(d[{i}], af[{i}], s{i % 2});")
-        lines += ["  return s0 + s1;", "}"]
-        src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
-        return src
-
-    n = 32 // bits          # values per 32-bit word
-    P = n // 2              # pairs per word
-    npairs = nw * P
-    fp = _field_plan(bits, mant)
-    nacc = 2 if act == "float16" else 4
-    cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
-    # prep: pair activation k (low half) with k + P (high half), as the decoded pairs are laid out
-    lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    for j in range(nw):
-        for p in range(P):
-            lo = j * n + p
-            hi = lo + P
-            sel = 0x7632 if p & 1 else 0x5410
-            lines.append(f"  ap[{j * P + p}] = __byte_perm(a[{lo // 2}], a[{hi // 2}], 0x{sel:x});")
-    # sum of the activations: half2 sums of 8 values, then float32
-    na = npairs        # u32 words of activations (2 values each)
-    lines.append("  float s = 0.f;")
-    for g in range(0, na, 4):
-        k = min(4, na - g)
-        terms = [f"*reinterpret_cast<const {t2}*>(&a[{g + t}])" for t in range(k)]
-        expr = terms[0]
-        for t in terms[1:]:
-            expr = f"__hadd2({expr}, {t})"
-        lines.append(f"  {{ float2 f = {cvt2}({expr}); s += f.x + f.y; }}")
-    lines += ["  return s;", "}"]
-    src[f"bb_prep_{tag}"] = "\n" + "\n".join(lines) + "\n"
-
-    # decode: d[pair] = (field ^ X) - off, exact, as half2/bfloat162 bits (X: the sign bit for two's complement)
-    magic2 = magic * 0x10001
-    lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
-             f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
-             f"  const {t2} z0 = *reinterpret_cast<const {t2}*>(&z0u);"]
-    poss = sorted({pos for _, pos in fp if pos})
-    for pos in poss:
-        # x * 2^-pos - (magic * 2^-pos + off) = field - off
-        lines.append(f"  const {t2} m{pos} = __float2{'half2' if act == 'float16' else 'bfloat162'}_rn({2.0 ** -pos!r}f);")
-        lines.append(f"  const {t2} c{pos} = __float2{'half2' if act == 'float16' else 'bfloat162'}_rn("
-                     f"-({magic_f * 2.0 ** -pos!r}f + (float)off));")
-    shifts = sorted({s for s, _ in fp})
-    for j in range(nw):
-        lines.append("  {")
-        for s in shifts:
-            lines.append(f"    const unsigned w{s} = w[{j}]" + (f" >> {s};" if s else ";"))
-        for p, (s, pos) in enumerate(fp):
-            field = ((1 << bits) - 1) << pos
-            b_const = field * 0x10001
-            sign = (1 << (pos + bits - 1)) if twos else 0
-            c_const = (sign * 0x10001) | (magic2 & ~b_const & 0xFFFFFFFF)
-            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{b_const:08x}, 0x{c_const:08x}, 0x{_LUT_FIELD:02x};\" "
-                         f": \"=r\"(x) : \"r\"(w{s}));")
-            if pos == 0:
-                lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
-            else:
-                lines.append(f"      {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&x), m{pos}, c{pos});")
-            lines.append(f"      d[{j * P + p}] = *reinterpret_cast<unsigned*>(&v); }}")
-        lines.append("  }")
-    lines.append("}")
-    src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    if bits > mant:      # 8-bit codes, bfloat16: through float32 (2**23 + byte), packed to pairs (exact: |q| <= 256)
-        lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{",
-                 "  const float c = 8388608.f + (float)off;"]
-        for j in range(nw):
-            lines += _byte_floats(j, twos, lambda t: f"f[{t}]", decl="float f[4];")
-            for p in range(2):               # pair p: bytes p and p + 2, as the activations are paired
-                lines.append(f"    {{ {t2} v = __floats2bfloat162_rn(f[{p}], f[{p + 2}]); "
-                             f"d[{2 * j + p}] = *reinterpret_cast<unsigned*>(&v); }}")
-            lines.append("  }")
-        lines.append("}")
-        src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
-
-    # the pair products: fma.rn.f16x2 / bf16x2 into nacc accumulators (pair q into q % nacc), as
-    # __hfma2 emits them, but DOT_FMAS_PER_ASM to an asm statement: one __hfma2 (an asm statement
-    # each) per pair made NVVM (cicc) spend minutes on kernels that inline many dot products in one
-    # block (8 channels per warp with the whole K in flight: 131 s -> 6 s of CPU, the same ptxas
-    # registers and spills); the accumulators start at 0 (the bits of __float2half2_rn(0.f))
-    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{",
-             "  unsigned " + ", ".join(f"a{k} = 0u" for k in range(nacc)) + ";"]
-    op = "fma.rn.f16x2" if act == "float16" else "fma.rn.bf16x2"
-    for q0 in range(0, npairs, DOT_FMAS_PER_ASM):
-        qs = range(q0, min(npairs, q0 + DOT_FMAS_PER_ASM))
-        body = [f"{op} %{q % nacc}, %{nacc + 2 * i}, %{nacc + 2 * i + 1}, %{q % nacc};" for i, q in enumerate(qs)]
-        ins = ", ".join(f'"r"(d[{q}]), "r"(ap[{q}])' for q in qs)
-        outs = ", ".join(f'"+r"(a{k})' for k in range(nacc))
-        text = "\\n\\t".join(body)
-        lines.append(f'  asm("{{{text}}}" : {outs} : {ins});')
-    for k in range(nacc):
-        lines.append(f"  const {t2} acc{k} = *reinterpret_cast<const {t2}*>(&a{k});")
-    if act == "float16":                      # one rounding more in half, one conversion instead of two
-        lines += ["  float2 f = __half22float2(__hadd2(acc0, acc1));", "  return f.x + f.y;", "}"]
-    else:                                     # bfloat16 sums stay float32 (8-bit mantissa)
-        lines.append("  float s = 0.f;")
-        for k in range(nacc):
-            lines.append(f"  {{ float2 f = {cvt2}(acc{k}); s += f.x + f.y; }}")
-        lines += ["  return s;", "}"]
-    src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    return src
-
-
-DOT_FMAS_PER_ASM = 8
-
-
-# --------------------------------------------------------------------------------------------
-# The kernel, as TVMScript text (its signature follows the plan's argument list)
-# --------------------------------------------------------------------------------------------
-def _fmt_float(x: float) -> str:
-    return f"T.float32({float(x)!r})"
-
-
-def _kernel_script(plan, hint: GEMVHint):
+def kernel_script(plan, hint: GEMVHint):
     c, w = plan.config, plan.w
     act = c.A_dtype
-    i8 = act == "int8"                      # int8 activations: dp4a (gemv_int8) or m16n8k32 (gemv_mma_int8)
+    i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # int8 tensor cores: the 4 vectors of a lane quad inside one group
-    VB = _vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.mma else 1)
+    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.mma else 1)
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
@@ -769,17 +488,17 @@ def _kernel_script(plan, hint: GEMVHint):
     NA = V // 4 if i8 else V // 2           # activation words (4 int8 / 2 float16 values) per vector
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
-    dec = _decoder(w)
+    dec = decoder(w)
     if i8:
         tag = f"i8_{'i' if signed else 'u'}{b}_v{VB}"
     elif dec == "int":
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
-    f32_path = _f32_path(plan, hint)
-    helpers = _helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
-    s_f8 = _f8_scales(plan)
-    dec_factor = _e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
+    f32_path = uses_f32_path(plan, hint)
+    helpers = format_helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
+    s_f8 = f8_scales(plan)
+    dec_factor = e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives field - off, field = q + x_shift (offset-binary)
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
@@ -794,7 +513,7 @@ def _kernel_script(plan, hint: GEMVHint):
         return repr(helpers[name])
 
     ap_dtype = "float32" if f32_path else "uint32"
-    ap_len = _prep_words(plan, hint, V)
+    ap_len = prep_words(plan, hint, V)
 
     L = []
     add = L.append
@@ -803,7 +522,7 @@ def _kernel_script(plan, hint: GEMVHint):
     add(f"def main({params}):")
     # the tensor-core kernels take their row count at run time (``mv``, 1..m: activation rows are
     # clamped on load, stores predicated), so one kernel serves every row count of its class
-    # (gemv_mma.row_class); the rows kernel unrolls over its rows and stays static
+    # (mma.row_class); the rows kernel unrolls over its rows and stays static
     rows = "mv" if hint.mma else m
     if hint.mma:
         add("    mv = T.int32()")
@@ -845,7 +564,7 @@ def _kernel_script(plan, hint: GEMVHint):
             s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
                       f"return_type='float32')")
         if dec_factor != 1.0:
-            s_expr = f"{s_expr} * {_fmt_float(dec_factor)}" if c.with_scaling else _fmt_float(dec_factor)
+            s_expr = f"{s_expr} * {fmt_float(dec_factor)}" if c.with_scaling else fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
         if quant_zeros:                        # z_raw: the code (zsrc), an int8 holding 0 .. 2**b - 1
             out += [f"{ind}ov[{idx}] = T.Cast('int32', {z_raw}) & 255", f"{ind}cv[{idx}] = T.float32(0)"]
@@ -919,119 +638,24 @@ def _kernel_script(plan, hint: GEMVHint):
     if why:
         raise ValueError(f"{hint}: {why}")
     if hint.wgmma:
-        from .gemv_wgmma import _body_wgmma
-        _body_wgmma(plan, hint, add, locals())
+        wgmma_body(plan, hint, add, locals())
     elif hint.mma and i8:
-        from .gemv_mma_int8 import _body_mma_int8
-        _body_mma_int8(plan, hint, add, locals())
+        mma_int8_body(plan, hint, add, locals())
     elif hint.mma:
-        from .gemv_mma import _body_mma      # lazily: gemv_mma imports this module's helpers
-        _body_mma(plan, hint, add, locals())
+        mma_body(plan, hint, add, locals())
     elif hint.k_warps:
-        from .gemv_ksplit import _body_ksplit
-        _body_ksplit(plan, hint, add, locals())
+        ksplit_body(plan, hint, add, locals())
     else:
-        from .gemv_rows import _body_rows
-        _body_rows(plan, hint, add, locals())
+        rows_body(plan, hint, add, locals())
     return "\n".join(L) + "\n"
-
-
-def _device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, wait=True):
-    """Kernel entry, grid (``grid`` blocks of ``threads``) and the weight registers of every GEMV
-    kernel: ``wq`` words (``slots`` + ``NW`` words per vector), raw scales ``sr`` (``sdt``) and
-    zeros ``zr`` (``zdt``) per vector. ``hint.pdl``: wait for the previous kernel in the stream
-    before any memory access (a plain launch's memory order holds), and let the next kernel launch
-    here if ``trigger`` (else the body calls :func:`_pdl_trigger` after its main loop: triggered
-    at entry, the next kernel's blocks take free slots early and unevenly; H200, 2-bit 1x8192^2
-    with 1-warp blocks: 12.5 vs 9.8 us)."""
-    add("    T.device_entry()")
-    if hint.min_blocks:
-        add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
-    if hint.pdl and wait:                     # else the body waits (after loads of what no kernel writes)
-        add("    T.ptx.griddepcontrol.wait()")
-    if trigger:
-        _pdl_trigger(add, hint)
-    add(f"    bx = T.cta_id([{grid}])")
-    add(f"    tx = T.thread_id([{threads}])")
-    sh = ", ".join(str(x) for x in slots)
-    add(f"    wq = T.alloc_local(({sh}, {NW}), 'uint32')")
-    if sdt:
-        add(f"    sr = T.alloc_local(({sh}), {sdt!r})")
-    if zdt:
-        add(f"    zr = T.alloc_local(({sh}), {zdt!r})")
-
-
-def _pdl_trigger(add, hint):
-    if hint.pdl:
-        add("    T.ptx.griddepcontrol.launch_dependents()")
-
-
-def _reduce_k_warps(add, KW: int, idx: str, extents: str, acc: str, slot) -> str:
-    """The ``KW`` K warps (warpgroups) of a block meet in shared memory: all but the first store
-    their accumulators ``acc`` (element text over the loop indices ``idx`` with ``extents``) at
-    ``slot(k)`` (the element text of K warp ``k``, an index text), the first adds them up; returns
-    the indent under which the first goes on (to its store)."""
-    add("    if kw > 0:")
-    add(f"        for {idx} in T.grid({extents}):")
-    add(f"            {slot('kw - 1')} = {acc}")
-    add("    T.cuda.cta_sync()")
-    add("    if kw == 0:")
-    add(f"        for {idx} in T.grid({extents}):")
-    tot = " + ".join(slot(str(k)) for k in range(KW - 1))
-    add(f"            {acc} = {acc} + {tot}")
-    return "        "
-
-
-def _steps(nit: int, unroll: int):
-    """(vectors per lane and step, steps): the largest unroll <= ``unroll`` that divides ``nit``."""
-    u = max(x for x in range(1, max(1, min(unroll, nit)) + 1) if nit % x == 0)
-    return u, nit // u
-
-
-def _step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False):
-    """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
-    register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
-    ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
-    s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant).
-    ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop.
-    ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source)."""
-    loop = "T.unroll" if unroll else "T.serial"
-    if ST == 1:
-        if after_prologue:
-            after_prologue()
-        add(f"    for st in {loop}({NS}):")
-        load("        ", "st", 0)
-        process("        ", "st", 0)
-        return
-    for s0 in range(min(ST - 1, NS)):
-        load("    ", str(s0), s0)
-    if after_prologue:
-        after_prologue()
-    NO = -(-NS // ST)                         # outer iterations; the last one may be partial
-    add(f"    for s2 in {loop}({NO}):")
-    for j in range(ST):
-        ind = "        "
-        cur = f"s2 * {ST} + {j}" if j else f"s2 * {ST}"
-        if (NO - 1) * ST + j >= NS:           # step s2*ST+j runs past NS in the last iteration
-            add(f"{ind}if {cur} < {NS}:")
-            ind += "    "
-        nxt = f"s2 * {ST} + {j + ST - 1}"
-        if (NO - 1) * ST + j + ST - 1 >= NS:
-            add(f"{ind}if {nxt} < {NS}:")
-            load(ind + "    ", nxt, (j + ST - 1) % ST)
-        else:
-            load(ind, nxt, (j + ST - 1) % ST)
-        process(ind, cur, j)
 
 
 def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
     else why not."""
     if hint.wgmma:
-        from .gemv_wgmma import wgmma_gemv_unsupported
         return wgmma_gemv_unsupported(plan, hint)
     if not plan.float_acts and hint.mma:
-        from .gemv_mma_int8 import mma_int8_unsupported
         return mma_int8_unsupported(plan, hint)
     if not plan.float_acts and hint.k_warps:
         return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the tensor-core "
@@ -1053,38 +677,6 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
 ACT_SMEM_MAX_BYTES = 48 * 1024      # static shared memory of one block
 
 
-def _f32_path(plan, hint: GEMVHint) -> bool:
-    """8-bit codes with float activations on the rows / k-split kernels: decoded to float32, the
-    activations converted to float32 (the tensor-core kernel takes 8-bit codes as half pairs)."""
-    return plan.w.bits == 8 and plan.float_acts and not hint.mma
-
-
-def _prep_words(plan, hint: GEMVHint, V: int) -> int:
-    """4-byte words of prepared (paired) activations per weight vector of ``V`` values: one
-    float32 per value on the float32 path, else two float16 / bfloat16 or four int8 values."""
-    if _f32_path(plan, hint):
-        return V
-    return V // 2 if plan.float_acts else V // 4
-
-
-def keeps_act_sum(plan) -> bool:
-    """Whether the rows kernel uses each vector's activation sum from the prep (float zero points;
-    int8 activations: the dp4a chain's start), so that a staged row keeps it too."""
-    c = plan.config
-    return not plan.float_acts or (c.with_zeros and c.zeros_mode != "quantized")
-
-
-def act_smem_bytes(plan, hint: GEMVHint) -> Optional[int]:
-    """Shared memory of the rows kernel's staged activation row (``hint.act_smem``): the prepared
-    activations of every vector position (:func:`_prep_words`) and, where the kernel uses them
-    (:func:`keeps_act_sum`), one 4-byte sum per position; None if the hint's vector does not fit."""
-    vb = _vec_bytes(plan, hint.vec_bytes)
-    if vb is None:
-        return None
-    V = vb * 8 // plan.w.bits
-    return -(-(plan.config.K // V) // 32) * 32 * 4 * (_prep_words(plan, hint, V) + keeps_act_sum(plan))
-
-
 def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if hint.mma or hint.k_warps:
         return "act_smem=True is a rows-kernel option (mma=False, k_warps=0)"
@@ -1097,35 +689,6 @@ def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     return None
 
 
-def mma_gemv_unsupported(plan, hint: GEMVHint) -> Optional[str]:
-    """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
-    if not plan.float_acts:
-        return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
-    if not _mma_decodable(plan.w):
-        return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
-                "half pairs")
-    from .gemv_mma import chunk_loop_unsupported
-    return mma_tile_unsupported(hint) or chunk_loop_unsupported(plan, hint)
-
-
-def mma_tile_unsupported(hint: GEMVHint) -> Optional[str]:
-    """The tile limits both tensor-core GEMVs (float and int8 activations) share."""
-    if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
-        return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
-    if hint.k_warps > 8:
-        return f"k_warps={hint.k_warps}: at most 8 warps split K"
-    return None
-
-
-def _mma_decodable(w) -> bool:
-    """Weights whose decoder yields float16/bfloat16 pairs (what the mma consumes): 8-bit codes
-    through the float16 magic number (10-bit mantissa) or, for bfloat16, through float32."""
-    dec = _decoder(w)
-    if w.bits == 8:
-        return dec in ("int", "e4m3", "e5m2")
-    return w.bits <= 4 and dec in ("int", "e2m1", "lut4")
-
-
 def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None):
     """IRModule of the GEMV kernel for ``plan`` (``func``, the TensorIR of the plan, is not used:
     the kernel is written directly). The module carries ``TIRX_PIPELINE_ATTR`` so the build uses
@@ -1135,7 +698,7 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if why:
         raise ValueError(f"GEMV template does not take this plan: {why}")
     hint = hint or GEMVHint.default(plan, target)
-    sm = _target_info(target)[0]
+    sm = target_info(target)[0]
     if hint.pdl and (sm is None or sm < 90):
         raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); "
                          f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
@@ -1143,7 +706,7 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
         raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); "
                          f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
     from tvm.script import tirx as T
-    text = _kernel_script(plan, hint)
+    text = kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
 
     def pdl(f, dyn_smem=False):
@@ -1153,8 +716,6 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
         return f.with_attr("tirx.kernel_launch_params",
                            tags + ["tirx.use_dyn_shared_memory"] * dyn_smem) if hint.pdl else f
     if hint.wgmma:   # the main kernel (dynamic shared memory) launches while the permute kernel runs
-        from .cuda_wgmma import WGMMA_ARCH_ATTR
-        from .gemv_wgmma import permute_script
         perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
         mod = tvm.IRModule({"main": pdl(prim, dyn_smem=True), "permute": perm})
         return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")

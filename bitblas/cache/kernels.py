@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 from .. import env
 from ..plan import Plan
 from . import database as _db
+from .paths import get_database
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ def kernel_key(plan: Plan, hint, tdesc: dict) -> dict:
 
 
 def _database():
-    from . import get_database
     return get_database()
 
 

@@ -39,6 +39,7 @@ from typing import Optional
 from .._tvm import tvm
 from ..ir.matmul import decode_code, scale_value, zero_value
 from .cpu import largest_divisor as _divisor
+from .target import host_cpu_target
 
 __all__ = ["CPUGemvHint", "cpu_gemv_unsupported", "schedule_cpu_gemv", "vector_lanes"]
 
@@ -56,8 +57,7 @@ def _target_lanes(target_str: str) -> int:
 def vector_lanes(target=None) -> int:
     """float32 lanes of the target's widest SIMD register (AVX-512: 16, AVX2: 8, NEON / SSE: 4)."""
     if target is None:
-        from ..build import cpu_target
-        target = cpu_target()
+        target = host_cpu_target()
     return _target_lanes(str(target))
 
 
@@ -108,8 +108,7 @@ def _permute_lookup(plan, L: int, target=None):
     if w.kind != "table" or len(w.table) != 16:
         return None
     if target is None:
-        from ..build import cpu_target
-        target = cpu_target()
+        target = host_cpu_target()
     has = lambda f: bool(tvm.target.codegen.target_has_features(f, target))  # noqa: E731
     from tvm import tirx
     if L == 16 and has("avx512f"):

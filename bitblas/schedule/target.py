@@ -1,10 +1,14 @@
-"""Facts of the CUDA target the schedules read, and the module attributes they hand the build.
+"""Facts of the target the schedules read, and the module attributes they hand the build.
 
-A leaf: imports nothing from bitblas.
+A leaf: imports nothing from bitblas but its TVM handle.
 """
 from __future__ import annotations
 
-__all__ = ["target_info", "num_sms", "TIRX_PIPELINE_ATTR", "WGMMA_ARCH_ATTR"]
+import os
+
+from .._tvm import tvm
+
+__all__ = ["target_info", "num_sms", "host_cpu_target", "TIRX_PIPELINE_ATTR", "WGMMA_ARCH_ATTR"]
 
 TIRX_PIPELINE_ATTR = "bitblas.tir_pipeline"   # module attribute: compile with tir_pipeline="tirx"
 WGMMA_ARCH_ATTR = "bitblas.arch"              # module attribute: compile for this arch (sm_90a)
@@ -37,3 +41,9 @@ def num_sms() -> int:
             pass
         _SMS.append(int(n))
     return _SMS[0]
+
+
+def host_cpu_target():
+    """LLVM target for this machine's CPU (its own instruction set extensions, all cores)."""
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1})

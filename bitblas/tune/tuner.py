@@ -415,7 +415,7 @@ def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) 
     1024 rows). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
     fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
     from ..build import cuda_target
-    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
+    from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
     if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
         return None
     tgt = cuda_target(target)

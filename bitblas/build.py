@@ -201,7 +201,7 @@ def lower_plan(plan: Plan, hint=None, target=None):
     return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
 
 
-def _compile(mod, tgt):
+def compile_module(mod, tgt):
     """tvm.compile; modules of hand-written TIRx kernels (GEMV, wgmma) say so by attributes: the
     tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
     from .schedule.target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
@@ -237,7 +237,7 @@ def compile_plan(plan: Plan, target=None, hint=None):
     try:
         mod = lower_plan(plan, hint, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
         from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
         if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint, WGMMAHint)):
@@ -245,7 +245,7 @@ def compile_plan(plan: Plan, target=None, hint=None):
         logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
         mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     return ex
 
 
@@ -256,7 +256,7 @@ def cuda_source(plan: Plan, target=None, hint=None) -> str:
     tgt = cuda_target(target)
     mod = lower_plan(plan, hint, tgt)
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        ex = _compile(mod, tgt)
+        ex = compile_module(mod, tgt)
     return ex.mod.imports[0].inspect_source()
 
 

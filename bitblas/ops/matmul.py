@@ -490,7 +490,7 @@ class Matmul(BitBLASOperatorAPI):
         from ..hardware import query_device
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
-        from ..tune.tuner import _weight_copies
+        from ..tune.tuner import weight_copies
         c = self._kc
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
@@ -503,7 +503,7 @@ class Matmul(BitBLASOperatorAPI):
             self(**inputs, output=out)
         plan, fn = self._kernel("cuda" if cuda else "cpu", m)
         spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
-        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
+        return time_kernel(fn, weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
                                 force: bool = False, progress: Optional[bool] = None, **bounds) -> dict:

@@ -328,11 +328,11 @@ _DEC_LOCK = threading.Lock()
 
 
 def _compile_decode(K: int, target):
-    from ..build import PASS_CONFIG, _compile
+    from ..build import PASS_CONFIG, compile_module
     from .._tvm import tvm
     from ..schedule.nvfp4 import decode_module
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        return _compile(decode_module(K, target), target)
+        return compile_module(decode_module(K, target), target)
 
 
 def build_decode(K: int, target):

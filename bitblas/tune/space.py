@@ -81,7 +81,7 @@ def _mma(config, spec) -> List[Candidate]:
                 hint.check()
             except ValueError:
                 continue
-            if cuda_mma._copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
+            if cuda_mma.copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
                 continue
             out.append(Candidate(rows, hint))
     return out

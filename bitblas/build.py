@@ -25,7 +25,8 @@ from .schedule.target import host_cpu_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+__all__ = ["cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads", "physical_cores",
+           "cpu_llc_bytes", "cuda_target", "build_plan",
            "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 

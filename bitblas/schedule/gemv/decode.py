@@ -3,7 +3,10 @@
 For each rule, a function gives the constants (shifts, masks, ``lop3`` truth tables, ``prmt``
 selectors, table registers) that both the CUDA generator (:func:`table_dec`) and the CPU tests
 (testing/test_gemv_decode.py, through :func:`_emu_lop3` / :func:`_emu_prmt`) use, so the tests
-check the very program the kernels run. Why each rule looks as it does: template.py's docstring.
+check the very program the kernels run. Why each rule looks as it does: emit.py's and template.py's
+docstrings.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 

@@ -5,6 +5,51 @@ vector, the float32 path of 8-bit codes, the staged activation row's size), the 
 helpers of a (activation dtype, weight format, vector) (load, decode, dot product; the table and
 int8 decoders come from :mod:`.decode` and :mod:`.int8`) and the TVMScript lines of the kernel
 entry, the step loop and the K-warp reduction. Imports no kernel body and not the template.
+
+Decode: two values at a time into half2/bfloat162 with the magic-number trick: one ``lop3``
+places a b-bit field (signed codes: offset-binary, ``q + 2**(b-1)``, as they are stored; int8 ones
+XOR-ed to it) in the low mantissa bits of 1024.0 (128.0 for bfloat16), one ``hsub2``/``hfma2``
+removes the magic and an integer offset exactly, one
+``hfma2`` multiplies with the activation pair (activations are paired with ``prmt`` to match).
+8-bit weights decode to float32 (``prmt`` into 2**23) and use float32 FMAs. The dot product over
+one vector accumulates in half2 (float16: 2, bfloat16: 4 independent accumulators), then in
+float32 with the group scale. The integer offset centres the codes (2**(b-1) for signed codes, the
+zero-point code, the rounded float zero point); the float remainder of a zero point is applied
+through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
+
+Table formats (:func:`decoder` picks the rule from the format's table, not its name); the group
+scale stays a float32 multiply after the dot product, as for int codes:
+
+* e2m1 (fp4_e2m1, nvfp4): per pair, one shifted copy of the word gives the magnitude bits
+  (e1 e0 m) at the lowest exponent bits and the top mantissa bit (``lop3`` masks them), another
+  gives the sign bit at bit 15 (``lop3`` merges it); the half is then the e2m1 value times
+  2**-14 (bfloat16: 2**-126), e = 0 landing on a subnormal, and one ``hmul2`` by 2**14 (2**126)
+  makes it exact. ~2.4 instructions per weight (7 shifts, 8 lop3, 4 hmul2 per 8 codes);
+* nf4 and any other 4-bit table: the 16 half (bfloat16) patterns live in eight registers (low and
+  high bytes of entries 0..7 and 8..15); ``prmt`` with the codes & 7 as selector nibbles looks up
+  four bytes at once, ``prmt`` in sign mode on the code word makes the bit-3 byte mask, ``lop3``
+  selects, two ``prmt`` interleave low / high bytes into half2 of adjacent codes: 21 instructions
+  per 8 codes (~2.6 per weight), all ALU. The alternative, a 256-entry half2 table in shared
+  memory indexed by a whole byte, needs ~1.5 instructions per weight but one LDS per 2 weights:
+  shared-memory loads issue at a quarter of the ALU rate and random bytes conflict on the banks
+  (~3.5 wavefronts per warp load): by that estimate (not measured) several times slower than
+  the registers, at a rate the 4-bit GEMV needs to keep up with DRAM;
+* float8 weights take the float32 path of 8-bit codes (their values reach 448 / 57344, beyond a
+  half2 dot product): e5m2 is the high byte of a half (one ``prmt`` per 2 weights, inf / NaN
+  included); e4m3 places the magnitude at bits 7..13 (``prmt`` into the high byte, shift right
+  by one, the sign merged by ``lop3``), a subnormal half for e = 0, and the 2**8 of the bias
+  difference is folded into the float32 scale; the halves are converted to float32 (exact, also
+  for bfloat16 activations), one FFMA each. ~1.5 (e5m2) and ~3 (e4m3) instructions per weight
+  including the conversion. e4m3fn's NaN codes 0x7f / 0xff decode to +-480 (the quantizers
+  never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights.
+  The tensor-core kernel (2..16 rows) takes float8 and int/uint 8-bit codes as half pairs
+  instead (fp32 accumulation in the mma): float8 as above with the 2**8 applied to the pair,
+  8-bit ints through the 1024 magic (float16) or through float32 (bfloat16);
+* nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is
+  decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
+  result before the bias.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
@@ -346,8 +391,7 @@ def device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, w
     zeros ``zr`` (``zdt``) per vector. ``hint.pdl``: wait for the previous kernel in the stream
     before any memory access (a plain launch's memory order holds), and let the next kernel launch
     here if ``trigger`` (else the body calls :func:`pdl_trigger` after its main loop: triggered
-    at entry, the next kernel's blocks take free slots early and unevenly; H200, 2-bit 1x8192^2
-    with 1-warp blocks: 12.5 vs 9.8 us)."""
+    at entry, the next kernel's blocks take free slots early and unevenly, which measured slower)."""
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')

@@ -26,6 +26,8 @@ weights take ``dp4a.s32.s32`` on the raw words, uint8 ones ``dp4a.u32.s32``.
 The CPU tests (testing/test_gemv_decode.py) run the generated helper source itself through a
 small interpreter (``prmt`` / ``lop3`` / ``dp4a`` on Python ints, :func:`_emu_prmt` /
 :func:`_emu_lop3`) and compare every byte value of every position with the format's decode.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 

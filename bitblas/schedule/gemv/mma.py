@@ -7,6 +7,8 @@ and channel tile, each chunk's block the 16-row kernel (the chunks after the fir
 channel tile's weights from L2 and decode them again). The decode, scale and store lines come from
 template.py's ``kernel_script`` (its locals, ``e``); which plans it takes:
 :func:`mma_gemv_unsupported`.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
@@ -73,10 +75,9 @@ def body(plan, hint, add, e):
     ``V`` codes feeds ``V / 4`` k16 steps of two channels, i.e. ``V / 8`` mma per lane-vector
     pair (alternating between two accumulator sets, two independent mma chains); group scales and
     float zero points are applied to the decoded pairs (``hfma2(d, s, c)``, float16 / bfloat16
-    weights as the mma consumes them), a per-channel scale to the float32 sum at the store (H200
-    N=K=8192, w8a16 per channel, m=4/8/16: 20.2/20.0/23.5 us vs 19.9/20.4/24.3 on the pairs; a
-    fresh tile per group step promoted with the group scale, as the int8 kernel does, lost:
-    W4A16 g128 17.8/18.4/22.1 vs 14.7/15.1/19.2 us). Any decoder that yields half pairs works the
+    weights as the mma consumes them), a per-channel scale to the float32 sum at the store (as
+    fast as on the pairs; a fresh tile per group step promoted with the group scale, as the int8
+    kernel does, measured slower). Any decoder that yields half pairs works the
     same way: int/uint 1/2/4/8-bit, float8, fp4_e2m1 / nvfp4 (float8 scale bytes decoded per
     vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
     shared memory; blocks own ``rows_per_warp`` channels (multiples of 16). Out-of-range rows are

@@ -38,6 +38,8 @@ scales: each vector step's int32 tile (the 4 lanes' vectors, 4 V consecutive K p
 promoted ``acc += float(partial) * scale[channel, group] * 2**-(8-b)``; that needs the 4 V
 positions inside one group (``group_size % (4 V) == 0``; :func:`mma_i8_vec_bytes` picks a vector
 width that gives it, or refuses).
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 

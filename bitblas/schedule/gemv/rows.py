@@ -2,8 +2,8 @@
 ``mma=False``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors
 of packed weights (one warp pass over a row reads 512 contiguous bytes), ``unroll`` vectors per row
 per step. ``stages`` register slots of weights form a ring: the loads of ``stages - 1`` steps are
-in flight while a step is decoded (on the H200 the default, 2 slots of 4 vectors, beat every
-smaller step with a deeper ring: docs/benchmarks.md). Each lane's sums are warp-reduced and one
+in flight while a step is decoded (the default, 2 slots of 4 vectors, measured faster than every
+smaller step with a deeper ring). Each lane's sums are warp-reduced and one
 lane stores each output.
 
 ``act_smem`` (one activation row): the block first stages the whole row in shared memory, each
@@ -14,7 +14,9 @@ instead of re-reading the activations through L1 (a lane's 64 bytes lie 64 bytes
 neighbour's: 16 L1 wavefronts per load instead of 4) and pairing them with ``prmt`` per step.
 
 The decode, scale and store lines come from template.py's ``kernel_script`` (its locals, ``e``);
-the decode and the int8 (dp4a) path: template.py's docstring.
+the decode and the int8 (dp4a) path: emit.py's and template.py's docstrings.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
@@ -150,10 +152,9 @@ def body(plan, hint, add, e):
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
     device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
-    # interleaved decode and dot (H200, m=1, µs): 8 channels per warp spill registers without it
-    # (N=28672: 30.1-30.3 with, default 4 channels 30.4); the nf4 table decoder gains (8192: 17.4
-    # -> 17.0, 28672 53.4 -> 53.3-53.4); W4A16 with 4 channels gains nothing (9.57 both; 28672
-    # 30.0 -> 30.2-30.7), so the default keeps the decoded vectors of all rows
+    # interleaved decode and dot: 8 channels per warp spill registers without it; the nf4 table
+    # decoder gains a little; int codes with 4 channels gain nothing, so they keep the decoded
+    # vectors of all rows
     il = not e["i8"] and (R >= 8 or e["dec"] == "lut4")
     _row_locals(add, e, R, m, WARPS, interleave=il)
     if hint.act_smem:                         # m == 1 (gemv_hint_unsupported)

@@ -13,52 +13,13 @@ device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen
 * k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
   activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
 
-The rows kernel's body is in rows.py, the k-split one in ksplit.py, the tensor-core ones
-(``mma=True``) in mma.py and mma_int8.py; the load, decode, scale and store lines they
-all use are generated here (``kernel_script``).
+This module holds the hint, which plans and hints the template takes, the default hint, and the
+dispatch from a hint to its kernel body: rows.py (``k_warps=0``), ksplit.py (``k_warps>0``), mma.py
+and mma_int8.py (``mma=True``), wgmma.py (``wgmma=True``). :func:`kernel_script` generates the
+per-plan load, decode, scale and store lines they all use (its locals, ``e``); the CUDA helpers
+and shared emit lines come from emit.py.
 
-Decode: two values at a time into half2/bfloat162 with the magic-number trick: one ``lop3``
-places a b-bit field (signed codes: offset-binary, ``q + 2**(b-1)``, as they are stored; int8 ones
-XOR-ed to it) in the low mantissa bits of 1024.0 (128.0 for bfloat16), one ``hsub2``/``hfma2``
-removes the magic and an integer offset exactly, one
-``hfma2`` multiplies with the activation pair (activations are paired with ``prmt`` to match).
-8-bit weights decode to float32 (``prmt`` into 2**23) and use float32 FMAs. The dot product over
-one vector accumulates in half2 (float16: 2, bfloat16: 4 independent accumulators), then in
-float32 with the group scale. The integer offset centres the codes (2**(b-1) for signed codes, the
-zero-point code, the rounded float zero point); the float remainder of a zero point is applied
-through the sum of the activations of the vector: ``s * sum(a * (q - z)) = s * dot + s * (o - z) * sum(a)``.
-
-Table formats (:func:`decoder` picks the rule from the format's table, not its name); the group
-scale stays a float32 multiply after the dot product, as for int codes:
-
-* e2m1 (fp4_e2m1, nvfp4): per pair, one shifted copy of the word gives the magnitude bits
-  (e1 e0 m) at the lowest exponent bits and the top mantissa bit (``lop3`` masks them), another
-  gives the sign bit at bit 15 (``lop3`` merges it); the half is then the e2m1 value times
-  2**-14 (bfloat16: 2**-126), e = 0 landing on a subnormal, and one ``hmul2`` by 2**14 (2**126)
-  makes it exact. ~2.4 instructions per weight (7 shifts, 8 lop3, 4 hmul2 per 8 codes);
-* nf4 and any other 4-bit table: the 16 half (bfloat16) patterns live in eight registers (low and
-  high bytes of entries 0..7 and 8..15); ``prmt`` with the codes & 7 as selector nibbles looks up
-  four bytes at once, ``prmt`` in sign mode on the code word makes the bit-3 byte mask, ``lop3``
-  selects, two ``prmt`` interleave low / high bytes into half2 of adjacent codes: 21 instructions
-  per 8 codes (~2.6 per weight), all ALU. The alternative, a 256-entry half2 table in shared
-  memory indexed by a whole byte, needs ~1.5 instructions per weight but one LDS per 2 weights:
-  shared-memory loads issue at a quarter of the ALU rate and random bytes conflict on the banks
-  (~3.5 wavefronts per warp load): by that estimate (not measured) several times slower than
-  the registers, at a rate the 4-bit GEMV needs to keep up with DRAM;
-* float8 weights take the float32 path of 8-bit codes (their values reach 448 / 57344, beyond a
-  half2 dot product): e5m2 is the high byte of a half (one ``prmt`` per 2 weights, inf / NaN
-  included); e4m3 places the magnitude at bits 7..13 (``prmt`` into the high byte, shift right
-  by one, the sign merged by ``lop3``), a subnormal half for e = 0, and the 2**8 of the bias
-  difference is folded into the float32 scale; the halves are converted to float32 (exact, also
-  for bfloat16 activations), one FFMA each. ~1.5 (e5m2) and ~3 (e4m3) instructions per weight
-  including the conversion. e4m3fn's NaN codes 0x7f / 0xff decode to +-480 (the quantizers
-  never write them); ``cvt.rn.f16x2.e4m3x2`` (sm_89+) would be one instruction per 2 weights.
-  The tensor-core kernel (2..16 rows) takes float8 and int/uint 8-bit codes as half pairs
-  instead (fp32 accumulation in the mma): float8 as above with the 2**8 applied to the pair,
-  8-bit ints through the 1024 magic (float16) or through float32 (bfloat16);
-* nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is
-  decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
-  result before the bias.
+How each format decodes: emit.py's docstring.
 
 int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3 rows
 (4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
@@ -75,6 +36,8 @@ so summing a whole group in int32 first would need groups of >= 32 vectors).
 
 :func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
 tensor-core) schedule.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
@@ -125,28 +88,23 @@ class GEMVHint:
     @classmethod
     def default(cls, plan, target=None) -> "GEMVHint":
         """The default kernel shape (:meth:`_default_shape`); on sm_90+ targets with programmatic
-        dependent launch (H200, back-to-back calls, W4A16 1x8192^2: 10.3 -> 9.6 us; the launch
-        and ramp of one kernel overlap the previous one's tail)."""
+        dependent launch (the launch and ramp of one kernel overlap the previous one's tail)."""
         hint = cls._default_shape(plan, target)
         sm = target_info(target)[0]
         return dataclasses.replace(hint, pdl=True) if sm is not None and sm >= 90 else hint
 
     @classmethod
     def _default_shape(cls, plan, target=None) -> "GEMVHint":
-        """Measured on the H200 (W4A16 uint4 g128, N=8192/28672, K=8192, CUDA graphs over weight
-        copies; docs/benchmarks.md): at m=1 one-warp blocks of 4 rows with the next step in flight
-        (11.0 / 32.6 µs; the tensor-core kernel: 14.5 / 42.6; 8th session, with the 2-blocks-per-SM
-        tiles: 9.67 / 30.74 vs 11.31 / 38.73); from m=2 the tensor-core kernel wins (8th session,
-        m=2: 11.91 vs 13.22, 39.36 vs 42.96; 1-, 2-bit, nf4, fp4, nvfp4 and bfloat16 zero points
-        13-42% faster; 8-bit codes within 4% either way), from m=3 by 2-4x (m=8: 15.5 vs 42.4, 49.2
-        vs 136; m=16: 19.7 vs 77.3, 60.7 vs 265). Base tiles: 32 channels per block and 8 warps
-        splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64 channels above;
-        :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. The tensor-core kernel needs
-        a decoder that yields half pairs (every float-activation format) and sm_80+ (``target``: the
-        CUDA Target, None = assume sm_80+). int8 activations: from 3 rows (group-scaled 4-bit codes
-        4, 8-bit codes 5 with group scales and 6 without) the m16n8k32 tensor-core kernel
-        (mma_int8) where it takes the plan (group sizes holding 4 weight vectors), else the
-        rows kernel."""
+        """One row: the rows kernel (:meth:`_staged_row` where staging the row in shared memory
+        wins, else small blocks under launch bounds). From 2 rows the tensor-core kernel, which
+        needs a decoder that yields half pairs (every float-activation format) and sm_80+
+        (``target``: the CUDA Target, None = assume sm_80+). Base tiles (:meth:`_mma_base`): 32
+        channels per block and 8 warps splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64
+        channels above; :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. int8
+        activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
+        without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
+        holding 4 weight vectors), else the rows kernel. Above 16 rows :meth:`_chunk_tile`; on
+        sm_90 :meth:`_wgmma_tile` first, where it applies."""
         m = plan.m or 1
         sm = target_info(target)[0]
         wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
@@ -158,12 +116,9 @@ class GEMVHint:
             mma = cls._mma_base(plan, m)
             if plan.float_acts and mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
-            # int8: m16n8k32 (mma_int8) under 2 blocks per SM vs the dp4a rows kernel (H200,
-            # K=8192, N=8192 / 28672, µs, 8th session, docs/benchmarks.md): 1-, 2-bit and per-channel
-            # 4-bit codes from 3 rows (w2a8-g128 m=3 8.1 vs 12.6, 27.9 vs 32.2; w4a8-chan 10.5 vs 11.4,
-            # 32.9 vs 33.5), group-scaled 4-bit from 4 (m=3 11.0 vs 10.7; m=4 10.9 vs 12.2, 35.5 vs
-            # 38.4), group-scaled 8-bit from 5 (m=5 19.3 vs 26.6, 64.4 vs 63.6), per-channel 8-bit
-            # from 6 (m=5 20.0 vs 18.9, 65.0 vs 57.9; m=6 20.1 vs 25.7, 64.6 vs 60.6)
+            # int8: m16n8k32 (mma_int8) under 2 blocks per SM beats the dp4a rows kernel from 3 rows
+            # for 1-, 2-bit and per-channel 4-bit codes, from 4 for group-scaled 4-bit codes, from 5
+            # for group-scaled 8-bit codes, from 6 for per-channel 8-bit codes
             if plan.w.bits == 8:
                 first = 5 if plan.groups > 1 else 6
             else:
@@ -176,18 +131,16 @@ class GEMVHint:
         if staged:
             return staged
         if m <= 2 and decoder(plan.w) != "lut4":
-            # launch bounds of 8 blocks per SM let ptxas keep ~107 instead of 68 registers, so
-            # more weight loads stay in flight (W4A16 1x8192^2: 11.1 -> 10.4 us); 2-bit weights want
-            # 8 channels per warp (14.9 -> 10.3 us), 8-bit and nvfp4 2 channels in 2-warp blocks
-            # (w8a16: 28.0 -> 18.7 us); the nf4 table decoder is faster without (18.4 vs 19.5)
-            if plan.w.bits <= 2:              # 2-warp blocks: 10.1 -> 9.7 us (28672: 28.9 -> 25.4)
+            # launch bounds of 8 blocks per SM let ptxas keep more registers, so more weight loads
+            # stay in flight; 2-bit weights want 8 channels per warp in 2-warp blocks, 8-bit and
+            # nvfp4 2 channels; the nf4 table decoder is faster without launch bounds
+            if plan.w.bits <= 2:
                 return cls(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
             if plan.w.bits == 8 or (vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
                 return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
             return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
         if m <= 4:
-            # int8 x per-channel 8-bit codes without the next step in flight (H200, m=3/4: 21.1 ->
-            # 18.5, 22.8 -> 18.6 µs; N=28672: 59.1 -> 55.2, 61.1 -> 55.8)
+            # int8 x per-channel 8-bit codes: faster without the next step in flight
             i8_chan8 = not plan.float_acts and plan.w.bits == 8 and plan.groups == 1
             return cls(rows_per_warp=4, warps=1, unroll=4, stages=1 if i8_chan8 else 2)
         if m <= 8:
@@ -197,20 +150,12 @@ class GEMVHint:
     @classmethod
     def _staged_row(cls, plan) -> Optional["GEMVHint"]:
         """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
-        rows.py; 15th session) where it measured faster, else None. 8-warp blocks under 4
-        blocks per SM (<= 64 registers, 32 warps per SM: twice the warps of the register-bound
-        default), one vector per row and step, the loop unrolled. H200, µs, against the previous
-        defaults (docs/benchmarks.md): float activations, 2 channels per warp, 2 steps in flight:
-        W4A16 g128 8192^2 9.18 vs 9.58 (28672x8192 28.3 vs 30.3; 4096^2 3.73 vs 4.03; 4096x14336
-        10.24 vs 11.35; 10240x8192 12.3 vs 13.4), with zeros 9.90 vs 10.73 (30.7 vs 34.7), bfloat16
-        with zeros 11.5 vs 13.3 (35.9 vs 40.7), nf4 15.1 vs 17.0 (45.8 vs 53.3; at K=14336 18.7 vs
-        16.1: only up to K=8192), fp4 11.5 vs 11.7 (33.8 vs 36.9), nvfp4 15.5 vs 17.5 (49.1 vs
-        53.1); 8-bit codes only where the 16-channel blocks fill 70..100% of one wave (w8a16 8192^2
-        16.8 vs 18.0, 6144x4096 7.04 vs 7.27; 4096^2 5.49 vs 5.41, 10240x8192 25.3 vs 23.2). 1-
-        and 2-bit codes from N=8192 with 8 channels per warp in 4-warp blocks: w2a16 g128 8.58 vs
-        9.67 (23.9 vs 26.1), w1a16 9.68 vs 11.15 (29.1 vs 31.0); at 6144x4096 5.49 vs 4.92.
-        int8 activations: 2-bit codes (w2a8 g128 6.01 vs 6.52, 16.1 vs 16.7); 4- and 8-bit codes
-        tie or lose (w8a8 16.1 vs 16.0)."""
+        rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
+        registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
+        row and step, the loop unrolled. Float activations: 2 channels per warp, 2 steps in flight,
+        for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
+        blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
+        in 4-warp blocks. int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
         b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
         if not plan.float_acts:
             hint = _ROWS_STAGED if b == 2 else None
@@ -238,19 +183,14 @@ class GEMVHint:
     @classmethod
     def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
         """The float tensor-core GEMV's tile. Over 128 registers a 256-thread block (8 K warps)
-        is alone on its SM; the wide tile under 2 blocks per SM fits (sm_90: W4A16 m=4 131 -> 106
-        registers). H200, N=K=8192 (7th session, docs/benchmarks.md): 4-bit codes at m=4/8 gain
-        19-36% (uint4 g128 14.8 -> 11.8 µs, nf4 23.1 -> 17.0), 4- and 8-bit codes at m=9/16 below
-        N=16896 without the next step in flight 7-27% (fp8 weights 25.0 -> 19.9); nvfp4's float8
-        scales and 1-/2-bit codes spill under the bound and keep ``base``."""
+        is alone on its SM; the wide tile under 2 blocks per SM fits. 4-bit codes up to 8 rows take
+        it; 4- and 8-bit codes from 9 rows take it without the next step in flight (wide layers
+        too); nvfp4's float8 scales and 1-/2-bit codes spill under the bound and keep ``base``."""
         b = plan.w.bits
         if m <= 8 and b == 4 and not f8_scales(plan):
             return _MMA_WIDE
         if m > 8 and b in (4, 8):
-            # wide layers too (14th session, N=28672, 9 / 16 rows, µs, vs the 64-channel base tile):
-            # nf4 63.2 / 70.4 vs 92.7 / 93.5, fp4 57.1 / 64.9 vs 76.4 / 77.4, nvfp4 64.9 / 68.1 vs
-            # 81.3 / 81.8, float8 weights 65.9 / 69.4 vs 77.1 / 77.4, w8a16 69.8 / 73.3 vs 72.0 / 74.0,
-            # W4A16 g128 56.1 / 64.3 vs 59.2 / 60.9 (on sm_90 int codes take the wgmma GEMV instead)
+            # wide layers too (on sm_90 int codes take the wgmma GEMV instead)
             return dataclasses.replace(_MMA_WIDE, stages=1)
         return base
 
@@ -258,17 +198,12 @@ class GEMVHint:
     def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
         """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
         N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
-        registers), from N=16896 the 64-channel base tile likewise. H200, N=K=8192 (7th session):
-        m=8 w4a8-g128 14.35 -> 10.81 µs, w8a8 22.33 -> 19.99; m=16 w4a8-g128 16.34 -> 11.79,
-        w2a8-g128 13.76 -> 10.72, w8a8-g128 23.60 -> 19.67."""
+        registers), from N=16896 the 64-channel base tile likewise."""
         if m <= 8:
             return dataclasses.replace(base, min_blocks=2)
         if _wide_layer(plan):
-            # the 64-channel base tile took 255 registers (7 warps per SM); under 2 blocks per SM
-            # without the next step in flight (14th session, N=28672, 9 / 16 rows, µs): w4a8 g128
-            # 41.4 / 42.5 vs 46.9 / 47.6, w8a8 g128 66.3 / 67.7 vs 70.3 / 70.9, w4a8 per channel
-            # 34.8 / 35.9 vs 35.6 / 36.6, w8a8 62.3 / 63.5 vs 63.4 / 64.2, w2a8 g128 35.6 / 35.9 vs
-            # 36.2 / 37.0
+            # the 64-channel base tile took 255 registers (7 warps per SM): under 2 blocks per SM
+            # without the next step in flight
             return dataclasses.replace(base, stages=1, min_blocks=2)
         return dataclasses.replace(_MMA_WIDE, stages=1)
 
@@ -276,48 +211,24 @@ class GEMVHint:
     def _chunk_tile(cls, plan) -> "GEMVHint":
         """The tensor-core tile for 17..64 rows (chunks of 16 rows, mma.row_chunks).
 
-        Float activations: the chunk loop (11th session; one block serves every chunk of its 32
-        channels, the weights decoded once, 4 K warps, 255 registers). H200, K=8192, N=8192 /
-        28672, rows 17 / 32 / 64, µs, against the 9th session's tiles (a block per chunk: 64
-        channels x 4 K warps for int 4-bit codes, the wide tile for nf4, the 16-row tile for the
-        others): W4A16 g128 23.6 / 28.3 / 45.5 vs 28.2 / 29.0 / 53.8 (28672: 87.5 / 106.5 / 175.5
-        vs 97.1 / 101.0 / 186.0: 32 rows lose 5%); with float zero points 25.7 / 29.8 / 49.4 vs
-        39.7 / 40.7 / 78.8; nf4 30.9 / 37.3 / 47.4 vs 35.9 / 37.0 / 72.0 (28672: 81.0 / 102.8 /
-        180.5 vs 119.9 / 130.3 / 250.1); w8a16 per channel 28.2 / 30.3 / 39.1 vs 29.1 / 31.7 / 62.1.
-        16 channels per warp lose by 2x (the activations of all rows read twice as often).
+        Float activations: the chunk loop (one block serves every chunk of its 32 channels, the
+        weights decoded once, 4 K warps, 255 registers) rather than a block per chunk; 16 channels
+        per warp lose (the activations of all rows read twice as often). int8 activations: the same
+        chunk loop on the m16n8k32 kernel.
 
-        int8 activations, the same chunk loop on the m16n8k32 kernel, against the 9th session's
-        tiles (64 channels x 4 K warps for 8-bit codes, the wide tile without the next step in
-        flight for the others): w4a8 g128 15.5 / 17.1 / 27.2 vs 19.9 / 20.8 / 39.3 (28672: 51.2 /
-        60.3 / 101.6 vs 64.1 / 69.2 / 133.5); w8a8 per channel 20.6 / 22.2 vs 23.4 / 24.6 at 17 /
-        32 rows (68.5 / 73.7 vs 85.4 / 89.2); w2a8 g128 16.2 / 17.2 / 27.7 vs 18.0 / 19.0 / 35.8;
-        w4a8 per channel 15.5 / 16.7 / 21.4 vs 16.2 / 17.3 / 32.1.
-
-        Float activations take weight vectors of 16 codes (:func:`span_vectors`; 12th
-        session): a lane's activations of a vector then span 32 bytes, so the four lanes of a
-        token row read one 128-byte line per load instead of two. The loop is bound by L1's
-        load wavefronts (ncu, W4A16 64x8192^2: 94% of peak, one wavefront per line and row), so
-        this cut the time by up to 2.4x: W4A16 g128 17 / 32 / 48 / 64 rows 24.2 / 24.7 / 32.0 /
-        36.1 vs 23.6 / 28.3 / 36.2 / 45.5 µs (28672: 89.5 / 92.0 / 120.1 / 140.4 vs 87.4 / 105.7
-        / 139.5 / 177.0); w2a16 g128 at 17 / 64 rows 21.3 / 34.5 vs 28.2 / 81.4 (28672: 64.9 /
-        132.4 vs 109.2 / 318.7); nf4, fp4 and float zero points at 64 rows 37.7 / 37.5 / 41.2 vs
-        47.3 / 47.1 / 49.4. int8 activations (one byte per value) already span 32 bytes with
-        16-byte vectors of 4-bit codes."""
+        Float activations take weight vectors of 16 codes (:func:`span_vectors`): a lane's
+        activations of a vector then span 32 bytes, so the four lanes of a token row read one
+        128-byte line per load instead of two. The loop is bound by L1's load wavefronts (one
+        wavefront per line and row), so this is what sets its speed. int8 activations (one byte
+        per value) already span 32 bytes with 16-byte vectors of 4-bit codes."""
         m, hint = plan.m or 1, _MMA_LOOP
         span = span_vectors(plan)
         if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
             hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
-        # 64 channels per warp on wide layers, where they fit and win: each activation fragment
-        # feeds twice the mma; N=8192 (128 such blocks) loses (W4A16 32 rows 37.7 vs 24.8 µs).
-        # H200, 28672x8192, µs. Float activations, 2- to 8-bit codes up to 48 rows (1-bit codes
-        # spill), 17 / 32 / 48 rows: W4A16 g128 73.1 / 79.7 / 97.0 vs 87.8 / 92.6 / 120.9; with
-        # zeros 88.7 / 90.6 / 114.1 vs 111.2 / 115.5 / 137.8; fp4 84.3 / 85.8 / 105.8 vs 86.4 /
-        # 91.7 / 126.0; w2a16 68.7 / 70.2 / 95.0 vs 83.3 / 88.2 / 105.9; w8a16 per channel 82.3 /
-        # 99.6 vs 88.5 / 121.6 at 32 / 48; nvfp4 104.2 / 115.5 vs 114.8 / 139.7; nf4 only from 33
-        # rows: 112.2 vs 128.5 at 48, 99.8 / 99.2 vs 90.2 / 95.8 at 17 / 32. int8 activations,
-        # sub-byte codes up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48;
-        # 8-bit codes tie): 32 rows w4a8 g128 55.4 vs 60.1, w2a8 g128 51.3 vs 59.5, w4a8 per channel
-        # 40.8 vs 44.5; 48 rows w4a8 per channel 52.0 vs 65.4.
+        # 64 channels per warp on wide layers, where they fit and win (each activation fragment
+        # feeds twice the mma; N=8192, 128 such blocks, loses). Float activations: 2- to 8-bit codes
+        # up to 48 rows (1-bit codes spill), nf4 only from 33 rows. int8 activations: sub-byte codes
+        # up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48; 8-bit codes tie).
         if plan.float_acts:
             fits = plan.w.bits >= 2 and m <= 48 and not (decoder(plan.w) == "lut4" and m <= 32)
         else:
@@ -329,26 +240,16 @@ class GEMVHint:
     @classmethod
     def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
         """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
-        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. H200, K=8192, µs,
-        13th session (docs/benchmarks.md): N=28672,
-        one warpgroup of 64 channels per block up to 40 rows, 128 channels above (40 rows 66.9 vs
-        73.2; 48 rows 80.8 vs 79.6, with float zeros 100.4 vs 86.4); W4A16 g128 17 / 32 / 64 rows
-        56.4 / 62.0 / 85.6 vs 78.3 / 79.3 / 139.7 (cuBLAS fp16 112-114); with float zeros
-        60.4 / 67.1 / 93.4 vs 89.2 / 110.6 (33 rows) / 154.5; w2a16 g128 51.8 / 54.5 / 73.0 vs 68.0 /
-        92.4 (33) / 133.3 (128 channels at every row count); w8a16 per channel only above 48 rows
-        (64: 100.1 vs 148.8; 17: 91.8 vs 80.3). N=8192 (128 blocks of 64 channels, 4 warpgroups
-        splitting K): W4A16 g128 20.3 / 20.9 / 24.7 vs 23.6 / 24.6 / 36.8; int4, bfloat16 and
-        quantized zeros alike; w2a16 no gain (23.0 vs 21.9 at 17 rows), w8a16 only from 33 rows
-        (32.9 vs 39.3 at 64). Narrower layers (fewer than 128 blocks of 64 channels) keep the chunk
-        loop; at 16 rows or fewer the chunk loop's 16-row kernel wins (8 rows: 12.1 vs 19.5).
+        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None.
 
-        9..16 rows (14th session): on wide layers 2- and 4-bit codes take one warpgroup of 64
-        channels, against the tensor-core GEMV's default tile (N=28672, 9 / 16 rows, µs): W4A16
-        g128 52.0 / 58.1 vs 59.2 / 60.9, with float zeros 56.1 / 57.0 vs 79.8 / 82.2, bfloat16 with
-        zeros 57.1 / 57.1 vs 78.4 / 80.5, int4 52.6 / 58.6 vs 60.7 / 62.4, w2a16 43.4 / 42.9 vs
-        54.2 / 61.1; 8-bit codes lose (w8a16 86.6 / 88.6 vs 72.0 / 74.0). From N=8192 2-bit codes
-        take 4 warpgroups splitting K: w2a16 g128 8192^2 15.6 / 15.4 vs 20.2 / 23.6 (4-bit codes
-        there keep the tensor-core GEMV: 15.0 / 17.2 vs ~19 for the wgmma GEMV at 17 rows)."""
+        17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
+        above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128
+        channels (two m64 tiles) for 2-bit codes, and above 40 rows for 4-bit codes. Narrower
+        layers (128 blocks of 64 channels at N=8192): 4 warpgroups splitting K. Layers below
+        N=8192 keep the chunk loop.
+
+        9..16 rows: 2-bit codes from N=8192 and 4-bit codes on wide layers (8-bit codes lose; 4-bit
+        codes below N=16896 keep the tensor-core GEMV)."""
         m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
         wide = _wide_layer(plan)
         if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
@@ -400,17 +301,8 @@ _WGMMA_KSPLIT = GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=Tr
 def gemv_default_takes(plan, target=None) -> bool:
     """Whether an untuned operator runs ``plan`` (a static row count) on the GEMV template: 1..16
     rows wherever the template takes the plan; 17..64 rows on sm_80+ (the tensor-core kernel in
-    chunks of 16 rows) except int8 x 8-bit codes above 32 rows.
-    H200, K=8192, N=8192 / 28672 (9th session, docs/benchmarks.md): W4A16 g128 at 17 / 32 / 64
-    rows 28.7 / 29.7 / 54.5 µs and 97.6 / 103.7 / 189.6 against 98.4 / 91.2 / 84.4 and 345 /
-    338 / 323 for decode-then-wgmma (cuBLAS fp16: 33.5 / 34.1 / 36.5, 117 / 117 / 119); int8 x
-    int8 per channel at 17 / 32 / 64 rows 23.7 / 24.3 / 41.6 and 85.4 / 89.9 / 150.5 against the
-    wgmma kernel's 29.4 / 25.8 / 21.9 and 94.9 / 90.3 / 92.1; with g128 scales at 17 / 32 rows
-    29.0 / 28.9 and 103.9 / 105.8 against 28.7 / 25.6 and 104.4 / 93.4. With the chunk loop (12th
-    session) g128 scales at 17 / 32 / 48 / 64 rows: 24.6 / 27.1 / 30.1 / 34.0 and 73.0 / 78.7 /
-    108.2 / 123.2 against the wgmma kernel's 28.7 / 26.0 / 22.5 / 22.7 and 111.7 / 98.8 / 92.9 /
-    105.4, so up to 32 rows with or without group scales; per channel at 48 rows 28.5 / 87.8
-    against 21.4 / 95.8."""
+    chunks of 16 rows, faster there than decode-then-wgmma) except int8 x 8-bit codes above 32
+    rows, where the int8 wgmma kernel wins."""
     if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
         return False
     if plan.m <= GEMV_MAX_ROWS:

@@ -5,8 +5,8 @@ rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read by the tens
 from shared memory.
 
 Why: the ``mma.sync`` GEMV (mma) gathers every token tile's activation fragments through
-the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu,
-12th session: 94% of its wavefronts at 64 x 8192^2). ``wgmma`` reads B from shared memory without
+the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu:
+nearly all of its wavefronts in use). ``wgmma`` reads B from shared memory without
 the load pipe, and the TMA engine fills that shared memory, so the only per-lane loads left are
 the weights.
 
@@ -21,8 +21,7 @@ vector) reordered (:func:`slab_permutation`); the main kernel TMA-loads that cop
 64 values x N rows (128-byte swizzle) into a ring of shared-memory slots. With programmatic
 dependent launch (``pdl``, the sm_90 default) the permute kernel lets the main kernel launch as
 soon as it has waited for the kernel before it; the main kernel loads the weights of its first
-steps, then waits for the permute kernel before its first TMA (H200, 14th session: W4A16
-17 x 8192^2 20.1 -> 19.1 us).
+steps, then waits for the permute kernel before its first TMA.
 
 Per slab, each warpgroup: wait for its wgmma of the previous slab (``wait_group 0``: overlapping
 the decode of the next slab with the tensor work of the last makes ptxas serialize every wgmma,
@@ -33,8 +32,9 @@ register slots: the loads of later slabs are in flight), wait for the slab's act
 split K (slab ``step * k_warps + kw``) and add their sums through the shared memory of the slots
 at the end. Group scales are applied to the decoded pairs (``hfma2``), per-channel scales at the
 store, float32 accumulation. Rows past the call's row count are zeros (TMA's out-of-bounds fill)
-and not stored; channels past N are clamped on load and not stored. Measurements and what bounds
-it: docs/benchmarks.md, 13th session.
+and not stored; channels past N are clamped on load and not stored.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 

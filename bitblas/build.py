@@ -20,10 +20,12 @@ from . import env
 from ._tvm import tvm
 from .plan import Plan
 from .kernels import default_hint
+from .schedule.target import host_cpu_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["target_arch", "cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+__all__ = ["target_arch", "cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads",
+           "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
            "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
@@ -34,8 +36,7 @@ PASS_CONFIG = {"tirx.use_async_copy": True}
 def cpu_target():
     """LLVM target for this machine's CPU (its own instruction set extensions, all cores)."""
     _default_cpu_threads()
-    mcpu = tvm.target.codegen.llvm_get_system_cpu()
-    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1})
+    return host_cpu_target()
 
 
 def physical_cores() -> int:
@@ -94,10 +95,40 @@ def set_cpu_threads(n: int) -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, n)
 
 
+DEFAULT_ARCH = "sm_80"
+
+
+def auto_detect_nvidia_target(gpu_id: int = 0):
+    """A CUDA tvm Target for GPU ``gpu_id``, its limits read from the device.
+
+    Without a visible GPU it returns a generic sm_80 target (code generation still works) and logs
+    that it did so; it never raises for a missing GPU. Honours BITBLAS_TARGET / TVM_TARGET.
+    """
+    if env.target():
+        return cuda_target(env.target())
+    info = {"kind": "cuda", "arch": DEFAULT_ARCH, "max_shared_memory_per_block": 49152,
+            "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536}
+    try:
+        import torch
+        if torch.cuda.is_available() and gpu_id < torch.cuda.device_count():
+            from .arch import Arch
+            arch = Arch.from_device(gpu_id)          # bitblas.hardware.query_device's DeviceSpec
+            info["arch"] = f"sm_{arch.sm}"
+            info["max_shared_memory_per_block"] = arch.smem_per_block or 49152
+            info["registers_per_block"] = arch.regs_per_sm or 65536
+            if arch.l2_bytes:
+                info["l2_cache_size_bytes"] = arch.l2_bytes
+            return tvm.target.Target(info)
+    except Exception as e:  # a broken driver must not stop code generation
+        logger.warning("could not query GPU %d (%s); using a generic %s target", gpu_id, e, DEFAULT_ARCH)
+        return tvm.target.Target(info)
+    logger.info("no CUDA GPU visible; using a generic %s target", DEFAULT_ARCH)
+    return tvm.target.Target(info)
+
+
 def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     """A CUDA Target from None (the local GPU, else sm_80), an arch ("sm_90"), a tag, a dict or a Target."""
     if target is None:
-        from .utils import auto_detect_nvidia_target
         return auto_detect_nvidia_target()
     if isinstance(target, tvm.target.Target):
         t = target
@@ -107,8 +138,7 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
         t = tvm.target.Target(_cli_target(target))
     elif isinstance(target, (str, dict)):
         if target == "cuda":
-            from .utils import auto_detect_nvidia_target
-            return auto_detect_nvidia_target()
+                return auto_detect_nvidia_target()
         try:
             t = tvm.target.Target(target)
         except Exception as e:  # TVM raises several types here
@@ -156,7 +186,6 @@ def _tag_target(t):
 def _arch_target(arch: str) -> dict:
     """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
     else generic ones (48 KB shared memory per block)."""
-    from .utils import auto_detect_nvidia_target
     info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
             "thread_warp_size": 32}
     from .arch import Arch, local_cc
@@ -201,11 +230,10 @@ def lower_plan(plan: Plan, hint=None, target=None):
     return lower(plan, hint, target)
 
 
-def _compile(mod, tgt):
+def compile_module(mod, tgt):
     """tvm.compile; modules of hand-written TIRx kernels (GEMV, wgmma) say so by attributes: the
     tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
-    from .schedule.cuda_gemv import TIRX_PIPELINE_ATTR
-    from .schedule.cuda_wgmma import WGMMA_ARCH_ATTR
+    from .schedule.target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     attrs = mod.attrs
     if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # arch-specific kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
@@ -227,7 +255,7 @@ def kernel_callable(mod):
     main = mod["main"]
     rt = getattr(mod, "mod", mod)
     if rt.implements_function("permute"):          # the host wrappers: no import queried (no GPU needed)
-        from .schedule.gemv_wgmma import WgmmaGemvFn
+        from .schedule.gemv import WgmmaGemvFn
         return WgmmaGemvFn(mod["permute"], main)
     return main
 
@@ -243,7 +271,7 @@ def compile_plan(plan: Plan, target=None, hint=None, fallback: Optional[bool] = 
     try:
         mod = lower_plan(plan, hint, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     except Exception as e:  # noqa: BLE001 - a default kernel that fails to build falls back
         from .kernels import fallback_hint
         fb = fallback_hint(plan, hint) if fallback else None
@@ -252,7 +280,7 @@ def compile_plan(plan: Plan, target=None, hint=None, fallback: Optional[bool] = 
         logger.warning("%s kernel failed to build (%s); using %s", type(hint).__name__, e, type(fb).__name__)
         mod = lower_plan(plan, fb, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     return ex
 
 
@@ -263,7 +291,7 @@ def cuda_source(plan: Plan, target=None, hint=None) -> str:
     tgt = cuda_target(target)
     mod = lower_plan(plan, hint, tgt)
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        ex = _compile(mod, tgt)
+        ex = compile_module(mod, tgt)
     return ex.mod.imports[0].inspect_source()
 
 

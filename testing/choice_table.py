@@ -182,16 +182,12 @@ class _Hints:
 @contextlib.contextmanager
 def _pinned_sms():
     from bitblas import arch
-    from bitblas.schedule import cuda_gemv
-    pins = [arch._LOCAL_SMS] + ([cuda_gemv._SMS] if hasattr(cuda_gemv, "_SMS") else [])
-    saved = [list(p) for p in pins]
-    for p in pins:
-        p[:] = [SMS]
+    saved = list(arch._LOCAL_SMS)
+    arch._LOCAL_SMS[:] = [SMS]
     try:
         yield
     finally:
-        for p, s in zip(pins, saved):
-            p[:] = s
+        arch._LOCAL_SMS[:] = saved
 
 
 class _Stop(Exception):

@@ -1,4 +1,4 @@
-"""Template "gemv": the small-M CUDA kernels (schedule/cuda_gemv.py and its bodies, hand-written
+"""Template "gemv": the small-M CUDA kernels (schedule/gemv/, hand-written
 TIRx, no TensorIR): 1..16 rows per row count, the tensor-core GEMVs per class of rows up to 64."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 from typing import List, Optional
 
 from ..plan import make_plan
-from ..schedule import cuda_gemv
-from ..schedule.cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
+from ..schedule import gemv as gemv_schedule
+from ..schedule.gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
 from ._common import need_spec, not_nvfp4, spec_of
 from .base import Candidate
 from .costmodel import gemv_cost
@@ -41,13 +41,13 @@ class GEMV:
     # -- rows: the rows kernel per row count, the tensor-core GEMVs per class of rows -------------
     def serves_untuned(self, config, rows: int, arch) -> bool:
         """Whether an untuned operator runs ``rows`` (static) rows on this template."""
-        return 1 <= rows <= cuda_gemv.GEMV_MMA_MAX_ROWS and gemv_default_takes(make_plan(config, "cuda", rows), arch)
+        return 1 <= rows <= gemv_schedule.GEMV_MMA_MAX_ROWS and gemv_default_takes(make_plan(config, "cuda", rows), arch)
 
     def hint_takes(self, config, rows: int, hint) -> bool:
         """Whether the kernel with ``hint`` builds for ``rows`` rows (e.g. above 16 rows only
         tensor-core hints)."""
         plan = make_plan(config, "cuda", rows)
-        return gemv_unsupported(plan) is None and cuda_gemv.gemv_hint_unsupported(plan, hint) is None
+        return gemv_unsupported(plan) is None and gemv_schedule.gemv_hint_unsupported(plan, hint) is None
 
     def kernel_rows(self, config, rows: int, hint) -> int:
         """Rows of the kernel with ``hint`` that serves ``rows``: the tensor-core kernels take their
@@ -56,8 +56,7 @@ class GEMV:
         per step, so its classes are 8 rows wide (``gemv_wgmma.wgmma_rows``: a kernel built for 32
         rows took 67.6 µs at 17 rows against 56.2 for the one built for 24; H200, W4A16
         28672x8192); the rows kernel is built per row count."""
-        from ..schedule.gemv_mma import row_class
-        from ..schedule.gemv_wgmma import wgmma_rows
+        from ..schedule.gemv import row_class, wgmma_rows
         if not hint.mma:
             return rows
         top = wgmma_rows(rows) if hint.wgmma else row_class(rows)
@@ -80,15 +79,15 @@ class GEMV:
 
 
 def _shapes(config, bucket, spec, arch) -> List[Candidate]:
-    if bucket > cuda_gemv.GEMV_MMA_MAX_ROWS:
+    if bucket > gemv_schedule.GEMV_MMA_MAX_ROWS:
         return []
     plan = make_plan(config, "cuda", bucket)
     if gemv_unsupported(plan) is not None:
         return []
     out = []
-    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # 17..64 rows: only the tensor-core kernels (chunks of 16 rows)
+    if bucket > gemv_schedule.GEMV_MAX_ROWS:      # 17..64 rows: only the tensor-core kernels (chunks of 16 rows)
         return _mma_shapes(plan, bucket, arch)
-    vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
+    vbs = [vb for vb in (16, 8, 4) if gemv_schedule.vec_bytes(plan, vb) is not None]
     for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
@@ -97,7 +96,7 @@ def _shapes(config, bucket, spec, arch) -> List[Candidate]:
     if bucket == 1:                           # the activation row staged in shared memory, 4 blocks per SM
         for R, warps, stages in itertools.product((2, 4, 8), (4, 8), (2, 3, 4)):
             hint = GEMVHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages, min_blocks=4, act_smem=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv_schedule.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
     if plan.float_acts:                       # the k-split variant (float activations only): k_warps warps
         sms = spec.sm_count if spec is not None else 108     # share K, persistent grid of a few blocks per SM
@@ -119,23 +118,23 @@ def _mma_shapes(plan, bucket, arch) -> List[Candidate]:
         return out
     for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):
         hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
-        if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+        if gemv_schedule.gemv_hint_unsupported(plan, hint) is None:
             out.append(Candidate(bucket, hint))
-    if bucket >= cuda_gemv.WGMMA_GEMV_MIN_ROWS and arch is not None and arch.wgmma:
+    if bucket >= gemv_schedule.WGMMA_GEMV_MIN_ROWS and arch is not None and arch.wgmma:
         # the wgmma GEMV (gemv_wgmma): 64 or 128 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K
         for R, kw, stages in itertools.product((16, 32), (1, 2, 4), (2, 4)):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=1, stages=stages, mma=True, wgmma=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv_schedule.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
-    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
+    if bucket > gemv_schedule.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
         # float activations also with vectors whose activations span 32 bytes (GEMVHint._chunk_tile),
         # as many of them per step as of the default vectors
-        span = cuda_gemv.span_vectors(plan)
+        span = gemv_schedule.span_vectors(plan)
         vbs = [(0, 1)] + ([span] if span else [])
         for R, kw, unroll, stages, (vb, f) in itertools.product((16, 32, 64), (2, 4), (1, 2), (1, 2), vbs):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll * f, stages=stages, vec_bytes=vb, mma=True,
                             min_blocks=1, chunk_loop=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv_schedule.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
     return out
 

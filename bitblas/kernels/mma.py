@@ -67,7 +67,7 @@ class MMA:
                     hint.check()
                 except ValueError:
                     continue
-                if cuda_mma._copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
+                if cuda_mma.copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
                     continue
                 out.append(Candidate(m, hint))
         return out

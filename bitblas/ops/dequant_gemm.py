@@ -13,7 +13,7 @@ Measured on the H200 (W4A16 uint4 g128, N=K=4096, same run): rows 64 / 256 / 102
 17.7 / 52.9 / 213), so the path starts right above the GEMV's rows: 1..16 for every plan the GEMV
 takes, 17..64 where its tensor-core kernel serves them (every float-activation format, int8
 activations with sub-byte codes: 2.7-3.5x faster than this path there, which writes and reads 2
-bytes per weight; bitblas.schedule.cuda_gemv.gemv_default_takes).
+bytes per weight; bitblas.schedule.gemv.gemv_default_takes).
 
 int8 activations (W4A8 / W2A8 / W1A8: int4, uint4, int2, uint2, int1, uint1 weights, per-channel or
 group scales): the decode writes the integer weight values as int8 (N*K bytes, exact), and the
@@ -27,16 +27,16 @@ decoded weights (see cuda_dequant for the rounding).
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
-from ..config import MatmulConfig
-from ..kernels.select import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_gemm_reason
+from ..kernels.select import dense_config
 from ..plan import Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES
 
-__all__ = ["DEQUANT_GEMM_MIN_ROWS", "dequant_gemm_reason", "dense_config", "DequantGemm"]
+__all__ = ["DequantGemm"]
+
 
 _DEQ: Dict[tuple, object] = {}
 _LOCK = threading.Lock()

@@ -15,7 +15,7 @@ three bits of each selector nibble index the table, its top bit (the code's sign
 ``prmt`` to sign replication, which yields 0 (every table byte is < 0x80). So ``prmt(q)`` gives
 the magnitudes of the positive codes and ``prmt(q ^ 0x88888888)`` those of the negative ones, and
 the block's dot product is ``dp4a(pos, a) - dp4a(neg, a)``: per 8 codes 4 ``prmt``, 4 ``dp4a``, an
-xor and two shifts (~1.4 instructions per weight; cuda_gemv's e2m1 -> half2 decoder and hfma2
+xor and two shifts (~1.4 instructions per weight; the GEMV template's e2m1 -> half2 decoder and hfma2
 take ~2.9). The activation row (signed doubled values, 8 words per 32 codes) and its block
 scales (times 1/4) are decoded once per block into shared memory (conflict-free
 ``[row, position // 32, half, position % 32, 4]`` word quads) and read by every row of the block.
@@ -24,7 +24,7 @@ The two block scales of a 32-code vector come in one 2-byte load and convert by
 the integer, the scale product (8 significant bits) and their product (20) are exact in float32,
 so only the float32 sums round, as in the reference. A warp owns ``rows_per_warp`` weight rows
 of one batch and walks K in 16-byte vectors (32 codes, a warp load = 512 contiguous bytes),
-``unroll`` vectors per row per step through a ring of ``stages`` register slots (cuda_gemv's step
+``unroll`` vectors per row per step through a ring of ``stages`` register slots (the GEMV template's step
 loop: the loads of ``stages - 1`` steps in flight); lanes are warp-reduced and one lane stores.
 The grid covers L x row blocks; the first steps' loads go out before the activation staging.
 
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .cuda_gemv import TIRX_PIPELINE_ATTR, _load_helpers, _pdl_trigger, _step_loop, _steps
 from ..arch import arch_of, as_arch
-from .gemv_rows import _LDS4
+from .gemv.emit import LDS4, load_helpers, pdl_trigger, split_steps, step_loop
+from .target import TIRX_PIPELINE_ATTR
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
            "cpu_script", "decode_script", "schedule_nvfp4", "nvfp4_gemv_unsupported", "gemv_smem_bytes",
@@ -179,7 +179,7 @@ def cuda_helpers(sm=None) -> dict:
     """name -> CUDA source of the GEMV's helpers for ``sm`` (an Arch or a compute capability;
     None: unknown, taken as sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
-    h = {"bb_ldw4": _load_helpers(4)["bb_ldw4"], "bb_lds4": _LDS4}
+    h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
     h["bb_nv_ldsc"] = r"""
 __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
   unsigned short x;
@@ -271,7 +271,7 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     c = plan.config
     m, N, K = plan.m, c.N, c.K
     NV, NVB = _positions(K)
-    U, NS = _steps(NVB, hint.unroll)
+    U, NS = split_steps(NVB, hint.unroll)
     R, WARPS = hint.rows_per_warp, hint.warps
     ST = max(1, min(hint.stages, NS))
     NB = -(-N // (R * WARPS))
@@ -372,8 +372,8 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
                             f"smem.ptr_to([{asc(i, f'{cc} // 32', f'{cc} % 32')}])"))
         add("    T.cuda.cta_sync()")
 
-    _step_loop(add, NS, ST, load, process, after_prologue=stage)
-    _pdl_trigger(add, hint)
+    step_loop(add, NS, ST, load, process, after_prologue=stage)
+    pdl_trigger(add, hint)
     add(f"    for r in T.unroll({R}):")
     add(f"        for i in T.unroll({m}):")
     add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")

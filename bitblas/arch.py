@@ -130,7 +130,7 @@ class Arch:
         from .hardware import query_device
         spec = query_device(index)
         sm, suffix = _parse_arch(spec.arch)
-        if sm == 90:                       # the wgmma kernels compile for the arch-specific target
+        if cls.from_sm(sm).wgmma:          # the wgmma kernels compile for the arch-specific target
             suffix = "a"
         a = cls(kind="cuda", arch=f"sm_{sm}{suffix}", sm=sm, suffix=suffix, smem_per_block=spec.smem_per_block)
         a.__dict__["spec"] = spec

@@ -25,7 +25,7 @@ the same on every machine.
 
 What it calls today, and what a refactor that replaces these must re-point (the adapters here
 change, the table does not): ``Matmul.choice`` (``bitblas.kernels.select``),
-``schedule.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
+``kernels.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
 imports it), ``tune.tuner.tune_bucket`` / ``_compile_all`` / ``composite_serves``,
 ``ops.nvfp4.NVFP4Matmul`` (``uses_gemm``, ``_gemm_hint``, ``gemv_rows``, ``gemv_plan``) and
 ``arch._LOCAL_SMS`` (the local GPU's SM count).

@@ -71,3 +71,27 @@ def test_h100_tag_gets_the_wgmma_kernels():
     plan = make_plan(cfg, "cuda", None)
     tag = default_hint(plan, cuda_target("nvidia/nvidia-h100"))
     assert isinstance(tag, WGMMAHint) and tag == default_hint(plan, cuda_target({"kind": "cuda", "arch": "sm_90a"}))
+
+
+def _sm90() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("rows", [1, 300])
+def test_gpu_h100_tag_runs_the_wgmma_kernel(rows):
+    """target="nvidia/nvidia-h100" on an H100 / H200: fp16 x fp16 runs the wgmma kernel (the tag
+    used to get the mma.sync one: 48 KB of shared memory) and matches the reference."""
+    import torch
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = bitblas.MatmulConfig(M=None, N=1024, K=1024, A_dtype="float16", W_dtype="float16", out_dtype="float16")
+    op = bitblas.Matmul(cfg, target="nvidia/nvidia-h100")
+    assert op.choice("cuda", rows).template == "wgmma"
+    inp = random_inputs(cfg, rows, device="cuda", seed=rows)
+    out = torch.full((rows, 1024), float("nan"), dtype=torch.float16, device="cuda")
+    op(**inp, output=out)
+    torch.cuda.synchronize()
+    assert relative_error(out.cpu(), reference_matmul(cfg, **inp)) <= tolerance(cfg)

@@ -29,7 +29,7 @@ def _fake_benches(monkeypatch, interrupt_at=None):
     import benchmark.matmul as bm
     calls = []
 
-    def row(fmt, layer, N, K, m, check=True, hint=None):
+    def row(fmt, layer, N, K, m, check=True, hint=None, device="cuda", graph_ms=None):
         calls.append(fmt)
         if interrupt_at is not None and len(calls) > interrupt_at:
             raise KeyboardInterrupt
@@ -37,13 +37,14 @@ def _fake_benches(monkeypatch, interrupt_at=None):
                     tflops=1.0, bytes=1, build_s=0.0, rel_err=1e-4)
 
     def base(name):
-        return lambda N, K, m: dict(kernel=name, us=20.0, tbps=0.5, tflops=0.5)
+        return lambda N, K, m, **kw: dict(kernel=name, us=20.0, tbps=0.5, tflops=0.5)
     monkeypatch.setattr(bm, "bench_row", row)
     monkeypatch.setattr(bm, "bench_cublas", base("cublas-fp16"))
     monkeypatch.setattr(bm, "bench_int4pack", base("torch-int4pack-bf16"))
     monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm.torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "FakeGPU"})())
     monkeypatch.setattr(bm.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bm, "copy_bandwidth", lambda nbytes, device="cuda": 4.0)
     return bm
 
 

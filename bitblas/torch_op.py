@@ -10,7 +10,7 @@ and dtype without building anything, so ``torch.compile(..., fullgraph=True)`` a
 see the call as one opaque node.
 
 :func:`matmul` is what modules call: in eager mode it calls the operator directly (a custom op's
-dispatch costs several microseconds per call); under ``torch.compile``, a tracing mode or a tensor
+dispatch costs a few microseconds per call); under ``torch.compile``, a tracing mode or a tensor
 subclass (fake tensors) it goes through the custom op. The operator checks its arguments either way.
 The op is for inference: it has no autograd formula.
 """

@@ -41,6 +41,8 @@ def _fake_benches(monkeypatch, interrupt_at=None):
     monkeypatch.setattr(bm, "bench_row", row)
     monkeypatch.setattr(bm, "bench_cublas", base("cublas-fp16"))
     monkeypatch.setattr(bm, "bench_int4pack", base("torch-int4pack-bf16"))
+    monkeypatch.setattr(bm, "bench_int_mm", lambda N, K, m, **kw: dict(kernel="torch-int_mm", error="RuntimeError: m")
+                        if m <= 16 else dict(kernel="torch-int_mm", us=30.0, tbps=0.5, tflops=0.5))
     monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm.torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "FakeGPU"})())
     monkeypatch.setattr(bm.torch.cuda, "empty_cache", lambda: None)
@@ -98,3 +100,16 @@ def test_cpu_benchmark_small(tmp_path, capsys):
     assert "w4a16-g128" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--formats", "nope", "--shapes", "64x64", "--json", ""])
+
+
+def test_baseline_falls_back_to_cublas(monkeypatch, tmp_path):
+    """w8a8 is compared with torch._int_mm; where that refuses the shape (m <= 16), with cuBLAS fp16."""
+    import json
+    bm = _fake_benches(monkeypatch)
+    out = tmp_path / "rows.json"
+    bm.main(["--formats", "w8a8", "--shapes", "gemm4k", "--m", "1,32", "--json", str(out), "--no-progress"])
+    data = json.loads(out.read_text())
+    ours = {r["m"]: r for r in data["rows"] if r["format"] == "w8a8"}
+    assert ours[1]["base"] == "cublas-fp16" and ours[1]["base_us"] == 20.0
+    assert ours[32]["base"] == "torch-int_mm" and ours[32]["base_us"] == 30.0
+    assert data["command"].startswith("python -m benchmark.matmul --formats w8a8") and data["copy_tbps"] == 4.0

@@ -70,3 +70,18 @@ def test_report_rejects_other_json(tmp_path, capsys):
     bad.write_text(json.dumps([1, 2]))
     assert report.main([str(bad)]) == 2
     assert "x.json" in capsys.readouterr().err
+
+
+def test_host_overhead_cpu(tmp_path, capsys):
+    """benchmark/host_overhead.py on the CPU: every path timed, torch's F.linear beside ours."""
+    from benchmark import host_overhead
+    out = tmp_path / "host.json"
+    host_overhead.main(["--device", "cpu", "--no-zeros", "--iters", "20", "--repeats", "2", "--modes", "kernel,py-nop",
+                        "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    got = {(r["case"], r["mode"]) for r in rows}
+    for case in ("F.linear", "Linear()", "Linear.forward", "torch.ops (op)", "Matmul(...)", "bound(x)"):
+        assert (case, "kernel") in got
+    assert ("Linear()", "py-nop") in got and ("F.linear", "py-nop") not in got
+    assert all(r["host_us"] > 0 for r in rows)
+    assert "torch.ops (op)" in capsys.readouterr().out

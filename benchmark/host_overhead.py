@@ -1,7 +1,7 @@
 """Host (CPU-side) time of one bitblas call, layer by layer, at a shape where the kernel is negligible.
 
     python -m benchmark.host_overhead --device cuda          # on the GPU host
-    python -m benchmark.host_overhead --device cuda --n 4096 --k 4096 --no-zeros   # W4A16 1x4096x4096
+    python -m benchmark.host_overhead --device cuda --n 4096 --k 4096   # W4A16 g128 (zeros) 1x4096x4096
     python -m benchmark.host_overhead --device cpu --json out.json
 
 Each row is the median over ``--repeats`` batches of ``--iters`` back-to-back calls of the host

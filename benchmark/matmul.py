@@ -127,8 +127,9 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     op = bitblas.Matmul(cfg)
     plan = make_plan(cfg, device, m)
     weight_names = {"W", "scale", "zeros", "bias"}
-    shared = {s.name: _rand_arg(s, m, None, device) for s in plan.args if s.role == "input" and s.name not in weight_names}
-    first = {s.name: _rand_arg(s, m, None, device) for s in plan.args if s.role == "input" and s.name in weight_names}
+    inputs = [s for s in plan.args if s.role == "input"]
+    shared = {s.name: _rand_arg(s, m, None, device) for s in inputs if s.name not in weight_names}
+    first = {s.name: _rand_arg(s, m, None, device) for s in inputs if s.name in weight_names}
     wbytes = sum(_nbytes(t) for t in first.values())
     ncopy = copies_for(wbytes)
     copies = [first] + [{k: torch.empty_like(v).copy_(v.flip(0)) for k, v in first.items()} for _ in range(ncopy - 1)]
@@ -303,6 +304,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda (default): CUDA-graph timing against cuBLAS / torch kernels; cpu: the LLVM CPU "
                          "kernels against torch's CPU F.linear (a smoke run: host-clock timing)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the timed rows already in --json (a run cut short) and time only the rest")
     ap.add_argument("--graph-ms", type=float, default=100.0,
                     help="cap on one timed graph replay in ms (slow rows replay fewer calls; default 100)")
     args = ap.parse_args(argv)
@@ -358,12 +361,35 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
     graph_ms = getattr(args, "graph_ms", None)
     meta = run_info(device, kind, getattr(args, "argv", sys.argv[1:]))
 
+    # --resume: the rows of an earlier (cut) run in --json are kept and not timed again
+    done = {}
+    if getattr(args, "resume", False) and args.json and os.path.exists(args.json):
+        with open(args.json, encoding="utf-8") as fh:
+            rows.extend(json.load(fh).get("rows", []))
+        done = {_row_key(r): r for r in rows if "us" in r}
+        bar.write(f"# resuming {args.json}: {len(done)} timed rows kept", file=out)
+    where = {_row_key(r): i for i, r in enumerate(rows)}
+
     def emit(r):
-        rows.append(r)
+        k = _row_key(r)
+        if k in where:                      # a row of the earlier run timed again (it had failed)
+            rows[where[k]] = r
+        else:
+            where[k] = len(rows)
+            rows.append(r)
         bar.write(_row_line(r), file=out)
         bar.update(1)
         if args.json:
             _save_json(args.json, dict(meta, rows=rows))
+
+    def baseline(name, label, fn):
+        prior = done.get((label, lname, m, None))
+        if prior is not None:
+            bar.update(1)
+            return prior
+        r = fn()
+        emit(dict(format=label, layer=lname, N=N, K=K, m=m, **r))
+        return r
 
     bar.write(f"# {device}, torch {torch.__version__}, formats={fmts}, m={ms}, "
               f"copy rate {meta['copy_tbps']:.3g} TB/s", file=out)
@@ -375,19 +401,20 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
                 lname = f"{sset}/{layer}"
                 if not args.no_baselines:
                     bar.set_description(f"{lname} m={m} cublas")
-                    base["cublas"] = bench_cublas(N, K, m, device=kind, graph_ms=graph_ms)
-                    emit(dict(format="fp16(torch)", layer=lname, N=N, K=K, m=m, **base["cublas"]))
+                    base["cublas"] = baseline("cublas", "fp16(torch)",
+                                              lambda: bench_cublas(N, K, m, device=kind, graph_ms=graph_ms))
                     if kind == "cpu":
                         pass            # torch's int4 / int8 / float8 matmuls: CUDA kernels
                     elif any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
-                        emit(dict(format="int4(torch)", layer=lname, N=N, K=K, m=m,
-                                  **bench_int4pack(N, K, m, graph_ms=graph_ms)))
+                        baseline("int4", "int4(torch)", lambda: bench_int4pack(N, K, m, graph_ms=graph_ms))
                     for name, fn in (("int_mm", bench_int_mm), ("scaled_mm", bench_scaled_mm)):
                         if kind == "cuda" and any(BASELINE.get(f) == name for f in fmts):
-                            base[name] = fn(N, K, m, graph_ms=graph_ms)
-                            emit(dict(format=f"{name}(torch)", layer=lname, N=N, K=K, m=m, **base[name]))
+                            base[name] = baseline(name, f"{name}(torch)", lambda fn=fn: fn(N, K, m, graph_ms=graph_ms))
                 for f in fmts:
                     for h in [None] + hints:
+                        if (f, lname, m, None if h is None else str(h)) in done:
+                            bar.update(1)
+                            continue
                         bar.set_description(f"{lname} m={m} {f}")
                         try:
                             r = bench_row(f, lname, N, K, m, check=not args.no_check, hint=h, device=kind,
@@ -397,6 +424,7 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
                         except Exception as e:  # report and go on
                             r = dict(format=f, layer=lname, N=N, K=K, m=m, kernel=str(h),
                                      error=f"{type(e).__name__}: {str(e)[:300]}")
+                        r["hint"] = None if h is None else str(h)
                         if "cublas" in base and "us" in r:
                             r["vs_cublas"] = base["cublas"]["us"] / r["us"]
                         b = base.get(BASELINE.get(f, "cublas"), {})
@@ -413,6 +441,11 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
                     torch.cuda.empty_cache()
     finally:
         bar.close()
+
+
+def _row_key(r) -> tuple:
+    """(format, layer, m, hint): one row of a run (hint None: the default kernel, or a torch baseline)."""
+    return r["format"], r["layer"], r["m"], r.get("hint")
 
 
 def _cpu_name() -> str:

@@ -53,8 +53,8 @@ def _load(paths: Sequence[str]) -> Tuple[List[dict], Dict[Tuple, Tuple[int, dict
             raise ValueError(f"{path}: not a benchmark.matmul JSON (expected an object with a 'rows' list)")
         runs.append(dict(data, path=path, rows=None))
         for r in data["rows"]:
-            if r.get("format", "").endswith("(torch)"):
-                continue                     # baselines appear beside each of our rows
+            if r.get("format", "").endswith("(torch)") or r.get("hint"):
+                continue                     # baselines appear beside each of our rows; hint trials left out
             rows[(r["format"], r["layer"], r["N"], r["K"], r["m"])] = (len(runs), r)
     return runs, rows
 

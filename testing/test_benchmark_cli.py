@@ -113,3 +113,27 @@ def test_baseline_falls_back_to_cublas(monkeypatch, tmp_path):
     assert ours[1]["base"] == "cublas-fp16" and ours[1]["base_us"] == 20.0
     assert ours[32]["base"] == "torch-int_mm" and ours[32]["base_us"] == 30.0
     assert data["command"].startswith("python -m benchmark.matmul --formats w8a8") and data["copy_tbps"] == 4.0
+
+
+def test_resume_times_only_the_missing_rows(monkeypatch, tmp_path, capsys):
+    """A run cut short, then --resume: the finished rows are kept, only the rest are timed."""
+    import json
+    out = tmp_path / "rows.json"
+    argv = ["--formats", "w4a16-g128,w4a16-g128-zeros", "--shapes", "gemm4k", "--m", "1,16", "--json", str(out),
+            "--no-progress"]
+    bm = _fake_benches(monkeypatch, interrupt_at=3)
+    bm.main(argv)
+    first = json.loads(out.read_text())["rows"]
+    assert len([r for r in first if not r["format"].endswith(")")]) == 3
+    bm = _fake_benches(monkeypatch)
+    calls = []
+    orig = bm.bench_row
+    monkeypatch.setattr(bm, "bench_row", lambda *a, **k: calls.append(a[0]) or orig(*a, **k))
+    bm.main(argv + ["--resume"])
+    rows = json.loads(out.read_text())["rows"]
+    ours = [r for r in rows if not r["format"].endswith(")")]
+    assert calls == ["w4a16-g128-zeros"]                        # the one row the cut run missed
+    assert sorted((r["format"], r["m"]) for r in ours) == sorted(
+        (f, m) for f in ("w4a16-g128", "w4a16-g128-zeros") for m in (1, 16))
+    assert ours[:3] == [r for r in first if not r["format"].endswith(")")]
+    assert len([r for r in rows if r["format"] == "fp16(torch)"]) == 2      # baselines not repeated

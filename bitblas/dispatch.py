@@ -66,9 +66,9 @@ def gemv_kernel_rows(config: MatmulConfig, kind: str, rows: int, hint) -> int:
     their row count at run time, so the one built for the top of the class
     (``gemv.row_class``: 8, 16, 32, 48, 64) serves every row count of it (5 kernels for 2..64
     rows instead of 63); the wgmma GEMV's B operand is 8 rows wide per step, so its classes are
-    8 rows wide (``gemv.wgmma_rows``: a kernel built for 32 rows took 67.6 µs at 17 rows
-    against 56.2 for the one built for 24; H200, W4A16 28672x8192); the rows kernel is built per
-    row count."""
+    8 rows wide (``gemv.wgmma_rows``: a kernel built for more rows runs every step at its
+    full width, so a wider class costs the smaller row counts in it); the rows kernel is built
+    per row count."""
     from .schedule.gemv import row_class
     from .schedule.gemv import wgmma_rows
     if not getattr(hint, "mma", False):

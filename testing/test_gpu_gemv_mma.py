@@ -273,7 +273,7 @@ def test_gemv_mma_default_tile_choice():
 @pytest.mark.parametrize("name,m", [("u4", 4), ("u4-zeros", 8), ("nf4", 4), ("u4", 16), ("nf4", 12)])
 def test_gemv_mma_default_tile_registers(name, m):
     """The default tiles fit 128 registers (2 blocks of 256 threads per SM) with at most a few
-    spilled words; over 128 an SM holds 8 warps and the kernel loses 20-35% (docs/benchmarks.md)."""
+    spilled words; over 128 an SM holds 8 warps and the kernel loses time (fewer warps to hide the loads)."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     cfg = MatmulConfig(N=8192, K=8192, **CONFIGS[name])

@@ -410,9 +410,8 @@ def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) 
     """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
 
     An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
-    kernel symbolic in M for them) as decode + dense wgmma GEMM, which is 2.5-6x faster than the
-    fused kernels this tuner can pick from (H200, W4A16 4096^2: 27-67 µs vs 150-165 µs from 64 to
-    1024 rows). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
+    kernel symbolic in M for them) as decode + dense wgmma GEMM, which is several times faster than
+    the fused kernels this tuner can pick from (measured on the H200). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
     fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
     from ..build import cuda_target
     from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason

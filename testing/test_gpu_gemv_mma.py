@@ -1,5 +1,5 @@
 """The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv/mma.py
-``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
+``body``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
 (17..64 rows: one block per chunk of 16 rows).
 
 GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,

@@ -1,0 +1,327 @@
+"""The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
+sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes): packed weights stay
+packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
+temporary but the permuted activations (rows x K values, as the wgmma GEMV).
+
+It is the wgmma GEMV (gemv_wgmma.py, 17..64 rows) over tiles of rows. A block owns
+``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
+(one block: ``64 * channel_tiles * warpgroups`` channels), and one tile of ``row_tile`` activation
+rows (the wgmma N: 64, 128 or 256); the grid is (channel blocks) x ceil(rows / row_tile), the row
+tiles of one channel block adjacent (they read the same weights from L2). Per lane and slab the
+weights are loaded (16-byte vectors, a ring of ``stages`` register slots), decoded by the GEMV's
+lop3 / magic-number decoder (``bb_dec``) into the wgmma A fragment, group scales applied to the
+pairs (``hfma2``), as in the GEMV. The activations, reordered per slab by the GEMV's ``permute``
+kernel (all rows), come by TMA in boxes of 64 K values x ``row_tile`` rows (128-byte swizzle) into
+a ring of box slots in shared memory shared by the block's warpgroups (``full`` mbarriers; with
+two warpgroups ``empty`` mbarriers, one arrival per warpgroup, say a slot was read); one thread
+refills the slots of the previous slab. A slab of ``512 / bits`` K values is 2 (4-bit), 4 (2-bit)
+or 1 (8-bit) boxes: per box one wait and 4 k16 steps of ``wgmma m64n{row_tile}k16`` per 64-channel
+tile, one commit group per slab; each warpgroup waits for its own wgmma before decoding the next
+slab (ptxas serializes an overlap, C7513), the other warpgroup's wgmma fill that gap. float32
+accumulators (``channel_tiles * row_tile / 2`` per thread, at most 128), stored from registers
+with the per-channel scale, bias and cast; rows past the call's rows are zeros (TMA's
+out-of-bounds fill) and not stored, channels past N are clamped on load and not stored. K must be
+a multiple of the slab (as for the GEMV; otherwise the operator's default serves the plan).
+
+Not a default: the operator runs it where a hint says so (``Matmul`` with a tuned / forced
+``FusedWgmmaHint`` for a bucket, ``benchmark.matmul --hints 'FusedWgmmaHint(...)'``).
+
+Expected, W4A16 g128, N = K = 8192 on the H200 (cuBLAS fp16 from the issue 24 table: 40.2 / 62.1 /
+214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows). Tensor rate: one SM does 1024 dense fp16 FLOP per
+cycle per tensor-core quarter, m64nNk16 = 2048 N FLOP: ~N / 2 cycles (64 at N=128, 128 at N=256).
+Decode per slab and 64-channel tile: 2 vectors x 32 codes per lane, ~1 lop3 + 1 hsub2 / hfma2 +
+1 scale hfma2 per pair = ~100 instructions per warp for 8 wgmma (12 per wgmma: ~20% of an n128
+wgmma's 64 cycles, ~10% of an n256's 128), hidden behind the other warpgroup's wgmma when two
+share the SM.
+
+* 128 rows (``row_tile=128``, 1 x 64 channels, 1 warpgroup: 128 blocks on 132 SMs): 17.2 GFLOP,
+  130 µs of tensor issue per SM spread as 512 wgmma n128 x 64 cycles = 33k cycles ~ 18 µs at
+  1.83 GHz, plus the decode not hidden (one warpgroup per SM: ~25%) and the ring's first fill:
+  ~24-28 µs (goal 25, cuBLAS 40); DRAM: 34 MB of weights and scales + 2 MB of activations = 8 µs,
+  not the bound.
+* 256 rows (``row_tile=256`` or 2 row tiles of 128): twice the wgmma work per block: ~45-50 µs
+  (goal 45, cuBLAS 62); with 256 blocks of n128 two warpgroups share an SM and hide the decode.
+* 1024 rows (``row_tile=256``, 2 warpgroups x 64 channels: 64 x 4 = 256 blocks): 137 GFLOP at
+  ~80% of the 990 TFLOP/s peak: ~175 µs (1.2x cuBLAS); L2 traffic: activations 16 MB x 64 channel
+  blocks = 1 GB, weights 32 MB x 4 row tiles.
+* 4096 rows (same tile, 1024 blocks, ~8 waves): 550 GFLOP: ~700-760 µs (1.1-1.2x cuBLAS), if the
+  L2 keeps up with 4.3 GB of activation reads (64 MB x 64 channel blocks) + 0.5 GB of weights,
+  ~6 TB/s (cuBLAS's 128 x 256 tiles read ~6 GB). Scattered 2-byte output stores (64 MB) are a
+  known cost, not yet measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .._tvm import tvm
+from .cuda_mma import _target_info
+
+__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "schedule_fused_wgmma", "FUSED_SMEM_MAX"]
+
+_BOX = 64                          # K values per TMA box (128 bytes: 128-byte swizzle)
+FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
+_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+@dataclass(frozen=True)
+class FusedWgmmaHint:
+    row_tile: int = 128            # activation rows per block: the wgmma N (64, 128, 256)
+    channel_tiles: int = 1         # 64-channel wgmma tiles per warpgroup (1, 2)
+    warpgroups: int = 1            # warpgroups per block, side by side in N, sharing the activation ring (1, 2)
+    stages: int = 2                # register slots of weight vectors (slabs in flight per lane)
+    ring: int = 0                  # activation box slots in shared memory (0: as many as fit FUSED_SMEM_MAX, <= 8)
+    pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
+
+    @classmethod
+    def default(cls, plan, target=None) -> "FusedWgmmaHint":
+        """A first tile (not measured yet): 128 rows x 64 channels per block up to 128 rows (128
+        blocks at N=8192 keep 132 SMs busy), 256 rows x 2 warpgroups of 64 channels above."""
+        m = plan.m or 4096
+        if m <= 128:
+            return cls(row_tile=128)
+        return cls(row_tile=256, warpgroups=2)
+
+
+def slab_k(bits: int) -> int:
+    """K values per slab: the 4 16-byte weight vectors of a lane quad, as in the wgmma GEMV."""
+    return 4 * 16 * 8 // bits
+
+
+def ring_slots(plan, hint: FusedWgmmaHint) -> int:
+    """Activation box slots of the ring (``hint.ring``, or as many as fit, at most 8)."""
+    box = hint.row_tile * _BOX * 2
+    return hint.ring or min(8, FUSED_SMEM_MAX // box)
+
+
+def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
+    """None when the fused wgmma GEMM takes ``plan`` with ``hint``, else why not (naming the field)."""
+    from .cuda_gemv import _vec_bytes
+    from .gemv_decode import _decoder
+    c, w = plan.config, plan.w
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if not plan.args or plan.args[0].name != "A":
+        return "the fused wgmma GEMM passes the activations as the first argument"
+    if c.A_dtype not in ("float16", "bfloat16"):
+        return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 activations"
+    if c.layout != "nt":
+        return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
+    if _decoder(w) != "int" or w.bits not in (2, 4, 8):
+        return f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM decodes int/uint 2-, 4- and 8-bit codes"
+    if c.with_act_scaling:
+        return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
+    if c.with_scaling and plan.scale_dtype != c.A_dtype:
+        return f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype"
+    if c.out_dtype not in ("float16", "bfloat16", "float32"):
+        return f"out_dtype={c.out_dtype!r}: the fused wgmma GEMM writes float16, bfloat16 or float32"
+    if hint.row_tile not in (64, 128, 256):
+        return f"row_tile={hint.row_tile}: the fused wgmma GEMM takes 64, 128 or 256 rows per tile"
+    if hint.channel_tiles not in (1, 2):
+        return f"channel_tiles={hint.channel_tiles}: 1 or 2 tiles of 64 channels per warpgroup"
+    if hint.warpgroups not in (1, 2):
+        return f"warpgroups={hint.warpgroups}: 1 or 2 warpgroups per block"
+    if hint.channel_tiles * hint.row_tile // 2 > 128:
+        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: "
+                f"{hint.channel_tiles * hint.row_tile // 2} float32 accumulators per thread, at most 128")
+    if hint.stages < 1:
+        return f"stages={hint.stages}: at least one weight register slot"
+    if _vec_bytes(plan, 16) != 16:
+        return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
+                f"({16 * 8 // w.bits} codes inside one group)")
+    if c.K % slab_k(w.bits):
+        return f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_k(w.bits)} (one slab)"
+    ups = slab_k(w.bits) // _BOX
+    slots = ring_slots(plan, hint)
+    box = hint.row_tile * _BOX * 2
+    if slots < ups or slots * box > FUSED_SMEM_MAX:
+        return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
+                f"{FUSED_SMEM_MAX // box} slots of {box} bytes (one slab of {slab_k(w.bits)} K values)")
+    return None
+
+
+def _gemv_stand_in(hint: FusedWgmmaHint):
+    """The GEMV hint whose load / decode / scale / store lines the kernel shares (cuda_gemv)."""
+    from .cuda_gemv import GEMVHint
+    return GEMVHint(rows_per_warp=16 * hint.channel_tiles, k_warps=1, unroll=1, stages=hint.stages, mma=True,
+                    wgmma=True, pdl=hint.pdl)
+
+
+def _body(plan, hint: FusedWgmmaHint):
+    """The main kernel's body writer, given cuda_gemv ``_kernel_script``'s ``add`` and locals."""
+    from .cuda_gemv import _pdl_trigger, _step_loop
+    from .gemv_mma import _mma_helpers
+    from .gemv_wgmma import _wgmma_helper
+
+    def body(add, e):
+        c = plan.config
+        N, K, NW, NA, tag = e["N"], c.K, e["NW"], e["NA"], e["tag"]
+        R, CW, RT = hint.channel_tiles, hint.warpgroups, hint.row_tile
+        SL = slab_k(plan.w.bits)
+        UPS = SL // _BOX                        # boxes per slab
+        NS = K // SL                            # slabs
+        NU = K // _BOX                          # boxes
+        STG = ring_slots(plan, hint)
+        STW = max(1, min(hint.stages, NS))
+        NACC = RT // 2
+        BOXB = RT * _BOX * 2                    # bytes per box slot
+        SW = BOXB // 4                          # float32 words per box slot
+        CH = 64 * R * CW                        # channels per block
+        NBLK = -(-N // CH)
+        NRT = f"((mv + {RT - 1}) // {RT})"
+        sdt, zdt = e["sdt"], e["zdt"]
+        at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
+        hs = _mma_helpers(tag, c.A_dtype, NA)
+        wsrc = repr(_wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
+
+        def accs(ind, stmt):
+            """``stmt`` for every accumulator, unrolled (a loop left rolled puts them in local memory)."""
+            return [f"{ind}for r in T.unroll({R}):", f"{ind}    for j in T.unroll({NACC}):", f"{ind}        {stmt}"]
+
+        add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+        add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
+            f"{K}, mv, {K * 2}, {_BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
+        add("    T.device_entry()")
+        add(f"    bx = T.cta_id([{NBLK} * {NRT}])")
+        add(f"    tx = T.thread_id([{128 * CW}])")
+        add(f"    wq = T.alloc_local(({STW}, {R}, 2, {NW}), 'uint32')")
+        if sdt and not at_store:
+            add(f"    sr = T.alloc_local(({STW}, {R}, 2), {sdt!r})")
+        if zdt:
+            add(f"    zr = T.alloc_local(({STW}, {R}, 2), {zdt!r})")
+        add(f"    Sm = T.alloc_buffer(({STG * SW},), 'float32', scope='shared.dyn', align=1024)")
+        add(f"    full = T.alloc_shared(({STG},), 'uint64')")
+        if CW > 1:
+            add(f"    empty = T.alloc_shared(({STG},), 'uint64')")
+        add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+        add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
+        add("    sv = T.alloc_local((2,), 'float32')")
+        add("    cv = T.alloc_local((2,), 'float32')")
+        add("    ov = T.alloc_local((2,), 'int32')")
+        add("    descB: T.uint64")
+        add("    g = T.meta_var(tx % 32 // 4)")
+        add("    q = T.meta_var(tx % 4)")
+        add("    wp = T.meta_var(tx % 128 // 32)")
+        add("    cw = T.meta_var(tx // 128)")
+        add("    t4 = T.meta_var(tx % 128)")
+        add(f"    n0 = T.meta_var(bx // {NRT} * {CH} + cw * {64 * R})")
+        add(f"    r0 = T.meta_var(bx % {NRT} * {RT})")
+        for ln in accs("    ", "acc[r, j] = T.float32(0)"):
+            add(ln)
+        add("    if tx == 0:")
+        add(f"        for s in T.unroll({STG}):")
+        add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+        if CW > 1:
+            add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({CW}))")
+        add("    T.ptx.fence.proxy.async_.shared__cta()")
+        add("    T.cuda.cta_sync()")
+
+        def tma(ind, u):
+            """Box ``u`` (K values 64u..64u+63 of the tile's rows) into slot u % STG."""
+            sl = f"({u}) % {STG}"
+            add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
+            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([{sl} * {SW}]), T.address_of(A_map), "
+                f"({u}) * {_BOX}, r0, full.ptr_to([{sl}]))")
+
+        nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
+
+        def cidx(step):
+            return f"(({step}) * 4 + q)"
+
+        def first_activations():
+            if hint.pdl:
+                add("    T.ptx.griddepcontrol.wait()")
+            add("    if tx == 0:")
+            for u in range(min(STG, NU)):
+                tma("        ", str(u))
+
+        def load(ind, step, ws):
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            for ln in e["load_lines"](ind + "    ", nr, cidx(step), f"{ws}, r, h", not at_store):
+                add(ln)
+
+        def process(ind, step, ws):
+            # this warpgroup's wgmma of the previous slab are done: its decoded registers and (for
+            # this warpgroup) its box slots are free
+            add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
+            for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+                add(ln)
+            add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
+            add(f"{ind}if ({step}) > 0:")
+            if CW > 1:
+                add(f"{ind}    if t4 == 0:")
+                for b in range(UPS):
+                    add(f"{ind}        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([((({step}) - 1) * {UPS} + {b}) "
+                        f"% {STG}]), T.uint32(1))")
+            add(f"{ind}    if tx == 0:")
+            for b in range(UPS):          # refill the slots of the previous slab's boxes
+                u = f"(({step}) - 1) * {UPS} + {STG + b}"
+                add(f"{ind}        if {u} < {NU}:")
+                if CW > 1:
+                    add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
+                tma(ind + "            ", u)
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            ind1 = ind + "    "
+            s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
+            for ln in e["scale_lines"](ind1, cidx(step), "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
+                add(ln)
+            add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
+            if (c.with_scaling or e["float_zeros"]) and not at_store:
+                add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
+                    f"source_code={hs[f'bb_scl_{tag}']!r})")
+            for b in range(UPS):
+                u = f"({step}) * {UPS} + {b}"
+                add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([({u}) % {STG}]), (({u}) // {STG}) % 2)")
+                add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
+                    f"Sm.ptr_to([({u}) % {STG} * {SW}]), 1, 64, 3)")
+                for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+                    add(ln)
+                add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
+                add(f"{ind}for r in T.unroll({R}):")
+                add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, {8 * b}]), "
+                    f"dq.ptr_to([r, 1, {8 * b}]), descB, source_code={wsrc})")
+            add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
+
+        _step_loop(add, NS, STW, load, process, after_prologue=first_activations)
+        add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
+        for ln in accs("    ", "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+            add(ln)
+        _pdl_trigger(add, hint)
+        # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row r0 + (j // 4) * 8 + 2q + j % 2
+        ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
+        row = "r0 + j // 4 * 8 + q * 2 + j % 2"
+        val = "acc[r, j]"
+        if at_store:
+            val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
+        add(f"    for r in T.unroll({R}):")
+        add(f"        for j in T.unroll({NACC}):")
+        add(f"            if {row} < mv and {ch} < {N}:")
+        add(e["store_line"]("                ", row, ch, val))
+    return body
+
+
+def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, target=None):
+    """IRModule of the fused GEMM for ``plan`` (any row count, static or symbolic; ``func`` is not
+    used): ``main`` (this kernel) and ``permute`` (the wgmma GEMV's), compiled for sm_90a with the
+    tirx pipeline; ``build.kernel_callable`` runs them in turn."""
+    from tvm.script import tirx as T
+    from .cuda_gemv import TIRX_PIPELINE_ATTR, _kernel_script
+    from .cuda_wgmma import WGMMA_ARCH_ATTR
+    from .gemv_wgmma import permute_script
+    hint = hint or FusedWgmmaHint.default(plan, target)
+    sm = _target_info(target)[0]
+    if sm is None or sm < 90:
+        raise ValueError(f"FusedWgmmaHint needs an sm_90 target (wgmma, TMA); target arch is "
+                         f"{f'sm_{sm}' if sm else 'unknown'}")
+    why = fused_wgmma_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    stand_in = _gemv_stand_in(hint)
+    prim = tvm.script.from_source(_kernel_script(plan, stand_in, body=_body(plan, hint)), extra_vars={"T": T})
+    perm = tvm.script.from_source(permute_script(plan, stand_in), extra_vars={"T": T})
+    if hint.pdl:
+        tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
+        prim = prim.with_attr("tirx.kernel_launch_params", tags + ["tirx.use_dyn_shared_memory"])
+        perm = perm.with_attr("tirx.kernel_launch_params", tags)
+    mod = tvm.IRModule({"main": prim, "permute": perm})
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")

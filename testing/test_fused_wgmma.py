@@ -81,6 +81,7 @@ def test_fused_refusals_name_the_argument():
         (plan, FusedWgmmaHint(channel_tiles=3), "channel_tiles=3"),
         (plan, FusedWgmmaHint(warpgroups=4), "warpgroups=4"),
         (plan, FusedWgmmaHint(stages=0), "stages=0"),
+        (make_plan(_cfg("u2-g128"), "cuda", None), FusedWgmmaHint(row_tile=128, channel_tiles=2), "spill"),
         (plan, FusedWgmmaHint(row_tile=256, ring=1), "ring=1"),
         (plan, FusedWgmmaHint(row_tile=256, ring=7), "ring=7"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=128,

@@ -27,27 +27,32 @@ Not a default: the operator runs it where a hint says so (``Matmul`` with a tune
 ``FusedWgmmaHint`` for a bucket, ``benchmark.matmul --hints 'FusedWgmmaHint(...)'``).
 
 Expected, W4A16 g128, N = K = 8192 on the H200 (cuBLAS fp16 from the issue 24 table: 40.2 / 62.1 /
-214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows). Tensor rate: one SM does 1024 dense fp16 FLOP per
-cycle per tensor-core quarter, m64nNk16 = 2048 N FLOP: ~N / 2 cycles (64 at N=128, 128 at N=256).
-Decode per slab and 64-channel tile: 2 vectors x 32 codes per lane, ~1 lop3 + 1 hsub2 / hfma2 +
-1 scale hfma2 per pair = ~100 instructions per warp for 8 wgmma (12 per wgmma: ~20% of an n128
-wgmma's 64 cycles, ~10% of an n256's 128), hidden behind the other warpgroup's wgmma when two
-share the SM.
+214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows; not measured yet). Tensor rate: an SM does 4096
+dense fp16 FLOP per cycle, m64nNk16 = 2048 N FLOP: ~N / 2 cycles (64 at n128, 128 at n256). Decode
+per slab and 64-channel tile: 2 vectors x 32 codes per lane, ~1 lop3 + 1 hsub2 + 1 scale hfma2
+per pair plus loads = ~110 instructions per warp for 8 wgmma (~14 per wgmma: ~20% of an n128
+wgmma's 64 cycles, ~10% of an n256's 128); hidden only where another warpgroup's wgmma run
+meanwhile (two one-warpgroup blocks per SM, or ``warpgroups=2``).
 
-* 128 rows (``row_tile=128``, 1 x 64 channels, 1 warpgroup: 128 blocks on 132 SMs): 17.2 GFLOP,
-  130 µs of tensor issue per SM spread as 512 wgmma n128 x 64 cycles = 33k cycles ~ 18 µs at
-  1.83 GHz, plus the decode not hidden (one warpgroup per SM: ~25%) and the ring's first fill:
-  ~24-28 µs (goal 25, cuBLAS 40); DRAM: 34 MB of weights and scales + 2 MB of activations = 8 µs,
-  not the bound.
-* 256 rows (``row_tile=256`` or 2 row tiles of 128): twice the wgmma work per block: ~45-50 µs
-  (goal 45, cuBLAS 62); with 256 blocks of n128 two warpgroups share an SM and hide the decode.
-* 1024 rows (``row_tile=256``, 2 warpgroups x 64 channels: 64 x 4 = 256 blocks): 137 GFLOP at
-  ~80% of the 990 TFLOP/s peak: ~175 µs (1.2x cuBLAS); L2 traffic: activations 16 MB x 64 channel
-  blocks = 1 GB, weights 32 MB x 4 row tiles.
-* 4096 rows (same tile, 1024 blocks, ~8 waves): 550 GFLOP: ~700-760 µs (1.1-1.2x cuBLAS), if the
-  L2 keeps up with 4.3 GB of activation reads (64 MB x 64 channel blocks) + 0.5 GB of weights,
-  ~6 TB/s (cuBLAS's 128 x 256 tiles read ~6 GB). Scattered 2-byte output stores (64 MB) are a
-  known cost, not yet measured.
+* 128 rows (``row_tile=128``: 128 blocks of 64 channels on 132 SMs, one per SM): 17.2 GFLOP;
+  per block 512 wgmma n128 x 64 cycles = 33k cycles = 17 µs at 1.98 GHz, plus the decode not
+  hidden (+~20%) and the ring's first fill: ~22-26 µs (goal 25, cuBLAS 40). DRAM: 34 MB of
+  weights and scales + 2 MB of activations = 8 µs, not the bound.
+* 256 rows (``row_tile=128``: 256 blocks, two per SM, one's decode under the other's wgmma):
+  twice the tensor work: ~38-45 µs (goal 45, cuBLAS 62).
+* 1024 rows (``row_tile=256, warpgroups=2``: 64 x 4 = 256 blocks of 128 channels): 137 GFLOP
+  at ~75% of the 990 TFLOP/s peak (2 waves on 132 SMs, the second half empty: 256 / 264):
+  ~185 µs (1.15x cuBLAS); L2 reads: activations 16 MB x 64 channel blocks = 1 GB, weights
+  34 MB x 4 row tiles.
+* 4096 rows (same tile, 1024 blocks, 7.8 waves): 550 GFLOP: ~700-760 µs (1.1-1.2x cuBLAS) if
+  the L2 serves 4.3 GB of activation reads (64 MB x 64 channel blocks) + 0.5 GB of weights in
+  that time, ~6.5 TB/s (cuBLAS's 128 x 256 tiles read ~6 GB). The scattered 2-byte output stores
+  (64 MB, half-used sectors) and the permute pass (64 MB read + written) cost ~30 µs more.
+
+Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
+4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
+in natural K order would remove the permute kernel); no persistent tile loop, split-K or
+warp-specialized producer; no table formats, int8 / fp8 activations.
 """
 from __future__ import annotations
 
@@ -75,10 +80,11 @@ class FusedWgmmaHint:
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
-        """A first tile (not measured yet): 128 rows x 64 channels per block up to 128 rows (128
-        blocks at N=8192 keep 132 SMs busy), 256 rows x 2 warpgroups of 64 channels above."""
+        """A first tile (not measured yet): 128 rows x 64 channels per block up to 512 rows (128
+        blocks at N=8192 and 128 rows keep 132 SMs busy; two blocks per SM from 256 rows), 256
+        rows x 2 warpgroups of 64 channels above (half the activation reads per FLOP)."""
         m = plan.m or 4096
-        if m <= 128:
+        if m <= 512:
             return cls(row_tile=128)
         return cls(row_tile=256, warpgroups=2)
 
@@ -89,9 +95,27 @@ def slab_k(bits: int) -> int:
 
 
 def ring_slots(plan, hint: FusedWgmmaHint) -> int:
-    """Activation box slots of the ring (``hint.ring``, or as many as fit, at most 8)."""
+    """Activation box slots of the ring: ``hint.ring``, or as many as fit in FUSED_SMEM_MAX per
+    warpgroup over 2 (one-warpgroup blocks: two per SM, so that one decodes while the other's wgmma
+    run), at most 8, at least one slab's boxes."""
+    if hint.ring:
+        return hint.ring
     box = hint.row_tile * _BOX * 2
-    return hint.ring or min(8, FUSED_SMEM_MAX // box)
+    ups = slab_k(plan.w.bits) // _BOX
+    return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
+
+
+# accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
+# 255 registers (uint4, 2 tiles x n128, 2 slots), 288 spilled 548 bytes (uint2, the same tile)
+_REG_WORDS_MAX = 224
+
+
+def register_words(plan, hint: FusedWgmmaHint) -> int:
+    """32-bit registers a thread holds for its tile: float32 accumulators (``channel_tiles x
+    row_tile / 2``), the decoded pairs of one slab (2 channels x ``512 / bits / 8`` words per tile)
+    and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile)."""
+    R = hint.channel_tiles
+    return R * hint.row_tile // 2 + R * 2 * (64 // plan.w.bits) + max(1, hint.stages) * R * 2 * 4
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -126,6 +150,11 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
                 f"{hint.channel_tiles * hint.row_tile // 2} float32 accumulators per thread, at most 128")
     if hint.stages < 1:
         return f"stages={hint.stages}: at least one weight register slot"
+    regs = register_words(plan, hint)
+    if regs > _REG_WORDS_MAX:
+        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
+                f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
+                f"(ptxas would spill)")
     if _vec_bytes(plan, 16) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")

@@ -37,7 +37,7 @@ FORMATS = {
     "u8-g128": dict(W_dtype="uint8", group_size=128, with_scaling=True),
 }
 HINTS = {
-    "t128": FusedWgmmaHint(row_tile=128),
+    "t128": FusedWgmmaHint(row_tile=128, stages=4),
     "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),
     "t128c2": FusedWgmmaHint(row_tile=128, channel_tiles=2),
     "t64c2w2": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, stages=1),

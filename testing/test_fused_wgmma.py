@@ -50,19 +50,22 @@ def _cfg(name, N=1000, K=1536, M=None):
     ("u4-g128-zeros", None, (256, 1, 2)), ("i4-g128", None, (128, 2, 2)),
     ("u2-g128", None, (128, 1, 1)), ("u2-g128", 257, (256, 1, 2)),
     ("u8-g128-bias", None, (256, 1, 2)), ("i8-chan-f32", None, (64, 2, 2)), ("bf16-u4-qzeros", None, (128, 1, 2)),
+    ("u4-g128", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 2, "split_k")),
+    ("u4-g128-zeros", None, (256, 1, 2, "split_k")),
 ])
 def test_fused_codegen(name, m, tile):
     """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
     with nvcc for sm_90a within 60 s: the main kernel with wgmma m64n{row_tile}k16, TMA boxes of
-    the permuted activations, no spills, no stack (accumulators in registers), no C7513."""
+    the permuted activations, no spills, no stack (accumulators in registers), no C7513; two
+    warpgroups side by side in N share one ring (``empty`` barriers), split over K each has its own."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    RT, R, CW = tile
-    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW)
+    RT, R, CW, *split = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=bool(split))
     src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
     assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
     assert "permute_kernel" in src and "cp_async_bulk_tensor" in src
-    assert ("empty_ptr" in src) == (CW > 1)
+    assert ("empty_ptr" in src) == (CW > 1 and not split)
     t0 = time.perf_counter()
     text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
     wall = time.perf_counter() - t0
@@ -84,6 +87,8 @@ def test_fused_refusals_name_the_argument():
         (make_plan(_cfg("u2-g128"), "cuda", None), FusedWgmmaHint(row_tile=128, channel_tiles=2), "spill"),
         (plan, FusedWgmmaHint(row_tile=256, ring=1), "ring=1"),
         (plan, FusedWgmmaHint(row_tile=256, ring=7), "ring=7"),
+        (plan, FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, ring=4), "ring=4"),
+        (make_plan(_cfg("u4-g128", K=1152), "cuda", None), FusedWgmmaHint(warpgroups=2, split_k=True), "K=1152"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=128,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nf4'"),
         (make_plan(MatmulConfig(N=1000, K=1088, A_dtype="float16", W_dtype="uint2", group_size=64,
@@ -102,7 +107,7 @@ def test_fused_refusals_name_the_argument():
 
 
 def test_fused_hint_is_data():
-    h = FusedWgmmaHint(row_tile=256, warpgroups=2, stages=3, ring=4, pdl=False)
+    h = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=3, ring=3, pdl=False)
     assert hint_from_dict(hint_to_dict(h)) == h
 
 

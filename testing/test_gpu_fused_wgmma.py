@@ -2,7 +2,7 @@
 sm_90 GPU: uint4 g128 (with and without float zeros), int4 g128, uint2 g128 and uint8 g128 weights
 x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile) x N=1000, K=1536
 (N off the channel tile), each tile shape (row tiles 64 / 128 / 256, 1 / 2 channel tiles, 1 / 2
-warpgroups); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
+warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
 for rows past the GEMV. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
 the tolerance table.
@@ -41,6 +41,7 @@ HINTS = {
     "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),
     "t128c2": FusedWgmmaHint(row_tile=128, channel_tiles=2),
     "t64c2w2": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, stages=1),
+    "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -69,7 +70,7 @@ def test_fused_formats(name, hk):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("hk", ["t128", "t256w2"])
+@pytest.mark.parametrize("hk", ["t128", "t256w2", "t128w2k"])
 @pytest.mark.parametrize("name", list(FORMATS))
 @gpu
 def test_fused_8192(name, hk):

@@ -17,7 +17,10 @@ two warpgroups ``empty`` mbarriers, one arrival per warpgroup, say a slot was re
 refills the slots of the previous slab. A slab of ``512 / bits`` K values is 2 (4-bit), 4 (2-bit)
 or 1 (8-bit) boxes: per box one wait and 4 k16 steps of ``wgmma m64n{row_tile}k16`` per 64-channel
 tile, one commit group per slab; each warpgroup waits for its own wgmma before decoding the next
-slab (ptxas serializes an overlap, C7513), the other warpgroup's wgmma fill that gap. float32
+slab (ptxas serializes an overlap, C7513), the other warpgroup's wgmma fill that gap. With
+``split_k`` the warpgroups of a block take the same channels and alternate slabs of K instead,
+each with its own ring (its own thread refills it), and add their sums through the ring's shared
+memory at the end: two warpgroups per SM where there are only ~132 tiles (128 rows). float32
 accumulators (``channel_tiles * row_tile / 2`` per thread, at most 128), stored from registers
 with the per-channel scale, bias and cast; rows past the call's rows are zeros (TMA's
 out-of-bounds fill) and not stored, channels past N are clamped on load and not stored. K must be
@@ -74,6 +77,8 @@ class FusedWgmmaHint:
     row_tile: int = 128            # activation rows per block: the wgmma N (64, 128, 256)
     channel_tiles: int = 1         # 64-channel wgmma tiles per warpgroup (1, 2)
     warpgroups: int = 1            # warpgroups per block, side by side in N, sharing the activation ring (1, 2)
+    split_k: bool = False          # the warpgroups split K instead (same channels, each its own ring; their
+                                   # sums meet in shared memory): two warpgroups per SM where the tiles are few
     stages: int = 2                # register slots of weight vectors (slabs in flight per lane)
     ring: int = 0                  # activation box slots in shared memory (0: as many as fit FUSED_SMEM_MAX, <= 8)
     pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
@@ -102,6 +107,8 @@ def ring_slots(plan, hint: FusedWgmmaHint) -> int:
         return hint.ring
     box = hint.row_tile * _BOX * 2
     ups = slab_k(plan.w.bits) // _BOX
+    if hint.split_k:                          # a ring per warpgroup, one block per SM
+        return max(ups, min(8, FUSED_SMEM_MAX // hint.warpgroups // box))
     return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
 
 
@@ -158,14 +165,17 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     if _vec_bytes(plan, 16) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
-    if c.K % slab_k(w.bits):
-        return f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_k(w.bits)} (one slab)"
+    kw = hint.warpgroups if hint.split_k else 1
+    if c.K % (slab_k(w.bits) * kw):
+        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_k(w.bits) * kw} (one slab"
+                f"{f' per warpgroup, split_k=True' if kw > 1 else ''})")
     ups = slab_k(w.bits) // _BOX
     slots = ring_slots(plan, hint)
     box = hint.row_tile * _BOX * 2
-    if slots < ups or slots * box > FUSED_SMEM_MAX:
+    if slots < ups or kw * slots * box > FUSED_SMEM_MAX:
         return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
-                f"{FUSED_SMEM_MAX // box} slots of {box} bytes (one slab of {slab_k(w.bits)} K values)")
+                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_k(w.bits)} K values"
+                f"{', per warpgroup' if kw > 1 else ''})")
     return None
 
 
@@ -185,12 +195,15 @@ def _body(plan, hint: FusedWgmmaHint):
     def body(add, e):
         c = plan.config
         N, K, NW, NA, tag = e["N"], c.K, e["NW"], e["NA"], e["tag"]
-        R, CW, RT = hint.channel_tiles, hint.warpgroups, hint.row_tile
+        R, RT = hint.channel_tiles, hint.row_tile
+        KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
+        CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
         SL = slab_k(plan.w.bits)
         UPS = SL // _BOX                        # boxes per slab
-        NS = K // SL                            # slabs
-        NU = K // _BOX                          # boxes
-        STG = ring_slots(plan, hint)
+        NS = K // SL // KW                      # slabs per warpgroup
+        NU = NS * UPS                           # boxes per warpgroup
+        STG = ring_slots(plan, hint)            # box slots per ring
+        PROD = "t4 == 0" if KW > 1 else "tx == 0"       # the thread that issues a ring's TMA
         STW = max(1, min(hint.stages, NS))
         NACC = RT // 2
         BOXB = RT * _BOX * 2                    # bytes per box slot
@@ -212,14 +225,16 @@ def _body(plan, hint: FusedWgmmaHint):
             f"{K}, mv, {K * 2}, {_BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
         add("    T.device_entry()")
         add(f"    bx = T.cta_id([{NBLK} * {NRT}])")
-        add(f"    tx = T.thread_id([{128 * CW}])")
+        add(f"    tx = T.thread_id([{128 * CW * KW}])")
         add(f"    wq = T.alloc_local(({STW}, {R}, 2, {NW}), 'uint32')")
         if sdt and not at_store:
             add(f"    sr = T.alloc_local(({STW}, {R}, 2), {sdt!r})")
         if zdt:
             add(f"    zr = T.alloc_local(({STW}, {R}, 2), {zdt!r})")
-        add(f"    Sm = T.alloc_buffer(({STG * SW},), 'float32', scope='shared.dyn', align=1024)")
-        add(f"    full = T.alloc_shared(({STG},), 'uint64')")
+        # one dynamic shared buffer: the rings; after the main loop the K warpgroups' sums (``red``) reuse it
+        words = max(KW * STG * SW, (KW - 1) * R * NACC * 128)
+        add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
+        add(f"    full = T.alloc_shared(({KW * STG},), 'uint64')")
         if CW > 1:
             add(f"    empty = T.alloc_shared(({STG},), 'uint64')")
         add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
@@ -232,35 +247,46 @@ def _body(plan, hint: FusedWgmmaHint):
         add("    q = T.meta_var(tx % 4)")
         add("    wp = T.meta_var(tx % 128 // 32)")
         add("    cw = T.meta_var(tx // 128)")
+        add("    kw = T.meta_var(tx // 128)")
         add("    t4 = T.meta_var(tx % 128)")
-        add(f"    n0 = T.meta_var(bx // {NRT} * {CH} + cw * {64 * R})")
+        add(f"    n0 = T.meta_var(bx // {NRT} * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
         add(f"    r0 = T.meta_var(bx % {NRT} * {RT})")
         for ln in accs("    ", "acc[r, j] = T.float32(0)"):
             add(ln)
         add("    if tx == 0:")
-        add(f"        for s in T.unroll({STG}):")
+        add(f"        for s in T.unroll({KW * STG}):")
         add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
         if CW > 1:
+            add(f"        for s in T.unroll({STG}):")
             add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({CW}))")
         add("    T.ptx.fence.proxy.async_.shared__cta()")
         add("    T.cuda.cta_sync()")
 
+        def slot(u):
+            """The ring slot of this warpgroup's box ``u``."""
+            return f"kw * {STG} + ({u}) % {STG}" if KW > 1 else f"({u}) % {STG}"
+
+        def kbox(u):
+            """K box (of 64 values) of this warpgroup's box ``u``: slab ``u // UPS`` of the warpgroup
+            is slab ``(u // UPS) * KW + kw`` of the row."""
+            return f"(({u}) // {UPS} * {KW} + kw) * {UPS} + ({u}) % {UPS}" if KW > 1 else f"({u})"
+
         def tma(ind, u):
-            """Box ``u`` (K values 64u..64u+63 of the tile's rows) into slot u % STG."""
-            sl = f"({u}) % {STG}"
+            """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
+            sl = slot(u)
             add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
-            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([{sl} * {SW}]), T.address_of(A_map), "
-                f"({u}) * {_BOX}, r0, full.ptr_to([{sl}]))")
+            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
+                f"({kbox(u)}) * {_BOX}, r0, full.ptr_to([{sl}]))")
 
         nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
 
         def cidx(step):
-            return f"(({step}) * 4 + q)"
+            return f"((({step}) * {KW} + kw) * 4 + q)" if KW > 1 else f"(({step}) * 4 + q)"
 
         def first_activations():
             if hint.pdl:
                 add("    T.ptx.griddepcontrol.wait()")
-            add("    if tx == 0:")
+            add(f"    if {PROD}:")
             for u in range(min(STG, NU)):
                 tma("        ", str(u))
 
@@ -282,7 +308,7 @@ def _body(plan, hint: FusedWgmmaHint):
                 for b in range(UPS):
                     add(f"{ind}        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([((({step}) - 1) * {UPS} + {b}) "
                         f"% {STG}]), T.uint32(1))")
-            add(f"{ind}    if tx == 0:")
+            add(f"{ind}    if {PROD}:")
             for b in range(UPS):          # refill the slots of the previous slab's boxes
                 u = f"(({step}) - 1) * {UPS} + {STG + b}"
                 add(f"{ind}        if {u} < {NU}:")
@@ -300,9 +326,9 @@ def _body(plan, hint: FusedWgmmaHint):
                     f"source_code={hs[f'bb_scl_{tag}']!r})")
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
-                add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([({u}) % {STG}]), (({u}) // {STG}) % 2)")
+                add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot(u)}]), (({u}) // {STG}) % 2)")
                 add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
-                    f"Sm.ptr_to([({u}) % {STG} * {SW}]), 1, 64, 3)")
+                    f"Sm.ptr_to([({slot(u)}) * {SW}]), 1, 64, 3)")
                 for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
                     add(ln)
                 add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
@@ -316,16 +342,30 @@ def _body(plan, hint: FusedWgmmaHint):
         for ln in accs("    ", "T.cuda.wgmma.noop_barrier(acc[r, j])"):
             add(ln)
         _pdl_trigger(add, hint)
+        ind = "    "
+        if KW > 1:                            # every warpgroup is past its ring: the words hold the sums
+            def red(k):
+                return f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]"
+            add("    T.cuda.cta_sync()")
+            add("    if kw > 0:")
+            for ln in accs("        ", f"{red('kw - 1')} = acc[r, j]"):
+                add(ln)
+            add("    T.cuda.cta_sync()")
+            add("    if kw == 0:")
+            tot = " + ".join(red(str(k)) for k in range(KW - 1))
+            for ln in accs("        ", f"acc[r, j] = acc[r, j] + {tot}"):
+                add(ln)
+            ind = "        "
         # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row r0 + (j // 4) * 8 + 2q + j % 2
         ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
         row = "r0 + j // 4 * 8 + q * 2 + j % 2"
         val = "acc[r, j]"
         if at_store:
             val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
-        add(f"    for r in T.unroll({R}):")
-        add(f"        for j in T.unroll({NACC}):")
-        add(f"            if {row} < mv and {ch} < {N}:")
-        add(e["store_line"]("                ", row, ch, val))
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for j in T.unroll({NACC}):")
+        add(f"{ind}        if {row} < mv and {ch} < {N}:")
+        add(e["store_line"](ind + "            ", row, ch, val))
     return body
 
 

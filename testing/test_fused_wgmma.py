@@ -128,3 +128,34 @@ def test_fused_through_matmul_only_where_asked():
     assert op._choose("cuda", 17) == before[17] and op._choose("cuda", 64) == before[64]
     src = op.get_source(m=300)
     assert "wgmma.mma_async.sync.aligned.m64n256k16" in src and "permute_kernel" in src
+
+
+@pytest.mark.parametrize("hint", [FusedWgmmaHint(row_tile=128, raster_rows=512), FusedWgmmaHint(row_tile=64),
+                                  FusedWgmmaHint(row_tile=256, warpgroups=2, raster_rows=256)])
+def test_fused_raster_covers_every_tile(hint):
+    """The block -> (channel block, row tile) map of the generated kernel (its ``T.meta_var`` lines,
+    evaluated here) covers every tile once for row counts on and off the raster groups, and a
+    group's row tiles are adjacent block indices."""
+    import types
+    from bitblas.schedule.cuda_gemv import _kernel_script
+    from bitblas.schedule.fused_wgmma import _body, _gemv_stand_in
+    plan = make_plan(_cfg("u4-g128", N=1000), "cuda", None)
+    text = _kernel_script(plan, _gemv_stand_in(hint), body=_body(plan, hint))
+    grid = re.search(r"bx = T.cta_id\(\[(.*)\]\)", text).group(1)
+    metas = re.findall(r"^    (\w+) = T.meta_var\((.*)\)$", text, re.M)
+    T = types.SimpleNamespace(min=min)
+    ch = 64 * hint.channel_tiles * (1 if hint.split_k else hint.warpgroups)
+    for mv in (1, 65, hint.row_tile * 3 + 1, 1000, 4100):
+        env = {"T": T, "mv": mv, "tx": 0}
+        blocks = eval(grid, env)
+        tiles = []
+        for bx in range(blocks):
+            env["bx"] = bx
+            for name, expr in metas:
+                env[name] = eval(expr, env)
+            tiles.append((env["n0"] // ch, env["r0"] // hint.row_tile))
+        nrt = -(-mv // hint.row_tile)
+        assert sorted(tiles) == [(c, r) for c in range(-(-1000 // ch)) for r in range(nrt)], mv
+        gr = max(1, hint.raster_rows // hint.row_tile)
+        if nrt >= gr:
+            assert [r for _, r in tiles[:gr]] == list(range(gr)) and len({c for c, _ in tiles[:gr]}) == 1

@@ -6,8 +6,12 @@ temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 It is the wgmma GEMV (gemv_wgmma.py, 17..64 rows) over tiles of rows. A block owns
 ``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
 (one block: ``64 * channel_tiles * warpgroups`` channels), and one tile of ``row_tile`` activation
-rows (the wgmma N: 64, 128 or 256); the grid is (channel blocks) x ceil(rows / row_tile), the row
-tiles of one channel block adjacent (they read the same weights from L2). Per lane and slab the
+rows (the wgmma N: 64, 128 or 256); the grid is (channel blocks) x ceil(rows / row_tile), in
+groups of ``raster_rows`` rows x every channel block, the group's row tiles adjacent (a wave reads
+the same weights for the group's row tiles and the same activations for its channel blocks from
+L2: W4A16 8192^2 at 4096 rows, 256-row tiles, a wave of 132 blocks touches 16 MB of activations
+and 17 MB of weights, where row tiles alone in the inner order would stream all 64 MB of
+activations through L2 every wave). Per lane and slab the
 weights are loaded (16-byte vectors, a ring of ``stages`` register slots), decoded by the GEMV's
 lop3 / magic-number decoder (``bb_dec``) into the wgmma A fragment, group scales applied to the
 pairs (``hfma2``), as in the GEMV. The activations, reordered per slab by the GEMV's ``permute``
@@ -81,6 +85,7 @@ class FusedWgmmaHint:
                                    # sums meet in shared memory): two warpgroups per SM where the tiles are few
     stages: int = 2                # register slots of weight vectors (slabs in flight per lane)
     ring: int = 0                  # activation box slots in shared memory (0: as many as fit FUSED_SMEM_MAX, <= 8)
+    raster_rows: int = 1024        # blocks run in groups of this many rows (row tiles) x every channel block
     pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
 
     @classmethod
@@ -157,6 +162,8 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
                 f"{hint.channel_tiles * hint.row_tile // 2} float32 accumulators per thread, at most 128")
     if hint.stages < 1:
         return f"stages={hint.stages}: at least one weight register slot"
+    if hint.raster_rows < 1:
+        return f"raster_rows={hint.raster_rows}: a positive number of rows per raster group"
     regs = register_words(plan, hint)
     if regs > _REG_WORDS_MAX:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
@@ -249,8 +256,14 @@ def _body(plan, hint: FusedWgmmaHint):
         add("    cw = T.meta_var(tx // 128)")
         add("    kw = T.meta_var(tx // 128)")
         add("    t4 = T.meta_var(tx % 128)")
-        add(f"    n0 = T.meta_var(bx // {NRT} * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
-        add(f"    r0 = T.meta_var(bx % {NRT} * {RT})")
+        # grouped raster: GR row tiles (the last group may have fewer) x every channel block, the
+        # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
+        # activations across its channel blocks in L2
+        GR = max(1, hint.raster_rows // RT)
+        add(f"    grp = T.meta_var(bx // {GR * NBLK})")
+        add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
+        add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
+        add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
         for ln in accs("    ", "acc[r, j] = T.float32(0)"):
             add(ln)
         add("    if tx == 0:")

@@ -124,3 +124,84 @@ def test_retune_clears_fast_dispatch(db_path):
     assert 4 not in bound._rows
     torch.testing.assert_close(bound(x), y)
     assert bound._rows[4][0] is op._kernel("cpu", 4)[1]
+
+
+# -- the unbound call: Matmul.__call__ (op(A, W, ...), BitBLAS's positional form included) ----------
+
+@pytest.fixture(scope="module")
+def unbound():
+    """A uint4 g32 operator with scales, zeros and bias, its packed tensors, and a float64 reference."""
+    cfg = MatmulConfig(M=(1, 4, 16), N=N, K=K, A_dtype="float16", W_dtype="uint4", group_size=32,
+                       with_scaling=True, with_zeros=True, zeros_mode="original", with_bias=True)
+    op = bitblas.Matmul(cfg, target="llvm")
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int8)
+    scale = (torch.rand(N, K // 32, generator=g) * 0.02 + 0.01).to(torch.float16)
+    zeros = (torch.rand(N, K // 32, generator=g) * 4 + 6).to(torch.float16)
+    bias = (torch.randn(N, generator=g) * 0.1).to(torch.float16)
+    Wq = op.transform_weight(codes)
+    deq = (codes.double() - zeros.double().repeat_interleave(32, 1)) * scale.double().repeat_interleave(32, 1)
+
+    def ref(x):
+        return (x.double().reshape(-1, K) @ deq.T + bias.double()).reshape(*x.shape[:-1], N).to(torch.float16)
+    return op, Wq, scale, zeros, bias, ref
+
+
+def _close(y, want):
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_unbound_fast_path_matches(unbound):
+    """Keyword and positional calls, fresh and given outputs, several row counts and ranks: each
+    matches the reference, before and after the per-shape entry exists, and the fast path is taken."""
+    op, Wq, scale, zeros, bias, ref = unbound
+    for shape in [(1,), (3,), (1,), (2, 5), (16,), (3,)]:
+        x = _x(*shape, seed=sum(shape) + 11)
+        _close(op(x, Wq, scale=scale, zeros=zeros, bias=bias), ref(x))
+        out = torch.full((*shape, N), float("nan"), dtype=torch.float16)
+        assert op(x, Wq, scale, zeros, bias, out) is out          # BitBLAS's positional order
+        _close(out, ref(x))
+        assert op._calls[(x.device, x.shape)] is not None
+    a, b = op(_x(1), Wq, scale, zeros, bias), op(_x(1), Wq, scale, zeros, bias)
+    assert a.data_ptr() != b.data_ptr()
+
+
+def test_unbound_other_legal_forms_after_fast_calls(unbound):
+    """Forms the fast path does not take itself still work through the general checks: float32 scales
+    and zeros where the plan wants float16 are refused or converted exactly as before, and a
+    non-contiguous W is refused naming W."""
+    op, Wq, scale, zeros, bias, ref = unbound
+    x = _x(2, seed=5)
+    _close(op(x, Wq, scale, zeros, bias), ref(x))
+    with pytest.raises(TypeError, match=r"scale.*dtype"):
+        op(x, Wq, scale.float(), zeros, bias)
+    with pytest.raises(ValueError, match=r"W.*contiguous|W.*shape"):
+        op(x, torch.cat([Wq, Wq], 1)[:, ::2], scale, zeros, bias)
+    _close(op(x, Wq, scale, zeros, bias), ref(x))
+
+
+@pytest.mark.parametrize("call, exc, names", [
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z), ValueError, ("bias", "required"), id="missing-bias"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W.float(), s, z, b), TypeError, ("W", "dtype"), id="W-dtype"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s[:, :1], z, b), ValueError, ("scale", "shape"), id="scale-shape"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b, a_scale=torch.ones(2)), ValueError, ("a_scale",),
+                 id="a_scale-not-taken"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b, torch.empty(2, N)), TypeError, ("output", "dtype"),
+                 id="out-dtype"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b, torch.empty(3, N, dtype=torch.float16)),
+                 ValueError, ("output",), id="out-shape"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b, torch.empty(2, N, dtype=torch.float16), 1),
+                 TypeError, ("positional",), id="too-many"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b=b, bias=b), TypeError, ("b",), id="bad-keyword"),
+    pytest.param(lambda op, x, W, s, z, b: op(x, W, s, z, b, bias=b), TypeError, ("bias", "both"), id="twice"),
+    pytest.param(lambda op, x, W, s, z, b: op(x.float(), W, s, z, b), TypeError, ("A", "dtype"), id="A-dtype"),
+])
+def test_unbound_bad_input_after_good_call(unbound, call, exc, names):
+    op, Wq, scale, zeros, bias, ref = unbound
+    x = _x(2, seed=9)
+    _close(op(x, Wq, scale, zeros, bias), ref(x))      # the entry for [2, K] exists
+    with pytest.raises(exc) as e:
+        call(op, x, Wq, scale, zeros, bias)
+    for n in names:
+        assert n in str(e.value)
+    _close(op(x, Wq, scale, zeros, bias), ref(x))

@@ -66,6 +66,8 @@ class Matmul(BitBLASOperatorAPI):
         # dispatch, one int-keyed dict lookup per call; cleared in place when dispatch changes
         self._fast: Dict[torch.device, Dict[int, tuple]] = {}
         self._out_base: Dict[torch.device, torch.Tensor] = {}
+        # (device, A's shape) -> the unbound call's plan, pre-checked (see :meth:`_call_entry`)
+        self._calls: Dict[tuple, Optional[tuple]] = {}
         self._buckets = None                      # BucketTable of the tuned buckets
         self._dequant_gemm_why: Optional[str] = None      # why decode-then-GEMM does not apply ("" : it does)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
@@ -224,8 +226,55 @@ class Matmul(BitBLASOperatorAPI):
             d[rows] = entry
         return entry
 
+    def _call_entry(self, A: torch.Tensor) -> Optional[tuple]:
+        """The unbound call's hot path for A's device and shape, computed once: the kernel and, per
+        kernel argument, where it comes from and the exact tensor it must be (dtype, shape, device,
+        contiguous), so that a call passing exactly that only compares (:func:`_fast_call`). Anything
+        else (another dtype or shape the checks accept, a misaligned CUDA view, a wrong tensor) takes
+        the general path of :meth:`_run_kernel`, which converts or raises naming the argument. None:
+        this call always takes the general path (BitBLAS spellings, NVFP4 activations, no rows)."""
+        device = A.device
+        key = (device, A.shape)
+        entry = None
+        kind = device.type
+        c = self._kc
+        if (self._nv is None and self._kc is self.config and kind in ("cpu", "cuda")
+                and not (kind == "cuda" and self._cpu_only) and A.dim() >= 1):
+            plan0 = self._base_plan(kind)
+            lead = tuple(A.shape[:-1])
+            rows = math.prod(lead)
+            if A.shape[-1] == plan0.args[0].shape[1] and rows > 0:
+                plan, fn = self._kernel(kind, rows)
+                dev_index = A.get_device()
+                accepted = [False] * len(_CALL_SLOTS)
+                specs = []
+                out = None
+                for spec, want, bits_view, has_m in self._checks_for(plan):
+                    if spec.role == "table":
+                        specs.append((-1, None, None, None, False, self._const(spec.name, plan, device)))
+                        continue
+                    if spec.role == "output":
+                        out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None)
+                        continue
+                    idx = _CALL_SLOTS.index(spec.name)
+                    accepted[idx] = True
+                    shape = (*lead, *spec.shape[1:]) if has_m else tuple(spec.shape)
+                    view = (rows, *spec.shape[1:]) if has_m and len(lead) != 1 else None
+                    const = self._const(spec.name, plan, device) if spec.optional else None
+                    specs.append((idx, want, torch.Size(shape), view, bits_view, const))
+                if out is not None:
+                    taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
+                             "a_scale": c.with_act_scaling, "output": True}
+                    slots = tuple(s for s in _POSITIONAL if taken[s])
+                    entry = (fn, tuple(accepted), tuple(specs), out, device, dev_index, kind == "cuda", slots)
+        if len(self._calls) >= 4096:
+            self._calls.clear()
+        self._calls[key] = entry
+        return entry
+
     def _reset_dispatch(self, kind: Optional[str] = None) -> None:
         """Forget which kernel serves each row count (of ``kind``; None: all); kernels stay built."""
+        self._calls.clear()
         self._by_rows = {k: v for k, v in self._by_rows.items() if kind is not None and k[0] != kind}
         for dev, d in self._fast.items():
             if kind is None or dev.type == kind:
@@ -254,6 +303,25 @@ class Matmul(BitBLASOperatorAPI):
 
     def forward(self, A, W, *args, scale=None, zeros=None, bias=None, output=None, a_scale=None,
                 global_scale=None, a_global_scale=None):
+        if isinstance(A, torch.Tensor):
+            entry = self._calls.get((A.device, A.shape), False)
+            if entry is False:
+                entry = self._call_entry(A)
+            if entry is not None:
+                if args:        # BitBLAS's positional form op(A, W, [scale, zeros, bias,] output)
+                    kw = {"scale": scale, "zeros": zeros, "bias": bias, "a_scale": a_scale, "output": output}
+                    slots = entry[-1]
+                    if len(args) <= len(slots) and all(kw[k] is None for k in slots[:len(args)]):
+                        kw.update(zip(slots, args))
+                        out = _fast_call(entry, (A, W, kw["scale"], kw["zeros"], kw["bias"], kw["a_scale"],
+                                                 global_scale, a_global_scale), kw["output"])
+                        if out is not None:
+                            return out
+                else:
+                    out = _fast_call(entry, (A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale),
+                                     output)
+                    if out is not None:
+                        return out
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
                  "global_scale": global_scale, "a_global_scale": a_global_scale}
         c = self.config
@@ -580,6 +648,52 @@ def _why_not(name: str) -> str:
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
+
+
+# the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
+_CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
+
+
+def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
+    """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
+    take the general path, which then accepts the other legal forms or raises naming the argument."""
+    fn, accepted, specs, (out_want, out_shape, out_view), device, dev_index, cuda, _ = entry
+    for i, v in enumerate(vals):
+        if v is not None and not accepted[i]:
+            return None
+    call = []
+    for idx, want, shape, view, bits_view, const in specs:
+        if idx < 0:
+            call.append(const)
+            continue
+        t = vals[idx]
+        if t is None:
+            if const is None:
+                return None
+            call.append(const)
+            continue
+        if not (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
+                and (t.is_cuda if cuda else t.is_cpu) and t.shape == shape and t.is_contiguous()):
+            return None
+        if view is not None:
+            t = t.view(view)
+        if bits_view:
+            t = t.view(torch.int8)
+        if cuda and idx < 2 and t.data_ptr() % 16:
+            return None
+        call.append(t)
+    if output is None:
+        output = torch.empty(out_shape, dtype=out_want, device=device)
+    elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.get_device() == dev_index
+              and (output.is_cuda if cuda else output.is_cpu) and output.shape == out_shape
+              and output.is_contiguous()):
+        return None
+    o = output if out_view is None else output.view(out_view)
+    if cuda and o.data_ptr() % 16:
+        return None
+    call.append(o)
+    fn(*call)
+    return output
 
 
 def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:

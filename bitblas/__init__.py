@@ -15,6 +15,7 @@ _check_versions()
 from . import cache, formats, quantization  # noqa: E402
 from .build import set_cpu_threads  # noqa: E402
 from .cache import get_database_path, set_database_path  # noqa: E402
+from .cache.operators import set_operator_class  # noqa: E402
 from .config import MatmulConfig  # noqa: E402
 from .formats import ACTIVATION_FORMATS, FORMATS, WEIGHT_FORMATS  # noqa: E402
 from .ops.matmul import Matmul  # noqa: E402
@@ -22,8 +23,21 @@ from .ops.matmul_dequantize import MatmulWeightOnlyDequantize, MatmulWeightOnlyD
 from .utils import auto_detect_nvidia_target  # noqa: E402
 from . import nn, torch_op, workload  # noqa: E402
 from .nn import Linear, QuantLinear, quantize_model  # noqa: E402
+from .nn.convert import set_hf_recorder  # noqa: E402
+from .version import __version__  # noqa: E402
 
-__version__ = "0.2.0"
+set_operator_class(Matmul)     # the operator cache sits below the operators: it is handed their class
+
+
+def _record_hf_config(model) -> None:
+    """Record a converted transformers model's quantization_config (bitblas.hf; imports transformers,
+    so only on demand: nn.convert calls this only once transformers is imported)."""
+    from .hf import record_config
+    record_config(model)
+
+
+set_hf_recorder(_record_hf_config)
+
 __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeightOnlyDequantizeConfig",
            "FORMATS", "WEIGHT_FORMATS", "ACTIVATION_FORMATS", "auto_detect_nvidia_target", "set_log_level",
            "quantization", "formats", "nn", "Linear", "QuantLinear", "quantize_model",

@@ -12,7 +12,7 @@ REQUIRED_TVM = "0.27.0.post1"
 REQUIRED_TVM_FFI = "0.1.14.post1"
 
 
-def _installed(dist: str, module: str):
+def installed(dist: str, module: str):
     try:
         from importlib.metadata import PackageNotFoundError, version
         try:
@@ -33,8 +33,8 @@ def check_versions() -> None:
     Other tvm-ffi versions break TVM's ABI: 0.1.15.x segfaults on any IR JSON serialisation
     (tensorize, pickling expressions), so bitblas refuses to run on them.
     """
-    ffi = _installed("apache-tvm-ffi", "tvm_ffi")
-    tvm_v = _installed("apache-tvm", "tvm")
+    ffi = installed("apache-tvm-ffi", "tvm_ffi")
+    tvm_v = installed("apache-tvm", "tvm")
     if ffi != REQUIRED_TVM_FFI or (tvm_v is not None and tvm_v != REQUIRED_TVM):
         raise ImportError(
             f"bitblas needs apache-tvm=={REQUIRED_TVM} with apache-tvm-ffi=={REQUIRED_TVM_FFI} exactly; found "

@@ -21,10 +21,12 @@ from ._tvm import tvm
 from .ir.matmul import emit_matmul
 from .plan import Plan
 from .schedule import default_hint, ir_options, schedule
+from .schedule.target import host_cpu_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "set_cpu_threads", "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
+__all__ = ["cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads", "physical_cores",
+           "cpu_llc_bytes", "cuda_target", "build_plan",
            "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
@@ -35,8 +37,7 @@ PASS_CONFIG = {"tirx.use_async_copy": True}
 def cpu_target():
     """LLVM target for this machine's CPU (its own instruction set extensions, all cores)."""
     _default_cpu_threads()
-    mcpu = tvm.target.codegen.llvm_get_system_cpu()
-    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1})
+    return host_cpu_target()
 
 
 def physical_cores() -> int:
@@ -95,10 +96,40 @@ def set_cpu_threads(n: int) -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, n)
 
 
+DEFAULT_ARCH = "sm_80"
+
+
+def auto_detect_nvidia_target(gpu_id: int = 0):
+    """A CUDA tvm Target for GPU ``gpu_id``, its limits read from the device.
+
+    Without a visible GPU it returns a generic sm_80 target (code generation still works) and logs
+    that it did so; it never raises for a missing GPU. Honours BITBLAS_TARGET / TVM_TARGET.
+    """
+    if env.target():
+        return cuda_target(env.target())
+    info = {"kind": "cuda", "arch": DEFAULT_ARCH, "max_shared_memory_per_block": 49152,
+            "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536}
+    try:
+        import torch
+        if torch.cuda.is_available() and gpu_id < torch.cuda.device_count():
+            p = torch.cuda.get_device_properties(gpu_id)
+            info["arch"] = f"sm_{p.major}{p.minor}"
+            info["max_shared_memory_per_block"] = int(getattr(p, "shared_memory_per_block_optin", 49152) or 49152)
+            info["registers_per_block"] = int(getattr(p, "regs_per_multiprocessor", 65536) or 65536)
+            l2 = int(getattr(p, "L2_cache_size", 0) or 0)
+            if l2:
+                info["l2_cache_size_bytes"] = l2
+            return tvm.target.Target(info)
+    except Exception as e:  # a broken driver must not stop code generation
+        logger.warning("could not query GPU %d (%s); using a generic %s target", gpu_id, e, DEFAULT_ARCH)
+        return tvm.target.Target(info)
+    logger.info("no CUDA GPU visible; using a generic %s target", DEFAULT_ARCH)
+    return tvm.target.Target(info)
+
+
 def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     """A CUDA Target from None (the local GPU, else sm_80), an arch ("sm_90"), a tag, a dict or a Target."""
     if target is None:
-        from .utils import auto_detect_nvidia_target
         return auto_detect_nvidia_target()
     if isinstance(target, tvm.target.Target):
         t = target
@@ -108,8 +139,7 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
         t = tvm.target.Target(_cli_target(target))
     elif isinstance(target, (str, dict)):
         if target == "cuda":
-            from .utils import auto_detect_nvidia_target
-            return auto_detect_nvidia_target()
+                return auto_detect_nvidia_target()
         try:
             t = tvm.target.Target(target)
         except Exception as e:  # TVM raises several types here
@@ -125,7 +155,6 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
 def _arch_target(arch: str) -> dict:
     """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
     else generic ones (48 KB shared memory per block)."""
-    from .utils import auto_detect_nvidia_target
     info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
             "thread_warp_size": 32}
     digits = "".join(ch for ch in arch[3:] if ch.isdigit())
@@ -173,11 +202,10 @@ def lower_plan(plan: Plan, hint=None, target=None):
     return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
 
 
-def _compile(mod, tgt):
+def compile_module(mod, tgt):
     """tvm.compile; modules of hand-written TIRx kernels (GEMV, wgmma) say so by attributes: the
     tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
-    from .schedule.cuda_gemv import TIRX_PIPELINE_ATTR
-    from .schedule.cuda_wgmma import WGMMA_ARCH_ATTR
+    from .schedule.target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     attrs = mod.attrs
     if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
@@ -199,7 +227,7 @@ def kernel_callable(mod):
     main = mod["main"]
     rt = getattr(mod, "mod", mod)
     if rt.implements_function("permute"):          # the host wrappers: no import queried (no GPU needed)
-        from .schedule.gemv_wgmma import WgmmaGemvFn
+        from .schedule.gemv import WgmmaGemvFn
         return WgmmaGemvFn(mod["permute"], main)
     return main
 
@@ -210,7 +238,7 @@ def compile_plan(plan: Plan, target=None, hint=None):
     try:
         mod = lower_plan(plan, hint, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
         from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
         if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint, WGMMAHint)):
@@ -218,7 +246,7 @@ def compile_plan(plan: Plan, target=None, hint=None):
         logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
         mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
-            ex = _compile(mod, tgt)
+            ex = compile_module(mod, tgt)
     return ex
 
 
@@ -229,7 +257,7 @@ def cuda_source(plan: Plan, target=None, hint=None) -> str:
     tgt = cuda_target(target)
     mod = lower_plan(plan, hint, tgt)
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        ex = _compile(mod, tgt)
+        ex = compile_module(mod, tgt)
     return ex.mod.imports[0].inspect_source()
 
 

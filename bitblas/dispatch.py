@@ -30,10 +30,10 @@ DEFAULT_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 def gemv_rows(config: MatmulConfig, kind: str, rows: int, target=None) -> bool:
     """Whether the *untuned* kernel for ``rows`` is a GEMV kernel for exactly that many rows (CUDA,
-    1..64 rows where the template takes the plan and wins: ``cuda_gemv.gemv_default_takes``;
+    1..64 rows where the template takes the plan and wins: ``gemv.gemv_default_takes``;
     ``target``: the CUDA Target, None = assume sm_80+)."""
     from .plan import make_plan
-    from .schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, gemv_default_takes
+    from .schedule.gemv import GEMV_MMA_MAX_ROWS, gemv_default_takes
     return (kind == "cuda" and 1 <= rows <= GEMV_MMA_MAX_ROWS
             and gemv_default_takes(make_plan(config, kind, rows), target))
 
@@ -56,7 +56,7 @@ def gemv_hint_takes(config: MatmulConfig, kind: str, rows: int, hint) -> bool:
     """Whether a GEMV kernel with ``hint`` builds for a plan of ``rows`` rows (the template takes
     the plan and the hint's kernel shape: e.g. above 16 rows only tensor-core hints)."""
     from .plan import make_plan
-    from .schedule.cuda_gemv import gemv_hint_unsupported, gemv_unsupported
+    from .schedule.gemv import gemv_hint_unsupported, gemv_unsupported
     plan = make_plan(config, kind, rows)
     return gemv_unsupported(plan) is None and gemv_hint_unsupported(plan, hint) is None
 
@@ -64,13 +64,13 @@ def gemv_hint_takes(config: MatmulConfig, kind: str, rows: int, hint) -> bool:
 def gemv_kernel_rows(config: MatmulConfig, kind: str, rows: int, hint) -> int:
     """Rows of the GEMV kernel with ``hint`` that serves ``rows``: the tensor-core kernels take
     their row count at run time, so the one built for the top of the class
-    (``gemv_mma.row_class``: 8, 16, 32, 48, 64) serves every row count of it (5 kernels for 2..64
+    (``gemv.row_class``: 8, 16, 32, 48, 64) serves every row count of it (5 kernels for 2..64
     rows instead of 63); the wgmma GEMV's B operand is 8 rows wide per step, so its classes are
-    8 rows wide (``gemv_wgmma.wgmma_rows``: a kernel built for 32 rows took 67.6 µs at 17 rows
+    8 rows wide (``gemv.wgmma_rows``: a kernel built for 32 rows took 67.6 µs at 17 rows
     against 56.2 for the one built for 24; H200, W4A16 28672x8192); the rows kernel is built per
     row count."""
-    from .schedule.gemv_mma import row_class
-    from .schedule.gemv_wgmma import wgmma_rows
+    from .schedule.gemv import row_class
+    from .schedule.gemv import wgmma_rows
     if not getattr(hint, "mma", False):
         return rows
     top = wgmma_rows(rows) if getattr(hint, "wgmma", False) else row_class(rows)

@@ -34,7 +34,7 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from .formats import get_format
-from .nn.convert import QuantizationConfig, _new_linear, _swap, find_linear_layers, quantize_model
+from .nn.convert import QuantizationConfig, find_linear_layers, new_linear, quantize_model, swap_modules
 from .nn.linear import Linear
 
 __all__ = ["BitBLASConfig", "BitBLASHfQuantizer", "QUANT_METHOD", "record_config"]
@@ -107,7 +107,7 @@ class _Quantize(ConversionOps):
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         new._is_hf_initialized = True
-        _swap(model, {name: new})
+        swap_modules(model, {name: new})
         if missing_keys is not None:
             missing_keys.discard(full_layer_name)
         return {}
@@ -196,7 +196,7 @@ class BitBLASHfQuantizer(HfQuantizer):
         skipped = {}
         for name, layer in find_linear_layers(model, skip):
             try:
-                self._pending[name] = _new_linear(layer, cfg.linear_kwargs(layer), None)
+                self._pending[name] = new_linear(layer, cfg.linear_kwargs(layer), None)
             except (ValueError, NotImplementedError) as e:
                 if not self.quantization_config.skip_unsupported:
                     raise type(e)(f"layer {name!r}: {e}") from e

@@ -51,10 +51,10 @@ def operator_key(config: MatmulConfig, target=None) -> str:
 def get_operator(config: MatmulConfig, target=None) -> Tuple[Matmul, str]:
     """The shared operator for (config, target) and its key (made on first use; nothing is built)."""
     key = operator_key(config, target)
-    return _operator(key), key
+    return operator_by_key(key), key
 
 
-def _operator(key: str) -> Matmul:
+def operator_by_key(key: str) -> Matmul:
     op = _OPERATORS.get(key)
     if op is None:
         with _LOCK:
@@ -72,13 +72,13 @@ def _operator(key: str) -> Matmul:
 def _matmul_op(A: torch.Tensor, W: torch.Tensor, scale: Optional[torch.Tensor], zeros: Optional[torch.Tensor],
                bias: Optional[torch.Tensor], a_scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],
                key: str) -> torch.Tensor:
-    return _operator(key)._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
+    return operator_by_key(key)._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
                                       "a_scale": a_scale, "global_scale": global_scale})
 
 
 @_matmul_op.register_fake
 def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
-    op = _operator(key)
+    op = operator_by_key(key)
     c = op.config
     cols = op._base_plan("cpu").args[0].shape[-1]
     if A.dim() < 1 or A.shape[-1] != cols:
@@ -86,7 +86,7 @@ def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
     return A.new_empty((*A.shape[:-1], c.N), dtype=TORCH_DTYPES[c.out_dtype])
 
 
-def _eager(A) -> bool:
+def is_eager(A) -> bool:
     """True when a direct call is safe: a plain tensor, no compiler tracing, no dispatch mode (the
     dispatch-mode stack, infra modes such as FakeTensorMode included, is empty)."""
     return type(A) is torch.Tensor and not torch.compiler.is_compiling() and not _len_torch_dispatch_stack()
@@ -98,8 +98,8 @@ def matmul(A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None, bias=None, 
 
     ``output`` (eager only; under tracing the result is copied into it) receives the result.
     """
-    if _eager(A):
-        op = _OPERATORS.get(key) or _operator(key)
+    if is_eager(A):
+        op = _OPERATORS.get(key) or operator_by_key(key)
         return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output,
                               "a_scale": a_scale, "global_scale": global_scale})
     out = torch.ops.bitblas.matmul(A, W, scale, zeros, bias, a_scale, global_scale, key)

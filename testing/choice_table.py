@@ -19,7 +19,7 @@ selection decides without a GPU or a compile:
 * ``nvfp4``: NVFP4 x NVFP4 operators (``ops/nvfp4.NVFP4Matmul``): decode-then-GEMM or the GEMV, its
   rows per launch and the hints.
 
-The local GPU's SM count enters two defaults today (``cuda_gemv._num_sms``); it is pinned to 132
+The local GPU's SM count enters two defaults today (``schedule.target.num_sms``); it is pinned to 132
 (its value without a GPU, and an H100's / H200's) while the table is computed, so the table is
 the same on every machine.
 
@@ -28,7 +28,7 @@ change, the table does not): ``Matmul._choose`` and ``ops.matmul._DequantGemmCho
 ``schedule.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
 imports it), ``tune.tuner.tune_bucket`` / ``_compile_all`` / ``composite_serves``,
 ``ops.nvfp4.NVFP4Matmul`` (``uses_gemm``, ``_gemm_hint``, ``gemv_rows``, ``gemv_plan``) and
-``schedule.cuda_gemv._SMS``.
+``schedule.target._SMS``.
 
 ``python -m testing.choice_table --write`` (from the repository root) regenerates the table file;
 ``--show CASE`` prints one case in full (the whole candidate list for ``tune`` cases), for
@@ -147,7 +147,7 @@ TOPK = 20
 NVFP4_SHAPES = ((4096, 4096), (28672, 8192), (1024, 4096))
 NVFP4_ROWS = (1, 2, 7, 8, 9, 16, 17, 64, 1024)
 
-SMS = 132     # cuda_gemv._num_sms() while the table is computed
+SMS = 132     # schedule.target.num_sms() while the table is computed
 
 
 def _case_id(*parts) -> str:
@@ -181,13 +181,13 @@ class _Hints:
 
 @contextlib.contextmanager
 def _pinned_sms():
-    from bitblas.schedule import cuda_gemv
-    saved = list(cuda_gemv._SMS)
-    cuda_gemv._SMS[:] = [SMS]
+    from bitblas.schedule import target
+    saved = list(target._SMS)
+    target._SMS[:] = [SMS]
     try:
         yield
     finally:
-        cuda_gemv._SMS[:] = saved
+        target._SMS[:] = saved
 
 
 class _Stop(Exception):

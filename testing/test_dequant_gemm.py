@@ -14,8 +14,8 @@ from bitblas.ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dense_config, dequan
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
-from bitblas.schedule.cuda_gemv import GEMV_MMA_MAX_ROWS
-from bitblas.schedule.gemv_mma import row_class
+from bitblas.schedule.gemv import GEMV_MMA_MAX_ROWS
+from bitblas.schedule.gemv.mma import row_class
 from kernel_helpers import TARGETS
 
 C = MatmulConfig

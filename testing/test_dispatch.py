@@ -178,8 +178,8 @@ def test_default_gemv_tile_constant_per_class(arch):
     because the default tensor-core GEMV hint is the same for every row count of a class."""
     from bitblas.plan import make_plan
     from bitblas.schedule import default_hint
-    from bitblas.schedule.gemv_mma import row_class
-    from bitblas.schedule.gemv_wgmma import wgmma_rows
+    from bitblas.schedule.gemv.mma import row_class
+    from bitblas.schedule.gemv.wgmma import wgmma_rows
     t = cuda_target(arch)
     for kw in (dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
                dict(A_dtype="bfloat16", W_dtype="int2", group_size=128, with_scaling=True, out_dtype="bfloat16"),
@@ -203,17 +203,17 @@ def test_row_arguments_take_the_callers_rows():
     """A kernel built for the top of a class takes fewer rows: the operator's general argument
     check (here a flat activation scale for 3-D activations) expects the caller's rows, not the
     plan's."""
-    from bitblas.ops.matmul import _check_tensor
+    from bitblas.ops.checks import check_tensor
     from bitblas.plan import make_plan
     cfg = MatmulConfig(N=256, K=256, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True,
                        with_act_scaling=True, out_dtype="float16")
     plan = make_plan(cfg, "cuda", 8)
     cpu = torch.device("cpu")
-    assert _check_tensor("a_scale", torch.ones(6), plan.arg("a_scale"), 6, cpu, lead=(2, 3)).shape == (6,)
-    a = _check_tensor("A", torch.zeros(2, 3, 256, dtype=torch.int8), plan.arg("A"), 6, cpu, lead=(2, 3))
+    assert check_tensor("a_scale", torch.ones(6), plan.arg("a_scale"), 6, cpu, lead=(2, 3)).shape == (6,)
+    a = check_tensor("A", torch.zeros(2, 3, 256, dtype=torch.int8), plan.arg("A"), 6, cpu, lead=(2, 3))
     assert a.shape == (6, 256)
     with pytest.raises(ValueError, match="expected shape"):
-        _check_tensor("a_scale", torch.ones(5), plan.arg("a_scale"), 6, cpu, lead=(2, 3))
+        check_tensor("a_scale", torch.ones(5), plan.arg("a_scale"), 6, cpu, lead=(2, 3))
 
 
 def test_dispatch_cost(db_path):

@@ -137,10 +137,9 @@ def test_fused_raster_covers_every_tile(hint):
     evaluated here) covers every tile once for row counts on and off the raster groups, and a
     group's row tiles are adjacent block indices."""
     import types
-    from bitblas.schedule.cuda_gemv import _kernel_script
-    from bitblas.schedule.fused_wgmma import _body, _gemv_stand_in
+    from bitblas.schedule.fused_wgmma import main_script
     plan = make_plan(_cfg("u4-g128", N=1000), "cuda", None)
-    text = _kernel_script(plan, _gemv_stand_in(hint), body=_body(plan, hint))
+    text = main_script(plan, hint)
     grid = re.search(r"bx = T.cta_id\(\[(.*)\]\)", text).group(1)
     metas = re.findall(r"^    (\w+) = T.meta_var\((.*)\)$", text, re.M)
     T = types.SimpleNamespace(min=min)

@@ -2,10 +2,10 @@
 
 Each test runs the decoder's integer program (shifts, ``lop3``, ``prmt``, the final multiply) in
 Python, with the constants taken from the same functions the CUDA generator uses
-(``bitblas.schedule.gemv_decode._e2m1_consts`` ...), and compares every code with the format's table
+(``bitblas.schedule.gemv.decode._e2m1_consts`` ...), and compares every code with the format's table
 rounded as the TensorIR rounds it (float32 -> activation dtype, through torch). Random words check
 that the codes of one word do not leak into each other. The int8-activation helpers
-(``bitblas.schedule.gemv_int8``) are run from their generated CUDA source by a small interpreter.
+(``bitblas.schedule.gemv.int8``) are run from their generated CUDA source by a small interpreter.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bitblas.formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE, NF4_TABLE
-from bitblas.schedule import gemv_decode as g
+from bitblas.schedule.gemv import decode as g
 
 ACTS = ("float16", "bfloat16")
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -103,7 +103,7 @@ def _bytes_words():
 
 
 def test_e4m3_decode():
-    k = g._e4m3_consts()
+    k = g.e4m3_consts()
     seen = set()
     for w in _bytes_words():
         codes = _fields(w, 8)
@@ -131,11 +131,11 @@ def test_e5m2_decode():
 
 
 def test_f8_pair_layout():
-    """The tensor-core GEMV's float8 pairs (``_f8_pair_dec``): pair p of a word holds bytes p and
+    """The tensor-core GEMV's float8 pairs (``f8_pair_dec``): pair p of a word holds bytes p and
     p + 2 (the int decoders' pairing, which bb_prep mirrors); e5m2 through the same selectors."""
-    k = g._e4m3_consts()
+    k = g.e4m3_consts()
     assert [pair for _, _, pair in k["pairs"]] == [(0, 2), (1, 3)]
-    src = g._f8_pair_dec("t", "float16", 1, "e5m2")
+    src = g.f8_pair_dec("t", "float16", 1, "e5m2")
     for w in _bytes_words():
         codes = _fields(w, 8)
         for p, (sel, _, (b0, b1)) in enumerate(k["pairs"]):
@@ -144,12 +144,12 @@ def test_f8_pair_layout():
             for half, idx in ((x & 0xFFFF, b0), (x >> 16, b1)):
                 got, want = _half(half, "float16"), E5M2_TABLE[codes[idx]]
                 assert got == want or (math.isnan(got) and math.isnan(want)), (hex(w), idx)
-    assert "256.f" in g._f8_pair_dec("t", "bfloat16", 1, "e4m3")
+    assert "256.f" in g.f8_pair_dec("t", "bfloat16", 1, "e4m3")
 
 
 def test_e4m3_scale_helper():
     """bb_e4m3f: the float32 value of a float8_e4m3 scale byte (mirrors the CUDA source)."""
-    src = g._e4m3_scale_helper()
+    src = g.e4m3_scale_helper()
     assert "960u" in src and "0.001953125f" in src and "0x7Fu" in src
     for b in range(-128, 128):                      # the kernel passes the int8 byte, sign-extended
         mg = b & 0x7F
@@ -165,10 +165,10 @@ def test_decoder_choice():
     want = {"int4": "int", "uint8": "int", "fp4_e2m1": "e2m1", "nvfp4": "e2m1", "nf4": "lut4",
             "float8_e4m3": "e4m3", "float8_e5m2": "e5m2", "float16": None}
     for name, dec in want.items():
-        assert g._decoder(FORMATS[name]) == dec, name
+        assert g.decoder(FORMATS[name]) == dec, name
 
 
-# -- int8 activations (bitblas/schedule/gemv_int8.py): the generated CUDA helpers, interpreted ------
+# -- int8 activations (bitblas/schedule/gemv/int8.py): the generated CUDA helpers, interpreted ------
 # The helpers are straight-line code of a few line forms; the interpreter below runs their text
 # (the very source nvcc compiles) on Python ints: prmt, lop3, shifts, dp4a.
 _I8_LINES = [
@@ -237,11 +237,11 @@ def test_int8_act_decode_dot(wd, nw):
     rule (bitblas.quantization.unpack_codes, int16), exactly."""
     from bitblas.formats import FORMATS
     from bitblas.quantization.utils import unpack_codes
-    from bitblas.schedule.gemv_int8 import _i8_helpers
+    from bitblas.schedule.gemv.int8 import i8_helpers
     fmt = FORMATS[wd]
     V = nw * 32 // fmt.bits                                  # values per vector
     na = V // 4
-    src = _i8_helpers("t", fmt.bits, fmt.storage, nw)
+    src = i8_helpers("t", fmt.bits, fmt.storage, nw)
     rng = random.Random(nw * 31 + fmt.bits)
     nb = 4 * nw
     vecs = [bytes((i * nb + j) & 0xFF for j in range(nb)) for i in range(-(-256 // nb))]       # every byte value
@@ -265,16 +265,16 @@ def test_int8_act_decode_consts():
     """The lop3 truth table is (a & b) ^ c; signed sub-byte codes are stored offset by 2**(bits-1)
     (offset-binary, undone by the dp4a chain's start) and need no XOR; two's complement ones would
     be XOR-ed to it; unsigned ones and 8-bit words are taken as they are."""
-    from bitblas.schedule.gemv_int8 import _i8_consts
-    k = _i8_consts(4, "twos")
+    from bitblas.schedule.gemv.int8 import i8_consts
+    k = i8_consts(4, "twos")
     assert g._emu_lop3(0xF7, 0x0F0F0F0F, 0x08080808, k["lut"]) == 0x0808080F
     assert (k["off"], k["xor"], k["wtype"]) == (8, 0x08080808, "u32")
-    assert (_i8_consts(4, "offset")["off"], _i8_consts(4, "offset")["xor"]) == (8, 0)
-    assert _i8_consts(4, "plain")["off"] == 0 and _i8_consts(1, "offset")["shifts"] == tuple(range(8))
-    assert _i8_consts(8, "twos")["wtype"] == "s32" and _i8_consts(8, "plain")["wtype"] == "u32"
+    assert (i8_consts(4, "offset")["off"], i8_consts(4, "offset")["xor"]) == (8, 0)
+    assert i8_consts(4, "plain")["off"] == 0 and i8_consts(1, "offset")["shifts"] == tuple(range(8))
+    assert i8_consts(8, "twos")["wtype"] == "s32" and i8_consts(8, "plain")["wtype"] == "u32"
 
 
-# -- float activations x int / uint codes: the magic-number decoder (cuda_gemv._int_helpers) -------
+# -- float activations x int / uint codes: the magic-number decoder (gemv.emit._int_helpers) -------
 def _round_act(v: float, act: str) -> float:
     return float(torch.tensor(v, dtype=torch.float64).to(TORCH[act]).double())
 
@@ -377,12 +377,12 @@ def test_int_decode_float_acts(act, wd, nw, half_pairs):
     pairs hold codes (j*n + p, j*n + p + n/2) of word j, as bb_prep pairs the activations."""
     from bitblas.formats import FORMATS
     from bitblas.quantization.utils import unpack_codes
-    from bitblas.schedule.cuda_gemv import _helpers
+    from bitblas.schedule.gemv.emit import format_helpers
     fmt = FORMATS[wd]
     b = fmt.bits
     if half_pairs and b != 8:
         pytest.skip("half pairs: the 8-bit tensor-core operand")
-    src = _helpers("t", act, b, fmt.storage, nw, half_pairs=half_pairs)["bb_dec_t"]
+    src = format_helpers("t", act, b, fmt.storage, nw, half_pairs=half_pairs)["bb_dec_t"]
     x_shift = (1 << (b - 1)) if fmt.kind == "int" else 0
     n, f32 = 32 // b, b == 8 and not half_pairs
     P = n // 2
@@ -444,7 +444,7 @@ def test_quantized_zero_reads(family, wd):
     from bitblas import MatmulConfig
     from bitblas.plan import make_plan
     from bitblas.quantization import pack_weight
-    from bitblas.schedule.cuda_gemv import GEMVHint, _kernel_script
+    from bitblas.schedule.gemv import GEMVHint, kernel_script
     m, hint = _FAMILIES[family]
     if wd == "uint1" and family == "wgmma":
         pytest.skip("the wgmma GEMV takes 2-, 4- and 8-bit codes")
@@ -455,7 +455,7 @@ def test_quantized_zero_reads(family, wd):
     codes = torch.randint(0, 1 << bits, (N, K // gs), dtype=torch.int32)
     packed = pack_weight(cfg, torch.zeros(N, K, dtype=torch.int32), torch.ones(N, K // gs), codes)["zeros"]
     zeros = packed.numpy()
-    script = _kernel_script(make_plan(cfg, "cuda", m), GEMVHint(**hint))
+    script = kernel_script(make_plan(cfg, "cuda", m), GEMVHint(**hint))
     reads = [ln.split(" = ", 1)[1] for ln in script.splitlines() if re.match(r"\s*zr\[[^]]*\] = ", ln)]
     assert reads, "no zero-point read in the kernel"
     rng = random.Random(bits)

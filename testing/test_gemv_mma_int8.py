@@ -1,4 +1,4 @@
-"""The int8-activation tensor-core GEMV (bitblas/schedule/gemv_mma_int8.py), without a GPU.
+"""The int8-activation tensor-core GEMV (bitblas/schedule/gemv/mma_int8.py), without a GPU.
 
 * A Python model of ``mma.sync.aligned.m16n8k32.row.col.s32.{u8,s8}.s8.s32`` (the fragment layout
   of the PTX ISA: a0/a1/a2/a3 = rows g / g+8 / g / g+8 at k 4q.. / 4q.. / 16+4q.. / 16+4q..;
@@ -22,9 +22,10 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.formats import FORMATS
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint, gemv_decode as gd
-from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
-from bitblas.schedule.gemv_mma_int8 import _mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
+from bitblas.schedule import GEMVHint
+from bitblas.schedule.gemv import decode as gd
+from bitblas.schedule.gemv import gemv_hint_unsupported
+from bitblas.schedule.gemv.mma_int8 import _mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
 from kernel_helpers import TARGETS
 
 WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")

@@ -1,4 +1,4 @@
-"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv_wgmma.py), CPU side:
+"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv/wgmma.py), CPU side:
 
 * the slab permutation of the activations against the decoder the kernel runs (the pairs are read
   from the generated ``bb_prep`` helper, not from the permutation's own table), and the permute
@@ -21,8 +21,9 @@ from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
 from bitblas.dispatch import gemv_kernel_rows
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, default_hint
-from bitblas.schedule.cuda_gemv import _helpers, gemv_hint_unsupported, schedule_cuda_gemv
-from bitblas.schedule.gemv_wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows
+from bitblas.schedule.gemv import gemv_hint_unsupported, schedule_cuda_gemv
+from bitblas.schedule.gemv.emit import format_helpers
+from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows
 from bitblas.tune.space import candidates
 from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS
 
@@ -40,7 +41,7 @@ def _cfg(W="uint4", N=28672, K=8192, **kw):
 def _prep_pairs(bits: int, signed: bool):
     """(lo, hi) code positions of each paired activation word, read from the bb_prep helper."""
     tag = f"t{bits}"
-    src = _helpers(tag, "float16", bits, "offset" if signed and bits < 8 else "twos" if signed else "plain", 4,
+    src = format_helpers(tag, "float16", bits, "offset" if signed and bits < 8 else "twos" if signed else "plain", 4,
                    half_pairs=bits == 8)[f"bb_prep_{tag}"]
     pairs = {}
     for i, a, b, sel in re.findall(r"ap\[(\d+)\] = __byte_perm\(a\[(\d+)\], a\[(\d+)\], 0x([0-9a-f]+)\)", src):

@@ -233,7 +233,7 @@ def test_gemv_staged_row(fmt, hint):
     block's channels, K=1536 (48 vector positions: a partial block of 32 and idle staging
     threads), and K=8192; output poisoned first (NaN / zero), fresh random data."""
     from bitblas.build import build_plan
-    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+    from bitblas.schedule.gemv import gemv_hint_unsupported
     for n, k in ((1000, 1536), (520, 8192)):
         cfg = MatmulConfig(N=n, K=k, **STAGED_FORMATS[fmt])
         plan = make_plan(cfg, "cuda", 1)
@@ -253,11 +253,11 @@ def test_gemv_table_hints(fmt, hint):
     """Every kernel shape (rows, k-split, cp.async ring) with the table decoders; hints whose vector
     width does not fit the format (nvfp4: 16 values per scale) are skipped."""
     from bitblas.build import build_plan
-    from bitblas.schedule.cuda_gemv import _vec_bytes
+    from bitblas.schedule.gemv import vec_bytes
     cfg = MatmulConfig(N=1000, K=1536, **TABLE_FORMATS[fmt])
     for m in (1, 5):
         plan = make_plan(cfg, "cuda", m)
-        if _vec_bytes(plan, hint.vec_bytes) is None:
+        if vec_bytes(plan, hint.vec_bytes) is None:
             pytest.skip(f"vec_bytes={hint.vec_bytes} does not fit {fmt}")
         fn = build_plan(plan, hint=hint)
         err, tol, seed = _err(cfg, m, fn=fn, plan=plan)
@@ -301,7 +301,7 @@ def test_gemv_selection():
     assert isinstance(default_hint(make_plan(cfg, "cuda", 4)), GEMVHint)
     assert default_hint(make_plan(cfg, "cuda", 40)).mma
     # the rows kernel stops at 16 rows, naming the field
-    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+    from bitblas.schedule.gemv import gemv_hint_unsupported
     assert "mma=True" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
     op = bitblas.Matmul(cfg)
     # the rows kernel is built per row count (m=1), the tensor-core one for the top of each class
@@ -359,9 +359,9 @@ def test_gemv_staged_row_defaults(monkeypatch):
     """Which m=1 plans stage the activation row (GEMVHint._staged_row), and the checks of
     ``act_smem``: one row, the rows kernel, a row that fits 48 KB of shared memory. The 8-bit
     rule reads the SM count: an H200's 132 here, whatever GPU runs the test."""
-    from bitblas.schedule import cuda_gemv
-    from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
-    monkeypatch.setattr(cuda_gemv, "_SMS", [132])
+    from bitblas.schedule import target
+    from bitblas.schedule.gemv import gemv_hint_unsupported
+    monkeypatch.setattr(target, "_SMS", [132])
 
     def hint(n=8192, k=8192, m=1, **kw):
         return default_hint(make_plan(MatmulConfig(N=n, K=k, **kw), "cuda", m))

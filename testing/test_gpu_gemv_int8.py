@@ -1,4 +1,4 @@
-"""The GEMV template with int8 activations (bitblas/schedule/cuda_gemv.py + gemv_int8.py): packed
+"""The GEMV template with int8 activations (bitblas/schedule/gemv/ + int8.py): packed
 int/uint weights decoded to bytes, dp4a with exact int32 sums, group scales in float32, per-channel
 scale x per-token activation scale + bias at the store, int32 output without scales.
 
@@ -134,12 +134,12 @@ HINTS = {
 def test_gemv_int8_hints(name, hint):
     """Every rows-kernel shape with int8 activations; vector widths that do not fit the format are
     skipped (int8 activations need >= 16 values per vector)."""
-    from bitblas.schedule.cuda_gemv import _vec_bytes
+    from bitblas.schedule.gemv import vec_bytes
     h = HINTS[hint]
     cfg = _cfg(name)
     for m in (1, 5):
         plan = make_plan(cfg, "cuda", m)
-        if _vec_bytes(plan, h.vec_bytes) is None:
+        if vec_bytes(plan, h.vec_bytes) is None:
             pytest.skip(f"vec_bytes={h.vec_bytes} does not fit {name}")
         why = _check(cfg, m, build_plan(plan, cuda_target(), h), plan)
         assert why is None, f"{name} {h}: {why}"
@@ -187,7 +187,7 @@ def test_gemv_int8_mma(name, n, k, m):
         pytest.skip(gemv_unsupported(plan))
     hint = GEMVHint.default(plan, tgt)
     if not hint.mma or m == 40:               # few rows default to the rows kernel: the 3..8-row tile
-        from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+        from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
         hint = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, pdl=hint.pdl)
         why = mma_int8_unsupported(plan, hint)
         if why:
@@ -213,7 +213,7 @@ MMA_HINTS = {
 @gpu
 def test_gemv_int8_mma_hints(name, hint, k):
     """Explicit tensor-core hints, k_warps 1..8 (K=1664 = 13 groups of 128: lanes past K for k_warps > 1)."""
-    from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+    from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
     h = MMA_HINTS[hint]
     cfg = _cfg(name, 1000, k)
     for m in (3, 8, 9, 16):
@@ -233,7 +233,7 @@ def test_gemv_int8_mma_chunk_loop(name, k, rpw):
     once), every format x scale mode, class tops 32 / 64 at row counts inside their last chunk
     (run-time rows), K=1664 with lanes past K for the 4 K warps; int32 outputs exactly; 64 channels
     per warp (the default from N=16896 up to 32 / 48 rows): blocks past N=1000."""
-    from bitblas.schedule.gemv_mma_int8 import mma_int8_unsupported
+    from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
     h = GEMVHint(rows_per_warp=rpw, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
     cfg = _cfg(name, 1000, k)
     for top, rows in ((32, (17, 32)), (64, (40, 64))):
@@ -305,7 +305,7 @@ def test_gemv_int8_default_hint():
 def test_gemv_int8_refused(naming):
     """What the int8 path does not take is refused naming the field and the value."""
     from bitblas.schedule import schedule_cuda_gemv
-    from bitblas.schedule.cuda_gemv import mma_gemv_unsupported
+    from bitblas.schedule.gemv import mma_gemv_unsupported
     odd = make_plan(MatmulConfig(N=1000, K=1544, A_dtype="int8", W_dtype="int4", with_scaling=True), "cuda", 1)
     assert "K=1544" in gemv_unsupported(odd)               # 1544 = 8 (mod 16): no 16-value vector
     one = make_plan(MatmulConfig(N=1000, K=1552, A_dtype="int8", W_dtype="uint1", out_dtype="int32"), "cuda", 1)

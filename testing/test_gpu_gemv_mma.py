@@ -1,4 +1,4 @@
-"""The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv_mma.py
+"""The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv/mma.py
 ``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
 (17..64 rows: one block per chunk of 16 rows).
 
@@ -21,7 +21,7 @@ from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile, nvcc_resources
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint
-from bitblas.schedule.cuda_gemv import mma_gemv_unsupported
+from bitblas.schedule.gemv import mma_gemv_unsupported
 from kernel_helpers import TARGETS, check_kernel
 
 G = 128

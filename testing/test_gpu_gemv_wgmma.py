@@ -1,4 +1,4 @@
-"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv_wgmma.py) on an sm_90
+"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv/wgmma.py) on an sm_90
 GPU: every int/uint 2-, 4- and 8-bit family it takes (group scales, float / quantized / rescale
 zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) at row counts that are
 no multiple of 8 or of the kernel's B width, N no multiple of 64, and each tile shape (64 / 128
@@ -16,7 +16,7 @@ from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_target
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint
-from bitblas.schedule.cuda_gemv import gemv_hint_unsupported
+from bitblas.schedule.gemv import gemv_hint_unsupported
 from kernel_helpers import check_kernel
 
 _skip = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),

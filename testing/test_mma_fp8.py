@@ -122,7 +122,7 @@ def test_fp8_tuner_space():
     assert {type(c.hint).__name__ for c in all_cands} == {"MMAHint", "WGMMAHint"}   # wgmma: test_tune_wgmma.py
     cands = [c for c in all_cands if isinstance(c.hint, MMAHint)]
     assert len(cands) > 50
-    assert all(c.plan_m is None and c.hint.BK % 32 == 0 and cuda_mma._copy_plan(plan, c.hint) is not None
+    assert all(c.plan_m is None and c.hint.BK % 32 == 0 and cuda_mma.copy_plan(plan, c.hint) is not None
                for c in cands)
     assert {type(c.hint) for c in candidates(cfg, "cuda", 256, a100)} == {SimpleCUDAHint}
 

@@ -21,7 +21,7 @@ from bitblas.plan import make_plan
 from bitblas.quantization import dequantize_activation, e2m1_codes, nvfp4_decode, quantize_activation
 from bitblas.reference import (TOLERANCES, random_inputs, reference_matmul, reference_nvfp4_gemv, relative_error,
                                tolerance)
-from bitblas.schedule import gemv_decode as g
+from bitblas.schedule.gemv import decode as g
 from bitblas.schedule.nvfp4 import MAG2_NIBBLES, MAG2_TABLE, PRMT_LAMBDA, SIGN_FLIP, cuda_helpers
 
 NV = dict(A_dtype="nvfp4", W_dtype="nvfp4", group_size=16, with_scaling=True, with_act_scaling=True)

@@ -55,7 +55,7 @@ def test_mma_candidates_fit_the_device(spec):
     for c in cands:
         assert c.plan_m is None                           # dynamic M: symbolic kernels
         c.hint.check()
-        assert cuda_mma._copy_plan(plan, c.hint) is not None
+        assert cuda_mma.copy_plan(plan, c.hint) is not None
         assert c.hint.smem_bytes(plan) <= spec.smem_per_block
     # the small device's 48 KB per block rules out the deep, wide tiles the H200 takes
     assert max(c.hint.smem_bytes(plan) for c in cands) <= 49152 or spec is H200
@@ -83,7 +83,7 @@ def test_candidate_families_by_bucket():
     i8_cands = [c for c in all_i8 if isinstance(c.hint, MMAHint)]
     assert len(i8_cands) > 50
     i8_plan = make_plan(i8, "cuda", None)
-    assert all(c.hint.BK % 32 == 0 and cuda_mma._copy_plan(i8_plan, c.hint) is not None for c in i8_cands)
+    assert all(c.hint.BK % 32 == 0 and cuda_mma.copy_plan(i8_plan, c.hint) is not None for c in i8_cands)
     # no tensor-core path (float32 activations): the simple schedule's thread counts
     f32 = MatmulConfig(M=None, N=256, K=256, A_dtype="float32", W_dtype="float16", out_dtype="float32")
     assert {type(c.hint) for c in candidates(f32, "cuda", 64, H200)} == {SimpleCUDAHint}

@@ -81,7 +81,7 @@ def test_not_below_sm90(arch):
 @pytest.mark.parametrize("M,expect", [(1, (64, 64)), (128, (64, 64)), (256, (64, 128)), (512, (128, 128)), (1024, (128, 256)),
                                       (None, (128, 256))])
 def test_tiles_fill_the_sms(M, expect, monkeypatch):
-    import bitblas.schedule.cuda_gemv as g
+    import bitblas.schedule.target as g
     monkeypatch.setattr(g, "_SMS", [132])
     h = WGMMAHint.default(_plan(C(M=M, N=4096, K=4096, **FAMILIES["f16"])), _h200())
     assert (h.BM, h.BN) == expect
@@ -277,7 +277,7 @@ def test_dynamic_m_picks_tiles_per_row_count(monkeypatch):
     """A symbolic-M operator on sm_90 serves each row count with the tile class that fills the SMs
     (one symbolic kernel per class), not with the 128 x 256 tiles of large M."""
     import bitblas
-    import bitblas.schedule.cuda_gemv as g
+    import bitblas.schedule.target as g
     monkeypatch.setattr(g, "_SMS", [132])
     op = bitblas.Matmul(C(N=4096, K=4096, **FAMILIES["f16"]), target=TARGETS["sm_90"])
     got = {r: op._choose("cuda", r) for r in (1, 100, 256, 600, 4096)}

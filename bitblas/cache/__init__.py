@@ -14,34 +14,20 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from .. import env
 from .database import Database, key_hash, versions
+from .kernels import clear_memory
 from .operators import OperatorCache, global_operator_cache
+from .paths import get_database, get_database_path, set_path_override
 
 __all__ = ["get_database_path", "set_database_path", "get_database", "list_entries", "clear", "Database",
            "key_hash", "versions", "OperatorCache", "global_operator_cache"]
 
-_PATH_OVERRIDE: Optional[str] = None
-
-
-def get_database_path() -> str:
-    """The database folder: set_database_path's, else BITBLAS_DATABASE_PATH, else ~/.cache/bitblas."""
-    return _PATH_OVERRIDE or os.path.abspath(os.path.expanduser(env.database_path()))
-
-
 def set_database_path(path: Optional[str]) -> None:
     """Use ``path`` as the database folder for this process (None: back to the default)."""
-    global _PATH_OVERRIDE
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or os.PathLike (or None), got {type(path).__name__}")
-    _PATH_OVERRIDE = os.path.abspath(os.path.expanduser(os.fspath(path))) if path is not None else None
-    from .kernels import clear_memory
+    set_path_override(os.path.abspath(os.path.expanduser(os.fspath(path))) if path is not None else None)
     clear_memory()
-
-
-def get_database() -> Optional[Database]:
-    """The Database at the current path (None when BITBLAS_DISABLE_CACHE is set)."""
-    return None if env.cache_disabled() else Database(get_database_path())
 
 
 def _summary(rec: dict) -> dict:
@@ -66,6 +52,5 @@ def list_entries(type: Optional[str] = None) -> List[dict]:  # noqa: A002 - "typ
 
 def clear() -> int:
     """Remove every entry of the database (and the in-memory kernels); returns the number removed."""
-    from .kernels import clear_memory
     clear_memory()
     return Database(get_database_path()).clear()

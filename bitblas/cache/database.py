@@ -69,10 +69,10 @@ def _source_hash() -> str:
 @functools.lru_cache(maxsize=None)
 def versions() -> Dict[str, str]:
     """The versions every key carries."""
-    from .. import __version__
-    from .._tvm import _installed
+    from .._tvm import installed
+    from ..version import __version__
     return {"bitblas": __version__, "bitblas_src": _source_hash(),
-            "tvm": str(_installed("apache-tvm", "tvm")), "tvm_ffi": str(_installed("apache-tvm-ffi", "tvm_ffi"))}
+            "tvm": str(installed("apache-tvm", "tvm")), "tvm_ffi": str(installed("apache-tvm-ffi", "tvm_ffi"))}
 
 
 def _canonical(obj) -> str:

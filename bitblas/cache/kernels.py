@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 from .. import env
 from ..plan import Plan
 from . import database as _db
+from .paths import get_database
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def target_desc(kind: str, target=None) -> dict:
             "compile_mode": env.cuda_compile_mode()}
 
 
-def _flags() -> dict:
+def compile_flags() -> dict:
     from ..build import PASS_CONFIG
     return {k: v for k, v in sorted(PASS_CONFIG.items())}
 
@@ -47,11 +48,10 @@ def _flags() -> dict:
 def kernel_key(plan: Plan, hint, tdesc: dict) -> dict:
     from ..schedule import hint_to_dict
     return {"type": "kernel", "config": plan.config.to_dict(), "target_kind": plan.target_kind, "m": plan.m,
-            "hint": hint_to_dict(hint), "target": tdesc, "flags": _flags(), "versions": _db.versions()}
+            "hint": hint_to_dict(hint), "target": tdesc, "flags": compile_flags(), "versions": _db.versions()}
 
 
 def _database():
-    from . import get_database
     return get_database()
 
 

@@ -18,8 +18,9 @@ import threading
 from typing import Dict, Optional
 
 from .database import Database, versions
+from .paths import get_database_path
 
-__all__ = ["OperatorCache", "global_operator_cache"]
+__all__ = ["OperatorCache", "global_operator_cache", "set_operator_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,11 @@ def _key(config, tdesc: str) -> dict:
 
 
 class OperatorCache:
-    """Operators by config (thread-safe)."""
+    """Operators by config (thread-safe). The operator class (``bitblas.Matmul``) is handed in by
+    the package (:func:`set_operator_class`, in bitblas/__init__.py): the cache sits below the
+    operators and does not import them."""
+
+    operator_class: Optional[type] = None
 
     def __init__(self):
         self._ops: Dict[object, object] = {}
@@ -48,7 +53,7 @@ class OperatorCache:
 
     def add(self, config, op) -> None:
         from ..config import MatmulConfig
-        from ..ops.matmul import Matmul
+        Matmul = _operator_class()
         if not isinstance(config, MatmulConfig):
             raise TypeError(f"config: expected a bitblas.MatmulConfig, got {type(config).__name__}")
         if not isinstance(op, Matmul):
@@ -79,7 +84,6 @@ class OperatorCache:
         is accepted for BitBLAS's signature; each record carries its own operator's target.
         Returns the number written."""
         from ..schedule import hint_to_dict
-        from . import get_database_path
         db = Database(database_path or get_database_path())
         with self._lock:
             items = list(self._ops.items())
@@ -103,7 +107,6 @@ class OperatorCache:
         the local GPU, else a generic target; every record when it cannot be resolved) and add
         them; returns how many were added. Records of other versions are skipped."""
         from ..config import MatmulConfig
-        from . import get_database_path
         import os
         path = database_path or get_database_path()
         if not os.path.isdir(path):
@@ -136,14 +139,24 @@ class OperatorCache:
     @staticmethod
     def _rebuild(config, rec):
         from ..dispatch import BucketTable
-        from ..ops.matmul import Matmul
         from ..schedule import hint_from_dict
-        op = Matmul(config, target="llvm" if rec.get("cpu_only") else rec.get("target_arg"))
+        op = _operator_class()(config, target="llvm" if rec.get("cpu_only") else rec.get("target_arg"))
         for kind, t in (rec.get("tuned") or {}).items():
             op._tuned[kind] = {int(b): (m, hint_from_dict(h)) for b, m, h in t["choices"]}
             op._buckets = BucketTable(sorted(int(b) for b in t["buckets"]))
             op._reset_dispatch(kind)
         return op
+
+
+def set_operator_class(cls: type) -> None:
+    """The class the cache holds and rebuilds (``bitblas.Matmul``; bitblas/__init__.py sets it)."""
+    OperatorCache.operator_class = cls
+
+
+def _operator_class() -> type:
+    if OperatorCache.operator_class is None:
+        raise RuntimeError("bitblas.cache.operators: no operator class set (import bitblas first)")
+    return OperatorCache.operator_class
 
 
 global_operator_cache = OperatorCache()

@@ -109,7 +109,7 @@ def _check_float(name: str, t) -> torch.Tensor:
     return t
 
 
-def _groups_check(K: int, groups: int, group_size: Optional[int], what: str) -> int:
+def groups_check(K: int, groups: int, group_size: Optional[int], what: str) -> int:
     if groups < 1 or K % groups:
         raise ValueError(f"{what}: {groups} groups do not divide in_features={K}")
     gs = K // groups
@@ -149,7 +149,7 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int = 4, in_features
     G = scales.shape[0]
     if scales.shape[1] != N:
         raise ValueError(f"scales: expected shape [groups, {N}], got {list(scales.shape)}")
-    gs = _groups_check(K, G, group_size, "scales")
+    gs = groups_check(K, G, group_size, "scales")
     if N % per or list(qzeros.shape) != [G, N // per]:
         raise ValueError(f"qzeros: expected shape {[G, N // per]} (groups, out_features * bits / 32 at bits={bits}), "
                          f"got {list(qzeros.shape)}")
@@ -209,7 +209,7 @@ def from_awq(qweight, qzeros, scales, *, bits: int = 4, in_features: Optional[in
     G = scales.shape[0]
     if scales.shape[1] != N:
         raise ValueError(f"scales: expected shape [groups, {N}], got {list(scales.shape)}")
-    gs = _groups_check(K, G, group_size, "scales")
+    gs = groups_check(K, G, group_size, "scales")
     if list(qzeros.shape) != [G, N // per]:
         raise ValueError(f"qzeros: expected shape {[G, N // per]}, got {list(qzeros.shape)}")
     codes_kn = unpack_int32(qweight, bits, 1, AWQ_ORDER)         # [K, N]
@@ -257,7 +257,7 @@ def from_compressed_tensors(weight_packed, weight_scale, weight_shape=None, weig
     if scale.dim() != 2 or scale.shape[0] != N:
         raise ValueError(f"weight_scale: expected shape [{N}, groups], got {list(weight_scale.shape)}")
     G = scale.shape[1]
-    gs = _groups_check(K, G, group_size, "weight_scale")
+    gs = groups_check(K, G, group_size, "weight_scale")
     offset = 1 << (bits - 1)
     codes = unpack_int32(packed, bits, 1)[:, :K]                  # unsigned u = v + offset, [N, K]
     if weight_zero_point is None:

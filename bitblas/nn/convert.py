@@ -110,6 +110,15 @@ def find_linear_layers(model: nn.Module, skip: Iterable[str] = ()) -> List[Tuple
     return [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _matches(n, skip)]
 
 
+_HF_RECORDER: List = []      # bitblas.hf.record_config, handed in by bitblas/__init__.py (set_hf_recorder)
+
+
+def set_hf_recorder(fn) -> None:
+    """``fn(model)`` records the quantization_config of a converted transformers model (bitblas.hf's
+    record_config, wired by bitblas/__init__.py: nn sits below the transformers integration)."""
+    _HF_RECORDER[:] = [fn]
+
+
 def _record_hf_config(model: nn.Module):
     """A transformers model (transformers already imported): record the bitblas quantization_config on
     ``model.config``, so that ``save_pretrained`` / ``from_pretrained`` round-trip (bitblas.hf)."""
@@ -117,11 +126,11 @@ def _record_hf_config(model: nn.Module):
         return
     if not type(model).__module__.startswith("transformers."):
         return
-    from .. import hf
-    hf.record_config(model)
+    for fn in _HF_RECORDER:
+        fn(model)
 
 
-def _swap(model: nn.Module, replacements: Dict[str, nn.Module]):
+def swap_modules(model: nn.Module, replacements: Dict[str, nn.Module]):
     for name, new in replacements.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -145,7 +154,7 @@ def _check_before_load(module, state_dict, prefix, *args):
     check_state_dict(module, state_dict, prefix)
 
 
-def _new_linear(layer: nn.Linear, kwargs: dict, target) -> Linear:
+def new_linear(layer: nn.Linear, kwargs: dict, target) -> Linear:
     """A bitblas.Linear shaped like ``layer``, its buffers on ``layer``'s device (meta for a meta skeleton)."""
     return Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, target=target,
                   device=layer.weight.device, **kwargs)
@@ -214,7 +223,7 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
     skipped: Dict[str, str] = {}
     for name, layer in layers:
         try:
-            new = _new_linear(layer, cfg.linear_kwargs(layer), target)
+            new = new_linear(layer, cfg.linear_kwargs(layer), target)
         except (ValueError, NotImplementedError) as e:
             if skip_unsupported and name not in weights:
                 skipped[name] = str(e)
@@ -228,7 +237,7 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         replacements[name] = new
-    _swap(model, replacements)
+    swap_modules(model, replacements)
     if skipped:
         listed = "; ".join(f"{n} ({r})" for n, r in skipped.items())
         warnings.warn(f"quantize_model: {len(skipped)} layer(s) the config does not support stay float: {listed}",
@@ -259,7 +268,7 @@ def _load_checkpoint_model(model, state_dict, fmt, bits, group_size, skip, linea
                 raise ValueError(f"the checkpoint has {name}.qweight but no {name}.qzeros / {name}.scales")
             kw = dict(dict(A_dtype=_TORCH_NAMES.get(layer.weight.dtype, "float16"), zeros_mode="original"),
                       **(linear_kwargs or {}))
-            new = _new_linear(layer, dict(kw, W_dtype=f"uint{bits}", group_size=group_size, with_scaling=True,
+            new = new_linear(layer, dict(kw, W_dtype=f"uint{bits}", group_size=group_size, with_scaling=True,
                                           with_zeros=True), target)
             if fmt == "awq":
                 new.repack_from_awq(qweight=t["qweight"], qzeros=t["qzeros"], scales=t["scales"], bias=bias)
@@ -290,7 +299,7 @@ def _finish_load(model, state_dict, used, replacements, strict, fmt):
     missing = sorted(k for k in own if k not in rest)
     if missing and strict:
         raise ValueError(f"state_dict lacks keys of the model: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    _swap(model, replacements)
+    swap_modules(model, replacements)
     model.load_state_dict({k: v for k, v in rest.items() if k in own}, strict=False)
     _record_hf_config(model)
     logger.info("loaded %s checkpoint: %d quantized layers", fmt, len(replacements))
@@ -418,7 +427,7 @@ def load_compressed_tensors_model(model: nn.Module, state_dict: Mapping[str, tor
                       with_zeros=not symmetric)
             if not symmetric:
                 kw.setdefault("zeros_mode", "original")
-            new = _new_linear(layer, kw, target)
+            new = new_linear(layer, kw, target)
             if symmetric:
                 new.load_and_transform_weight((imp.codes.to(torch.int16) - (1 << (bits - 1))), imp.scale, None,
                                               bias)

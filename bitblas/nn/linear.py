@@ -31,7 +31,7 @@ from .checkpoint import ImportedWeight, from_awq, from_gptq
 __all__ = ["Linear"]
 
 _is_compiling = torch.compiler.is_compiling
-_dispatch_modes = torch._C._len_torch_dispatch_stack     # 0 outside any TorchDispatchMode (see torch_op._eager)
+_dispatch_modes = torch._C._len_torch_dispatch_stack     # 0 outside any TorchDispatchMode (see torch_op.is_eager)
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Linear(nn.Module):
                                  f"{self.A_dtype} codes as input")
         x = x.contiguous()
         n = self._arg_names
-        if torch_op._eager(x):
+        if torch_op.is_eager(x):
             bound = self._bound_all
             if bound is None or any(b[k] is not t or (p and t.data_ptr() != p) for k, t, p in self._bound_src):
                 bound = self._bind()
@@ -558,7 +558,7 @@ class Linear(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.bitblas_matmul = torch_op._operator(self._key)
+        self.bitblas_matmul = torch_op.operator_by_key(self._key)
 
     # -- devices and dtypes -------------------------------------------------------------------
     def _apply(self, fn, recurse=True):

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..formats import FORMATS
-from .checkpoint import ImportedWeight, _groups_check, from_gptq
+from .checkpoint import ImportedWeight, groups_check, from_gptq
 from .linear import Linear
 
 __all__ = ["QuantLinear"]
@@ -94,7 +94,7 @@ class QuantLinear(Linear):
         if not isinstance(zeros, torch.Tensor) or zeros.shape != scales.shape:
             raise ValueError(f"zeros: expected shape {list(scales.shape)}, got {list(getattr(zeros, 'shape', []))}")
         G = scales.shape[1]
-        gs = _groups_check(K, G, self.group_size, "scales")
+        gs = groups_check(K, G, self.group_size, "scales")
         s, z = scales.to(torch.float32).to(W.device), zeros.to(torch.float32).to(W.device)
         g = torch.arange(K, device=W.device) // gs if g_idx is None else g_idx.to(W.device, torch.long)
         if list(g.shape) != [K] or (g.numel() and (int(g.min()) < 0 or int(g.max()) >= G)):

@@ -4,7 +4,7 @@ from .layout_ops import (LadderPermutate, LadderPermutateConfig, LOP3Permutate, 
                          QuantCompressConfig)
 from .matmul import Matmul, MatmulConfig
 from .matmul_dequantize import MatmulWeightOnlyDequantize, MatmulWeightOnlyDequantizeConfig
-from .nvfp4 import nvfp4_gemv
+from .nvfp4_entry import nvfp4_gemv
 
 __all__ = ["Matmul", "MatmulConfig", "MatmulWeightOnlyDequantize", "MatmulWeightOnlyDequantizeConfig",
            "TransformKind", "QuantCompressConfig", "QuantCompress", "LOP3PermutateConfig", "LOP3Permutate",

@@ -17,6 +17,7 @@ import torch
 
 from ..plan import Plan
 from ..quantization.quantize import TORCH_DTYPES
+from .checks import check_tensor, why_not
 
 __all__ = ["BoundMatmul", "UnboundCall"]
 
@@ -25,7 +26,6 @@ class BoundMatmul:
     """``bound(A, a_scale=None, output=None)`` = ``op(A, W, scale, zeros, bias, ..., a_scale, output)``."""
 
     def __init__(self, op, W, scale=None, zeros=None, bias=None, global_scale=None):
-        from .matmul import _check_tensor, _why_not
         if not isinstance(W, torch.Tensor):
             raise TypeError(f"W: expected a torch.Tensor, got {type(W).__name__}")
         device = W.device
@@ -38,7 +38,7 @@ class BoundMatmul:
         given = {"scale": scale, "zeros": zeros, "bias": bias, "global_scale": global_scale}
         for name, t in given.items():
             if t is not None and plan0.arg(name) is None:
-                raise ValueError(f"{name} given, but the config takes none ({_why_not(name)})")
+                raise ValueError(f"{name} given, but the config takes none ({why_not(name)})")
         tensors = {"W": W, **given}
         pre, post = [], []
         part = pre
@@ -57,7 +57,7 @@ class BoundMatmul:
                     raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
                 part.append(op._const(spec.name, plan0, device))
                 continue
-            t = _check_tensor(spec.name, t, spec, 1, device)
+            t = check_tensor(spec.name, t, spec, 1, device)
             if kind == "cuda" and spec.name == "W" and t.data_ptr() % 16:
                 t = t.clone()               # GEMV: 16-byte vector loads; wgmma: 16-byte aligned TMA bases
             part.append(t)

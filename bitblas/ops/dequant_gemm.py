@@ -13,7 +13,7 @@ Measured on the H200 (W4A16 uint4 g128, N=K=4096, same run): rows 64 / 256 / 102
 17.7 / 52.9 / 213), so the path starts right above the GEMV's rows: 1..16 for every plan the GEMV
 takes, 17..64 where its tensor-core kernel serves them (every float-activation format, int8
 activations with sub-byte codes: 2.7-3.5x faster than this path there, which writes and reads 2
-bytes per weight; bitblas.schedule.cuda_gemv.gemv_default_takes).
+bytes per weight; bitblas.schedule.gemv.gemv_default_takes).
 
 int8 activations (W4A8 / W2A8 / W1A8: int4, uint4, int2, uint2, int1, uint1 weights, per-channel or
 group scales): the decode writes the integer weight values as int8 (N*K bytes, exact), and the
@@ -27,51 +27,19 @@ decoded weights (see cuda_dequant for the rounding).
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
-from ..config import MatmulConfig
+from ..dequant_choice import dense_config
 from ..plan import Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES
 
-__all__ = ["DEQUANT_GEMM_MIN_ROWS", "dequant_gemm_reason", "dense_config", "DequantGemm"]
+__all__ = ["DequantGemm"]
 
-DEQUANT_GEMM_MIN_ROWS = 17
 
 _DEQ: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
-
-
-def dense_config(config: MatmulConfig) -> MatmulConfig:
-    """The config of the GEMM half: the same shape, activations, bias and output, float weights;
-    for int8 activations int8 weights (the decoded integer values) with the original per-channel
-    or group scales and activation scales."""
-    if config.A_dtype == "int8":
-        return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype="int8", W_dtype="int8",
-                            out_dtype=config.out_dtype, accum_dtype=config.accum_dtype, layout=config.layout,
-                            with_bias=config.with_bias, with_scaling=config.with_scaling,
-                            group_size=config.group_size, with_act_scaling=config.with_act_scaling)
-    return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype=config.A_dtype, W_dtype=config.A_dtype,
-                        out_dtype=config.out_dtype, layout=config.layout, with_bias=config.with_bias)
-
-
-def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
-    """Why the decode-then-GEMM path does not take ``plan`` on ``target`` (None: it does)."""
-    from ..schedule import WGMMAHint, default_hint
-    from ..schedule.cuda_dequant import dequant_unsupported
-    c = plan.config
-    if plan.target_kind != "cuda":
-        return "not a CUDA plan"
-    if plan.w.kind == "float" or (c.A_dtype == "int8" and c.W_dtype == "int8"):
-        return f"W_dtype={c.W_dtype}: nothing to decode"
-    why = dequant_unsupported(plan)
-    if why:
-        return why
-    dense = make_plan(dense_config(c), "cuda", plan.m)
-    if not isinstance(default_hint(dense, target), WGMMAHint):
-        return "the dense GEMM of this target is not the wgmma template (sm_90 with its shared memory)"
-    return None
 
 
 def _dequant_fn(plan: Plan, target):

@@ -15,12 +15,13 @@ import torch
 
 from ..config import MatmulConfig
 from ..formats import FORMATS
-from ..plan import M_VAR, ArgSpec, Plan, make_plan
+from ..plan import M_VAR, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
+from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_gemm_reason
 from ..dispatch import default_rows, gemv_hint_takes, gemv_kernel_rows
-from ..schedule.cuda_gemv import GEMV_MMA_MAX_ROWS, GEMVHint
+from ..schedule.gemv import GEMV_MMA_MAX_ROWS, GEMVHint
+from .checks import check_tensor, why_not
 from .compat import BitBLASOperatorAPI, kernel_config
-from .dequant_gemm import DEQUANT_GEMM_MIN_ROWS
 
 __all__ = ["Matmul", "MatmulConfig", "bias_for"]
 
@@ -140,12 +141,10 @@ class Matmul(BitBLASOperatorAPI):
         (see :mod:`bitblas.ops.dequant_gemm`); None where that path does not apply."""
         why = self._dequant_gemm_why
         if why is None:
-            from .dequant_gemm import dequant_gemm_reason
             why = self._dequant_gemm_why = dequant_gemm_reason(self._base_plan("cuda"), self._resolve_cuda_target()) or ""
         if why:
             return None
         from ..schedule import WGMMAHint
-        from .dequant_gemm import dense_config
         return _DequantGemmChoice(WGMMAHint.default(make_plan(dense_config(self._kc), "cuda", rows),
                                                     self._resolve_cuda_target()))
 
@@ -352,7 +351,7 @@ class Matmul(BitBLASOperatorAPI):
         without scales get unit scales; out_dtype="int8" runs the int32 kernel and casts."""
         c, kc = self.config, self._kc
         if given["scale"] is not None and not c.with_scaling:
-            raise ValueError(f"scale given, but the config takes none ({_why_not('scale')})")
+            raise ValueError(f"scale given, but the config takes none ({why_not('scale')})")
         device = A.device if isinstance(A, torch.Tensor) else None
         if kc.with_scaling and not c.with_scaling and device is not None:
             given["scale"] = self._unit_scale(device)
@@ -425,7 +424,7 @@ class Matmul(BitBLASOperatorAPI):
         for name in given:
             if given[name] is not None and plan0.arg(name) is None:
                 raise ValueError(f"{name} given, but the config takes none "
-                                 f"({_why_not(name)})")
+                                 f"({why_not(name)})")
         plan, fn = self._kernel(kind, rows) if rows > 0 else (plan0, None)
         out = given["output"]
         tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
@@ -440,7 +439,7 @@ class Matmul(BitBLASOperatorAPI):
                     out = torch.empty(*lead, c.N, dtype=want, device=device)
                 elif not (isinstance(out, torch.Tensor) and out.dtype == want and out.device == device
                           and out.is_contiguous() and out.shape == (*lead, c.N)):
-                    _check_tensor("output", out, spec, rows, device, lead=lead)
+                    check_tensor("output", out, spec, rows, device, lead=lead)
                 call.append(out if len(lead) == 1 else out.view(rows, c.N))
                 continue
             t = tensors.get(spec.name)
@@ -459,7 +458,7 @@ class Matmul(BitBLASOperatorAPI):
                 if bits_view:
                     t = t.view(torch.int8)
             else:
-                t = _check_tensor(spec.name, t, spec, rows, device,
+                t = check_tensor(spec.name, t, spec, rows, device,
                                   lead=lead if spec.per_row else None)
             call.append(t)
         if rows == 0:
@@ -540,7 +539,6 @@ class Matmul(BitBLASOperatorAPI):
             return cuda_source(make_plan(self._kc, kind, None), target)
         pm, hint = self._choose(kind, rows)
         if isinstance(hint, _DequantGemmChoice):
-            from .dequant_gemm import dense_config
             from ..schedule.cuda_dequant import compile_dequant
             decode = compile_dequant(make_plan(self._kc, "cuda", None), target).mod.imports[0].inspect_source()
             dense = make_plan(dense_config(self._kc), "cuda", pm)
@@ -561,7 +559,7 @@ class Matmul(BitBLASOperatorAPI):
         from ..hardware import query_device
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
-        from ..tune.tuner import _weight_copies
+        from ..tune.tuner import weight_copies
         c = self._kc
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
@@ -574,7 +572,7 @@ class Matmul(BitBLASOperatorAPI):
             self(**inputs, output=out)
         plan, fn = self._kernel("cuda" if cuda else "cpu", m)
         spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
-        return time_kernel(fn, _weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
+        return time_kernel(fn, weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
                                 force: bool = False, progress: Optional[bool] = None, **bounds) -> dict:
@@ -641,15 +639,6 @@ def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
     return bias.to(want).contiguous()
 
 
-def _why_not(name: str) -> str:
-    return {"scale": "with_scaling=False", "zeros": "with_zeros=False", "bias": "with_bias=False",
-            "a_scale": "with_act_scaling=False", "global_scale": "only nvfp4 takes a global scale",
-            "a_global_scale": "only A_dtype='nvfp4' takes an activation global scale"}.get(name, "")
-
-
-_HALF_FLOATS = (torch.float16, torch.bfloat16)
-
-
 # the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 
@@ -694,36 +683,6 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
     call.append(o)
     fn(*call)
     return output
-
-
-def _check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:
-    """Check one user tensor against its ArgSpec; return the view the kernel takes."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    want = TORCH_DTYPES[spec.user_dtype]
-    if want is torch.float32 and spec.name == "scale" and t.dtype in _HALF_FLOATS:
-        t = t.to(want)       # float16 / bfloat16 scales where the kernel takes float32 (int8, W4A8): exact
-    if t.dtype != want and not (spec.dtype == "int8" and t.dtype == torch.int8):
-        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
-    if t.device != torch.device(device) and not (t.device.type == device.type and device.type == "cpu"):
-        raise ValueError(f"{name} is on {t.device} but A is on {device}; put all tensors on one device")
-    # the caller's rows: a kernel symbolic in them, static in them, or taking them at run time (GEMV)
-    shape = [rows, *spec.shape[1:]] if spec.per_row else list(spec.shape)
-    if lead is not None and spec.per_row:
-        expect = list(lead) + shape[1:]
-    else:
-        expect = shape
-    got = list(t.shape)
-    if got != expect:
-        # per-channel scales / zeros may come as [N], activation scales as [M] for any leading dims
-        if not (math.prod(got) == math.prod(shape) and len(shape) == 2 and shape[1] == 1 and got == shape[:1]) and \
-                not (lead is not None and len(spec.shape) == 1 and got == [rows]):
-            raise ValueError(f"{name}: expected shape {expect}, got {got}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous; call .contiguous() first")
-    if t.dtype != torch.int8 and spec.dtype == "int8":
-        t = t.view(torch.int8)
-    return t.reshape(shape)
 
 
 class _DequantGemmChoice(tuple):

@@ -3,7 +3,7 @@ import dataclasses
 
 from .cpu import CPUHint, schedule_cpu
 from .cpu_gemv import CPUGemvHint, cpu_gemv_unsupported, schedule_cpu_gemv
-from .cuda_gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
+from .gemv import GEMVHint, gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
 from .cuda_mma import MMAHint, ir_options as _mma_ir_options, schedule_cuda_mma
 from .cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from .cuda_wgmma import WGMMAHint, schedule_cuda_wgmma, wgmma_unsupported

@@ -39,6 +39,7 @@ from typing import Optional
 from .._tvm import tvm
 from ..ir.matmul import decode_code, scale_value, zero_value
 from .cpu import largest_divisor as _divisor
+from .target import host_cpu_target
 
 __all__ = ["CPUGemvHint", "cpu_gemv_unsupported", "schedule_cpu_gemv", "vector_lanes"]
 
@@ -56,8 +57,7 @@ def _target_lanes(target_str: str) -> int:
 def vector_lanes(target=None) -> int:
     """float32 lanes of the target's widest SIMD register (AVX-512: 16, AVX2: 8, NEON / SSE: 4)."""
     if target is None:
-        from ..build import cpu_target
-        target = cpu_target()
+        target = host_cpu_target()
     return _target_lanes(str(target))
 
 
@@ -66,7 +66,7 @@ def _group_len(plan) -> int:
     return c.K if (not c.with_scaling or plan.groups == 1) else c.group_size
 
 
-def _step_lanes(plan, lanes: int) -> Optional[int]:
+def step_lanes(plan, lanes: int) -> Optional[int]:
     """Bytes per step: the widest of ``lanes``, ``lanes / 2``, .. (at least 4) whose codes divide
     the scale group (and K); None where none does."""
     cpb = plan.w.codes_per_byte
@@ -94,7 +94,7 @@ def cpu_gemv_unsupported(plan, lanes: Optional[int] = None) -> Optional[str]:
         return "per-channel scales in the epilogue"
     if w.kind not in ("int", "uint", "table", "float"):
         return f"W_dtype={c.W_dtype}"
-    if _step_lanes(plan, lanes or vector_lanes()) is None:
+    if step_lanes(plan, lanes or vector_lanes()) is None:
         return (f"K={c.K} / group_size={c.group_size}: no whole step of {4 * w.codes_per_byte}+ codes "
                 "per scale group")
     return None
@@ -108,8 +108,7 @@ def _permute_lookup(plan, L: int, target=None):
     if w.kind != "table" or len(w.table) != 16:
         return None
     if target is None:
-        from ..build import cpu_target
-        target = cpu_target()
+        target = host_cpu_target()
     has = lambda f: bool(tvm.target.codegen.target_has_features(f, target))  # noqa: E731
     from tvm import tirx
     if L == 16 and has("avx512f"):
@@ -314,7 +313,7 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
     bad = hint.check(plan)
     if bad:
         raise ValueError(f"CPUGemvHint does not fit this plan: {bad}")
-    L = _step_lanes(plan, min(hint.lanes or lanes, lanes) if hint.lanes else lanes)
+    L = step_lanes(plan, min(hint.lanes or lanes, lanes) if hint.lanes else lanes)
     if L is None:
         raise ValueError(f"CPUGemvHint(lanes={hint.lanes}): no step of that width fits "
                          f"group_size={plan.config.group_size}")

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
+from .target import target_info
 
 __all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
            "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
@@ -113,13 +114,13 @@ class MMAHint:
         and stages / tiles shrink until the shared memory fits its ``max_shared_memory_per_block``.
         Every path (fp16/bf16, int8, float8; see the module docstring) uses the same rule.
         """
-        if mma_reason(plan, _target_info(target)[0]) is not None:
+        if mma_reason(plan, target_info(target)[0]) is not None:
             return None
         return cls._pick(plan, target)
 
     @classmethod
     def _pick(cls, plan, target) -> Optional["MMAHint"]:
-        sm, smem_limit = _target_info(target)
+        sm, smem_limit = target_info(target)
         if sm is not None and sm < 80:
             return None                      # cp.async and mma.m16n8k16 need sm_80
         m, N = plan.m, plan.config.N
@@ -138,7 +139,7 @@ class MMAHint:
                   (32, 128, 32, 32, 32, 3), (32, 64, 32, 32, 32, 3), (32, 64, 32, 32, 32, 2)]
         for bm, bn, wm, wn, bk, stages in tiles:
             hint = cls(BM=bm, BN=bn, WM=wm, WN=wn, BK=bk, stages=stages, vec_decode=8)
-            if _copy_plan(plan, hint) is None:
+            if copy_plan(plan, hint) is None:
                 continue
             if smem_limit is None or hint.smem_bytes(plan) <= smem_limit:
                 return hint
@@ -159,24 +160,12 @@ class MMAHint:
         return max(ring, self.BM * self.BN * 4) + static
 
 
-def _target_info(target):
-    """(sm version or None, max shared memory per block or None) of a CUDA Target."""
-    if target is None:
-        return None, None
-    attrs = target.attrs
-    arch = str(attrs["arch"]) if "arch" in attrs else ""
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
-    sm = int(digits) if digits else None
-    smem = int(attrs["max_shared_memory_per_block"]) if "max_shared_memory_per_block" in attrs else None
-    return sm, smem
-
-
 def mma_reason(plan, sm: Optional[int] = None) -> Optional[str]:
     """Why no tensor-core path takes this plan (None: the one for its activation dtype does).
     ``sm``: the target's compute capability (90 for sm_90), which the float8 path needs (sm_89+)."""
     if _int8(plan):
         return mma_int8_unsupported_reason(plan)
-    if _fp8(plan):
+    if is_fp8(plan):
         return mma_fp8_unsupported_reason(plan, sm)
     return mma_unsupported_reason(plan)
 
@@ -222,15 +211,15 @@ def mma_int8_unsupported_reason(plan) -> Optional[str]:
 
 
 # PTX names of the float8 formats (by their torch / TVM dtype)
-_PTX_FP8 = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+PTX_FP8 = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
 def mma_fp8_unsupported_reason(plan, sm: Optional[int] = None) -> Optional[str]:
     """Why the float8 tensor-core path cannot take this plan on compute capability ``sm`` (None: it can)."""
     c = plan.config
-    if plan.a.torch_dtype not in _PTX_FP8:
+    if plan.a.torch_dtype not in PTX_FP8:
         return f"A_dtype={c.A_dtype} (float8 tensor-core path: float8 activations)"
-    if plan.w.torch_dtype not in _PTX_FP8:
+    if plan.w.torch_dtype not in PTX_FP8:
         return f"W_dtype={c.W_dtype} (float8 tensor-core path: float8_e4m3 / float8_e5m2 weights)"
     if c.with_scaling and not plan.scale_in_epilogue:
         return "group-scaled weights need per-group partial sums (not implemented)"
@@ -245,7 +234,7 @@ def ir_options(plan, hint) -> dict:
     """Keyword arguments of :func:`bitblas.ir.matmul.emit_matmul` that this template needs: the
     float8 path multiplies float8 values (``fp8_values``), where its scales can apply (epilogue)."""
     c = plan.config
-    fp8 = isinstance(hint, MMAHint) and _fp8(plan) and plan.w.torch_dtype in _PTX_FP8
+    fp8 = isinstance(hint, MMAHint) and is_fp8(plan) and plan.w.torch_dtype in PTX_FP8
     return {"fp8_values": True} if fp8 and (not c.with_scaling or plan.scale_in_epilogue) else {}
 
 
@@ -253,18 +242,18 @@ def _int8(plan) -> bool:
     return plan.config.A_dtype == "int8"
 
 
-def _fp8(plan) -> bool:
-    return plan.a.torch_dtype in _PTX_FP8
+def is_fp8(plan) -> bool:
+    return plan.a.torch_dtype in PTX_FP8
 
 
-def _eight_bit(plan) -> bool:
+def is_eight_bit(plan) -> bool:
     """8-bit activations (int8 or float8): m16n8k32 fragments, 1-byte tiles."""
-    return _int8(plan) or _fp8(plan)
+    return _int8(plan) or is_fp8(plan)
 
 
 def _elem_bytes(plan) -> int:
     """Bytes of one activation element (and of one decoded weight element)."""
-    return 1 if _eight_bit(plan) else 2
+    return 1 if is_eight_bit(plan) else 2
 
 
 def _pad_elems(plan) -> int:
@@ -274,7 +263,7 @@ def _pad_elems(plan) -> int:
 
 def _k_tile(plan) -> int:
     """K of one mma tile: 16 (m16n8k16, 16-bit inputs) or 32 (m16n8k32, int8 / float8)."""
-    return 32 if _eight_bit(plan) else 16
+    return 32 if is_eight_bit(plan) else 16
 
 
 # -- tensor intrinsics ---------------------------------------------------------------------------
@@ -284,8 +273,8 @@ _I8_INTRINS = {}
 
 def _plan_intrinsics(plan) -> dict:
     """Names of the ldmatrix / fill / mma / store intrinsics of the plan's path."""
-    if _fp8(plan):
-        return _fp8_intrinsics(_PTX_FP8[plan.a.torch_dtype], _PTX_FP8[plan.w.torch_dtype])
+    if is_fp8(plan):
+        return _fp8_intrinsics(PTX_FP8[plan.a.torch_dtype], PTX_FP8[plan.w.torch_dtype])
     return _intrinsics(plan.config.A_dtype)
 
 
@@ -443,7 +432,7 @@ def _mma_fp8_bits_trans_b(a_ptx: str, b_ptx: str):
     from tvm.script import tirx as T
     from tvm.tirx import Cast, reinterpret
     tc = tensor_intrin_cuda()
-    dtypes = {v: k for k, v in _PTX_FP8.items()}
+    dtypes = {v: k for k, v in PTX_FP8.items()}
     a_dt, b_dt = dtypes[a_ptx], dtypes[b_ptx]
     map_ab = tc.shared_16x32_to_ldmatrix_32x16_layout
     map_c = tc.shared_16x16_to_ldmatrix_32x8_layout
@@ -513,7 +502,7 @@ def _vec(row_elems: int, stride_elems: int, rows: int, elem_bytes: float, thread
     return None
 
 
-def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
+def copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     """Vector widths of the block's copies, or None when the geometry does not fit the hint."""
     c, w = plan.config, plan.w
     t = hint.threads
@@ -522,7 +511,7 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
         return None
     # int8 / float8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
     # codegen breaks on a 16 x int8 zero vector; such tiles are loaded synchronously, 4 bytes a step
-    a_pad = _eight_bit(plan) and (plan.m is None or plan.m % hint.BM != 0)
+    a_pad = is_eight_bit(plan) and (plan.m is None or plan.m % hint.BM != 0)
     a_vec = _vec(hint.BK, c.K, hint.BM, eb, t, max_bytes=4 if a_pad else 16)
     if w.kind == "float":
         w_vec = _vec(hint.BK, c.K, hint.BN, 2, t)
@@ -547,12 +536,12 @@ def _copy_plan(plan, hint: MMAHint) -> Optional[dict]:
 def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
     """``func``: ``emit_matmul(plan, **ir_options(plan, hint))``; ``target``: the CUDA Target (the
     float8 path needs sm_89+)."""
-    int8, eight_bit = _int8(plan), _eight_bit(plan)
-    reason = mma_reason(plan, _target_info(target)[0])
+    int8, eight_bit = _int8(plan), is_eight_bit(plan)
+    reason = mma_reason(plan, target_info(target)[0])
     if reason is not None:
         raise ValueError(f"tensor-core schedule does not apply: {reason}")
     hint.check()
-    vecs = _copy_plan(plan, hint)
+    vecs = copy_plan(plan, hint)
     if vecs is None:
         raise ValueError(f"tensor-core schedule: {hint} does not fit N={plan.config.N}, K={plan.config.K}, "
                          f"W_dtype={plan.config.W_dtype}")
@@ -566,7 +555,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
 
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     C = sch.get_sblock("C")
-    if _fp8(plan) and str(sch.get(sch.get_sblock("B_decode")).writes[0].source.dtype) != "int8":
+    if is_fp8(plan) and str(sch.get(sch.get_sblock("B_decode")).writes[0].source.dtype) != "int8":
         # the table-lookup IR: B_decode holds values, not the bits the fp8 mma multiplies
         raise ValueError("float8 tensor-core schedule: emit the IR with emit_matmul(plan, **ir_options(plan, hint))")
     pad_m = plan.m is None or plan.m % BM != 0

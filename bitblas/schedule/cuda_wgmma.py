@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .cuda_mma import _PTX_FP8, _target_info
+from .cuda_mma import PTX_FP8
 from .epilogue import scaled_sum
+from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
 
-__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma", "WGMMA_ARCH_ATTR"]
+__all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma"]
 
-WGMMA_ARCH_ATTR = "bitblas.arch"        # module attribute: compile for this arch (sm_90a)
-_ROW_BYTES = 128                        # one swizzled tile row (BK * element bytes)
+ROW_BYTES = 128                         # one swizzled tile row (BK * element bytes)
 _SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 # wgmma N of s8 inputs in TVM 0.27's PTX table (the ISA also has 240 and 256; the table omits them)
@@ -72,7 +72,7 @@ class WGMMAHint:
     def smem_bytes(self, plan=None) -> int:
         """The ring's bytes, plus (group-scaled ``plan``) the staged float32 scales."""
         scales = self.stages * self.BN * 4 if plan is not None and _group_tiles(plan) else 0
-        return self.stages * (self.BM + self.BN) * _ROW_BYTES + scales
+        return self.stages * (self.BM + self.BN) * ROW_BYTES + scales
 
     def check(self, plan=None):
         if self.consumers not in (1, 2):
@@ -91,7 +91,7 @@ class WGMMAHint:
             raise ValueError(f"WGMMAHint.promote={self.promote!r}: an int >= 0 is required")
         if plan is not None:
             P = self.promote_tiles(plan)
-            if P and _eb(plan) != 1:
+            if P and elem_bytes(plan) != 1:
                 raise ValueError(f"WGMMAHint.promote={self.promote}: promotion applies to 8-bit inputs only")
             if P and _group_tiles(plan) % P:
                 raise ValueError(f"WGMMAHint.promote={self.promote}: must divide the K tiles of one scale group "
@@ -124,10 +124,9 @@ class WGMMAHint:
         With few rows, the first of 128 x 256, 128 x 128, 64 x 128, 64 x 64 tiles whose count reaches 90% of
         the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
         None below 128 KB."""
-        sm, smem = _target_info(target)
+        sm, smem = target_info(target)
         if wgmma_unsupported(plan, sm) is not None:
             return None
-        from .cuda_gemv import _num_sms
         c = plan.config
         big = [] if c.A_dtype == "int8" or c.N <= 128 or _group_tiles(plan) else [cls()]
         # fewer rows: smaller tiles until the tiles fill the SMs (H200, fp16 N=K=4096: m=32..128 run
@@ -140,20 +139,20 @@ class WGMMAHint:
             return None
         if plan.m is None:
             return fits[0]
-        want = 0.9 * _num_sms()
+        want = 0.9 * num_sms()
         for h in fits:
             if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
                 return h
         return fits[-1]
 
 
-def _eb(plan) -> int:
-    return 1 if plan.config.A_dtype == "int8" or plan.a.torch_dtype in _PTX_FP8 else 2
+def elem_bytes(plan) -> int:
+    return 1 if plan.config.A_dtype == "int8" or plan.a.torch_dtype in PTX_FP8 else 2
 
 
 def _bk(plan) -> int:
     """K elements of one tile (one 128-byte swizzled row)."""
-    return _ROW_BYTES // _eb(plan)
+    return ROW_BYTES // elem_bytes(plan)
 
 
 def _group_tiles(plan) -> int:
@@ -176,23 +175,23 @@ def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
     elif c.A_dtype == "int8":
         if c.W_dtype != "int8":
             return f"W_dtype={c.W_dtype} with int8 activations: only int8 weights go to wgmma as they are"
-    elif a.torch_dtype in _PTX_FP8:
-        if w.torch_dtype not in _PTX_FP8:
+    elif a.torch_dtype in PTX_FP8:
+        if w.torch_dtype not in PTX_FP8:
             return f"W_dtype={c.W_dtype} with float8 activations: float8 weights are needed"
     else:
         return f"A_dtype={c.A_dtype}: the wgmma template takes float16, bfloat16, int8 and float8 activations"
     if c.with_zeros:
         return "with_zeros=True: zero points need a decode"
     if c.with_scaling and not (plan.scale_in_epilogue and plan.groups == 1):
-        if _eb(plan) != 1:
+        if elem_bytes(plan) != 1:
             return "group scales: only per-channel scales (group_size=-1 or K) apply in the epilogue"
         if c.group_size % _bk(plan):
             return (f"group_size={c.group_size}: group scales of 8-bit inputs are applied per K tile of "
                     f"{_bk(plan)}, so the group size must be a multiple of it")
-    if w.global_scale or (w.kind == "table" and w.torch_dtype not in _PTX_FP8):
+    if w.global_scale or (w.kind == "table" and w.torch_dtype not in PTX_FP8):
         return f"W_dtype={c.W_dtype}: table / global-scale formats need a decode"
-    if (c.K * _eb(plan)) % 16:
-        return f"K={c.K}: TMA needs 16-byte rows (K a multiple of {16 // _eb(plan)})"
+    if (c.K * elem_bytes(plan)) % 16:
+        return f"K={c.K}: TMA needs 16-byte rows (K a multiple of {16 // elem_bytes(plan)})"
     return None
 
 
@@ -204,7 +203,7 @@ def _wgmma_instr(plan, BN: int):
         return f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{p}.{p}", ", T.bool(True), 1, 1, 0, 0", "float32", 16
     if c.A_dtype == "int8":
         return f"wgmma.mma_async.sync.aligned.m64n{BN}k32.s32.s8.s8", ", T.bool(True)", "uint32", 32
-    pa, pb = _PTX_FP8[plan.a.torch_dtype], _PTX_FP8[plan.w.torch_dtype]
+    pa, pb = PTX_FP8[plan.a.torch_dtype], PTX_FP8[plan.w.torch_dtype]
     return f"wgmma.mma_async.sync.aligned.m64n{BN}k32.f32.{pa}.{pb}", ", T.bool(True), 1, 1", "float32", 32
 
 
@@ -227,7 +226,7 @@ def _st2_source(out_dtype: str) -> str:
 
 def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     c = plan.config
-    eb = _eb(plan)
+    eb = elem_bytes(plan)
     BM, BN, ST = hint.BM, hint.BN, hint.stages
     BK = _bk(plan)
     instr, tail, acc_t, kstep = _wgmma_instr(plan, BN)
@@ -440,13 +439,12 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
 def schedule_cuda_wgmma(func, plan, hint: Optional[WGMMAHint] = None, target=None):
     """IRModule of the wgmma kernel for ``plan`` (``func``, the plan's TensorIR, is not used: the
     kernel is written directly). Carries the tirx-pipeline and sm_90a attributes for the build."""
-    from .cuda_gemv import TIRX_PIPELINE_ATTR, _num_sms
     why = wgmma_unsupported(plan, 90)
     if why:
         raise ValueError(f"wgmma template does not take this plan: {why}")
     hint = (hint or WGMMAHint.default(plan, target) or WGMMAHint()).check(plan)
     from tvm.script import tirx as T
-    text = _kernel_script(plan, hint, _num_sms())
+    text = _kernel_script(plan, hint, num_sms())
     prim = tvm.script.from_source(text, extra_vars={"T": T})
     mod = tvm.IRModule({"main": prim})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")

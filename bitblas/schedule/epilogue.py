@@ -1,5 +1,5 @@
 """The integer / float8 GEMM epilogue as TVMScript text, shared by the hand-written kernels (the
-GEMV template's int8 kernels, cuda_gemv; the Hopper wgmma template, cuda_wgmma), in the TensorIR's
+GEMV template's int8 kernels, gemv/; the Hopper wgmma template, cuda_wgmma), in the TensorIR's
 order (bitblas/ir.py): the sum in float32, times the per-channel scale where the plan applies it
 at the epilogue, times the per-token activation scale, plus the bias; an int32 output is the exact
 sum plus the int32 bias.

@@ -3,7 +3,7 @@ sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes): packe
 packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 
-It is the wgmma GEMV (gemv_wgmma.py, 17..64 rows) over tiles of rows. A block owns
+It is the wgmma GEMV (gemv/wgmma.py, 17..64 rows) over tiles of rows. A block owns
 ``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
 (one block: ``64 * channel_tiles * warpgroups`` channels), and one tile of ``row_tile`` activation
 rows (the wgmma N: 64, 128 or 256); the grid is (channel blocks) x ceil(rows / row_tile), in
@@ -67,9 +67,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .cuda_mma import _target_info
+from .target import target_info
 
-__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "schedule_fused_wgmma", "FUSED_SMEM_MAX"]
+__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
+           "ring_slots", "register_words", "slab_k"]
 
 _BOX = 64                          # K values per TMA box (128 bytes: 128-byte swizzle)
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
@@ -132,8 +133,8 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     """None when the fused wgmma GEMM takes ``plan`` with ``hint``, else why not (naming the field)."""
-    from .cuda_gemv import _vec_bytes
-    from .gemv_decode import _decoder
+    from .gemv.decode import decoder
+    from .gemv.emit import vec_bytes
     c, w = plan.config, plan.w
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
@@ -143,7 +144,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 activations"
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
-    if _decoder(w) != "int" or w.bits not in (2, 4, 8):
+    if decoder(w) != "int" or w.bits not in (2, 4, 8):
         return f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM decodes int/uint 2-, 4- and 8-bit codes"
     if c.with_act_scaling:
         return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
@@ -169,7 +170,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
                 f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
                 f"(ptxas would spill)")
-    if _vec_bytes(plan, 16) != 16:
+    if vec_bytes(plan, 16) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
     kw = hint.warpgroups if hint.split_k else 1
@@ -187,17 +188,17 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
 
 
 def _gemv_stand_in(hint: FusedWgmmaHint):
-    """The GEMV hint whose load / decode / scale / store lines the kernel shares (cuda_gemv)."""
-    from .cuda_gemv import GEMVHint
+    """The GEMV hint whose load / decode / scale / store lines the kernel shares (gemv.template)."""
+    from .gemv.template import GEMVHint
     return GEMVHint(rows_per_warp=16 * hint.channel_tiles, k_warps=1, unroll=1, stages=hint.stages, mma=True,
                     wgmma=True, pdl=hint.pdl)
 
 
 def _body(plan, hint: FusedWgmmaHint):
-    """The main kernel's body writer, given cuda_gemv ``_kernel_script``'s ``add`` and locals."""
-    from .cuda_gemv import _pdl_trigger, _step_loop
-    from .gemv_mma import _mma_helpers
-    from .gemv_wgmma import _wgmma_helper
+    """The main kernel's body writer, given gemv.template ``kernel_script``'s ``add`` and locals."""
+    from .gemv.emit import pdl_trigger, step_loop
+    from .gemv.mma import mma_helpers
+    from .gemv.wgmma import wgmma_helper
 
     def body(add, e):
         c = plan.config
@@ -220,8 +221,8 @@ def _body(plan, hint: FusedWgmmaHint):
         NRT = f"((mv + {RT - 1}) // {RT})"
         sdt, zdt = e["sdt"], e["zdt"]
         at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
-        hs = _mma_helpers(tag, c.A_dtype, NA)
-        wsrc = repr(_wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
+        hs = mma_helpers(tag, c.A_dtype, NA)
+        wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
         def accs(ind, stmt):
             """``stmt`` for every accumulator, unrolled (a loop left rolled puts them in local memory)."""
@@ -350,11 +351,11 @@ def _body(plan, hint: FusedWgmmaHint):
                     f"dq.ptr_to([r, 1, {8 * b}]), descB, source_code={wsrc})")
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
 
-        _step_loop(add, NS, STW, load, process, after_prologue=first_activations)
+        step_loop(add, NS, STW, load, process, after_prologue=first_activations)
         add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
         for ln in accs("    ", "T.cuda.wgmma.noop_barrier(acc[r, j])"):
             add(ln)
-        _pdl_trigger(add, hint)
+        pdl_trigger(add, hint)
         ind = "    "
         if KW > 1:                            # every warpgroup is past its ring: the words hold the sums
             def red(k):
@@ -382,25 +383,30 @@ def _body(plan, hint: FusedWgmmaHint):
     return body
 
 
+def main_script(plan, hint: FusedWgmmaHint) -> str:
+    """TVMScript text of the main kernel (the GEMV template's argument list, loads, decode, scale
+    and store lines; this module's body)."""
+    from .gemv.template import kernel_script
+    return kernel_script(plan, _gemv_stand_in(hint), body=_body(plan, hint))
+
+
 def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, target=None):
     """IRModule of the fused GEMM for ``plan`` (any row count, static or symbolic; ``func`` is not
     used): ``main`` (this kernel) and ``permute`` (the wgmma GEMV's), compiled for sm_90a with the
     tirx pipeline; ``build.kernel_callable`` runs them in turn."""
     from tvm.script import tirx as T
-    from .cuda_gemv import TIRX_PIPELINE_ATTR, _kernel_script
-    from .cuda_wgmma import WGMMA_ARCH_ATTR
-    from .gemv_wgmma import permute_script
+    from .gemv.wgmma import permute_script
+    from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     hint = hint or FusedWgmmaHint.default(plan, target)
-    sm = _target_info(target)[0]
+    sm = target_info(target)[0]
     if sm is None or sm < 90:
         raise ValueError(f"FusedWgmmaHint needs an sm_90 target (wgmma, TMA); target arch is "
                          f"{f'sm_{sm}' if sm else 'unknown'}")
     why = fused_wgmma_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    stand_in = _gemv_stand_in(hint)
-    prim = tvm.script.from_source(_kernel_script(plan, stand_in, body=_body(plan, hint)), extra_vars={"T": T})
-    perm = tvm.script.from_source(permute_script(plan, stand_in), extra_vars={"T": T})
+    prim = tvm.script.from_source(main_script(plan, hint), extra_vars={"T": T})
+    perm = tvm.script.from_source(permute_script(plan, _gemv_stand_in(hint)), extra_vars={"T": T})
     if hint.pdl:
         tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
         prim = prim.with_attr("tirx.kernel_launch_params", tags + ["tirx.use_dyn_shared_memory"])

@@ -15,7 +15,7 @@ three bits of each selector nibble index the table, its top bit (the code's sign
 ``prmt`` to sign replication, which yields 0 (every table byte is < 0x80). So ``prmt(q)`` gives
 the magnitudes of the positive codes and ``prmt(q ^ 0x88888888)`` those of the negative ones, and
 the block's dot product is ``dp4a(pos, a) - dp4a(neg, a)``: per 8 codes 4 ``prmt``, 4 ``dp4a``, an
-xor and two shifts (~1.4 instructions per weight; cuda_gemv's e2m1 -> half2 decoder and hfma2
+xor and two shifts (~1.4 instructions per weight; the GEMV template's e2m1 -> half2 decoder and hfma2
 take ~2.9). The activation row (signed doubled values, 8 words per 32 codes) and its block
 scales (times 1/4) are decoded once per block into shared memory (conflict-free
 ``[row, position // 32, half, position % 32, 4]`` word quads) and read by every row of the block.
@@ -24,7 +24,7 @@ The two block scales of a 32-code vector come in one 2-byte load and convert by
 the integer, the scale product (8 significant bits) and their product (20) are exact in float32,
 so only the float32 sums round, as in the reference. A warp owns ``rows_per_warp`` weight rows
 of one batch and walks K in 16-byte vectors (32 codes, a warp load = 512 contiguous bytes),
-``unroll`` vectors per row per step through a ring of ``stages`` register slots (cuda_gemv's step
+``unroll`` vectors per row per step through a ring of ``stages`` register slots (the GEMV template's step
 loop: the loads of ``stages - 1`` steps in flight); lanes are warp-reduced and one lane stores.
 The grid covers L x row blocks; the first steps' loads go out before the activation staging.
 
@@ -41,9 +41,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .cuda_gemv import TIRX_PIPELINE_ATTR, _load_helpers, _pdl_trigger, _step_loop, _steps
-from .cuda_mma import _target_info
-from .gemv_rows import _LDS4
+from .gemv.emit import LDS4, load_helpers, pdl_trigger, split_steps, step_loop
+from .target import TIRX_PIPELINE_ATTR, target_info
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
            "cpu_script", "decode_script", "schedule_nvfp4", "nvfp4_gemv_unsupported", "gemv_smem_bytes",
@@ -78,7 +77,7 @@ class NVFP4GemvHint:
         """2 rows per warp in 8-warp blocks with 2 steps in flight (~4 KB of weights per warp on
         the way); PDL on sm_90+. Not measured yet: the GPU benchmark (benchmark/nvfp4.py) sweeps
         the alternatives beside it."""
-        sm = _target_info(target)[0]
+        sm = target_info(target)[0]
         return cls(pdl=sm is not None and sm >= 90)
 
 
@@ -176,7 +175,7 @@ def _mag_lines(src: str, tag: str, out) -> list:
 def cuda_helpers(sm: Optional[int]) -> dict:
     """name -> CUDA source of the GEMV's helpers for sm ``sm`` (None: sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
-    h = {"bb_ldw4": _load_helpers(4)["bb_ldw4"], "bb_lds4": _LDS4}
+    h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
     h["bb_nv_ldsc"] = r"""
 __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
   unsigned short x;
@@ -268,7 +267,7 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) -> str:
     c = plan.config
     m, N, K = plan.m, c.N, c.K
     NV, NVB = _positions(K)
-    U, NS = _steps(NVB, hint.unroll)
+    U, NS = split_steps(NVB, hint.unroll)
     R, WARPS = hint.rows_per_warp, hint.warps
     ST = max(1, min(hint.stages, NS))
     NB = -(-N // (R * WARPS))
@@ -369,8 +368,8 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) -> str:
                             f"smem.ptr_to([{asc(i, f'{cc} // 32', f'{cc} % 32')}])"))
         add("    T.cuda.cta_sync()")
 
-    _step_loop(add, NS, ST, load, process, after_prologue=stage)
-    _pdl_trigger(add, hint)
+    step_loop(add, NS, ST, load, process, after_prologue=stage)
+    pdl_trigger(add, hint)
     add(f"    for r in T.unroll({R}):")
     add(f"        for i in T.unroll({m}):")
     add("            acc[r, i] = T.cuda.warp_sum(acc[r, i])")
@@ -499,7 +498,7 @@ def schedule_nvfp4(plan, hint, target=None):
         return tvm.IRModule({"main": prim})
     if not isinstance(hint, NVFP4GemvHint):
         raise ValueError(f"hint={hint!r}: the CUDA kernel of nvfp4 activations takes an NVFP4GemvHint")
-    sm = _target_info(target)[0]
+    sm = target_info(target)[0]
     if hint.pdl and (sm is None or sm < 90):
         raise ValueError(f"NVFP4GemvHint.pdl=True needs an sm_90+ target; target arch is "
                          f"{f'sm_{sm}' if sm else 'unknown'}")
@@ -510,6 +509,6 @@ def schedule_nvfp4(plan, hint, target=None):
 def decode_module(K: int, target=None):
     """IRModule of the decode kernel (:func:`decode_script`) for ``target``."""
     from tvm.script import tirx as T
-    sm = _target_info(target)[0]
+    sm = target_info(target)[0]
     prim = tvm.script.from_source(decode_script(K, sm), extra_vars={"T": T})
     return tvm.IRModule({"main": prim}).with_attr(TIRX_PIPELINE_ATTR, "tirx")

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 
 from ..schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
-from ..schedule import cuda_gemv, cuda_mma, cuda_wgmma
-from ..schedule.gemv_mma import chunk_loop
+from ..schedule import cuda_mma, cuda_wgmma, gemv
+from ..schedule.gemv import chunk_loop
 
 __all__ = ["estimate", "DRAM_LATENCY_S"]
 
@@ -69,7 +69,7 @@ def _decode_ops(plan) -> float:
     c, w = plan.config, plan.w
     if w.kind == "float":
         return 0.0
-    ops = 4.0 + (4.0 if w.kind == "table" and not cuda_mma._fp8(plan) else 0.0)   # fp8 mma: a copy
+    ops = 4.0 + (4.0 if w.kind == "table" and not cuda_mma.is_fp8(plan) else 0.0)   # fp8 mma: a copy
     ops += 2.0 if c.with_scaling else 0.0
     ops += 2.0 if c.with_zeros else 0.0
     return ops
@@ -80,7 +80,7 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     N, K = c.N, c.K
     BM, BN, BK, WM, WN = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN
     Kp = math.ceil(K / BK) * BK
-    eight = cuda_mma._eight_bit(plan)       # int8 / float8 mma: 1-byte tiles, k32 steps, 2x the rate
+    eight = cuda_mma.is_eight_bit(plan)       # int8 / float8 mma: 1-byte tiles, k32 steps, 2x the rate
     a_b, w_b = (1.0 if eight else 2.0), (2.0 if w.kind == "float" else _elem_bytes(w))
     out_b = 4.0 if c.out_dtype == "float32" else 2.0
     tiles_m, tiles_n = math.ceil(m / BM), math.ceil(N / BN)
@@ -160,17 +160,17 @@ def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
         return math.inf
     N, K = c.N, c.K
     BM, BN = hint.BM, hint.BN
-    eb = float(cuda_wgmma._eb(plan))
+    eb = float(cuda_wgmma.elem_bytes(plan))
     out_b = 4.0 if c.out_dtype in ("float32", "int32") else 2.0
     tiles_m, tiles_n = math.ceil(m / BM), math.ceil(N / BN)
     tiles = tiles_m * tiles_n
     per_sm = math.ceil(tiles / spec.sm_count)            # tiles on the busiest SM
     rate = _WG_FLOPS_PER_SM_CLK * spec.clock_hz * (2.0 if eb == 1.0 else 1.0)
     rate *= 1.0 if hint.consumers == 2 else _WG_ONE_CONSUMER
-    Kp = math.ceil(K * eb / cuda_wgmma._ROW_BYTES) * cuda_wgmma._ROW_BYTES / eb
+    Kp = math.ceil(K * eb / cuda_wgmma.ROW_BYTES) * cuda_wgmma.ROW_BYTES / eb
     t_tc = 2.0 * BM * BN * Kp / rate
     sm_bw = spec.l2_bandwidth / spec.sm_count
-    stage_bytes = (BM + BN) * cuda_wgmma._ROW_BYTES
+    stage_bytes = (BM + BN) * cuda_wgmma.ROW_BYTES
     ahead = max(1, hint.stages - 2) * stage_bytes
     t_mem = (BM + BN) * Kp * eb / sm_bw / min(1.0, ahead / (sm_bw * DRAM_LATENCY_S))
     t_tile = t_tc + t_mem if hint.stages < 3 else max(t_tc, t_mem)
@@ -186,8 +186,8 @@ def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
 def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
-    vb = cuda_gemv._vec_bytes(plan, hint.vec_bytes)
-    if vb is None or cuda_gemv.gemv_hint_unsupported(plan, hint) is not None:
+    vb = gemv.vec_bytes(plan, hint.vec_bytes)
+    if vb is None or gemv.gemv_hint_unsupported(plan, hint) is not None:
         return math.inf
     if hint.wgmma:
         return _wgmma_gemv_cost(plan, hint, m, spec)
@@ -259,9 +259,9 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     if hint.mma:
         # decode + scale per weight pair (once per block that streams the weights), activation
         # fragments once per 2 * R / 16 vectors and token tile; the mma run on the tensor pipe
-        ops = chunks * (N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
+        ops = chunks * (N * K * (gemv.decode_ops_per_weight(plan) + 0.2) + N * K * tt * 2.0 * 16 / R)
     else:
-        ops = N * K * (cuda_gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
+        ops = N * K * (gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     if hint.mma:
         # L1 stays busy with 8+ warps of loads per SM; fewer leave it waiting on latency (H200, W4A16
@@ -273,14 +273,14 @@ def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
 
 
 def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
-    """The wgmma GEMV (gemv_wgmma): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
+    """The wgmma GEMV (gemv/wgmma.py): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
     whatever the rows, each taking ~44 + 0.83 N cycles of an SM's tensor cores with the A operand
     in registers (H200, W4A16 K=8192: ~64 cycles at N=24, ~97 at N=64; 28672 at 8 / 17 / 32 rows
     51.6 / 56.4 / 61.5 µs), over the warpgroups an SM holds; at least a lone warpgroup's chain of
     slabs (decode, wgmma, wait: ~1100 cycles per slab and 64-channel tile, 8192² with one
     warpgroup per SM: 36.8 µs); or the weight bytes at the DRAM rate if that is longer; plus the
     permute kernel (~1.2 µs). Register-bound occupancy beyond one wave counts whole waves."""
-    from ..schedule.gemv_wgmma import slab_codes, wgmma_rows
+    from ..schedule.gemv import slab_codes, wgmma_rows
     c, w = plan.config, plan.w
     R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
     NT = wgmma_rows(m)
@@ -342,10 +342,10 @@ def _cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
     cycle at ~3 GHz. Rows run in blocks of ``rows`` and one at a time for the rest. Thread tasks
     of ``block`` channels in whole waves over the cores; the packed weights stream once per row
     block at ~12 GB/s per core with the software prefetch, ~6 without (measured, W4A16 4096^2)."""
-    from ..schedule.cpu_gemv import _step_lanes, vector_lanes
+    from ..schedule.cpu_gemv import step_lanes, vector_lanes
     c = plan.config
     cpb = plan.w.codes_per_byte
-    L = _step_lanes(plan, min(hint.lanes, vector_lanes()) if hint.lanes else vector_lanes()) or 4
+    L = step_lanes(plan, min(hint.lanes, vector_lanes()) if hint.lanes else vector_lanes()) or 4
     steps = c.K / (L * cpb)
 
     def pass_cycles(nc, R):

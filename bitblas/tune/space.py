@@ -33,7 +33,7 @@ from ..config import MatmulConfig
 from ..plan import make_plan
 from ..schedule import (CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cpu_gemv_unsupported,
                         gemv_unsupported, hint_to_dict, wgmma_unsupported)
-from ..schedule import cuda_gemv, cuda_mma
+from ..schedule import cuda_mma, gemv
 
 __all__ = ["Candidate", "candidates", "mma_rows"]
 
@@ -81,7 +81,7 @@ def _mma(config, spec) -> List[Candidate]:
                 hint.check()
             except ValueError:
                 continue
-            if cuda_mma._copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
+            if cuda_mma.copy_plan(plan, hint) is None or hint.smem_bytes(plan) > smem_limit:
                 continue
             out.append(Candidate(rows, hint))
     return out
@@ -116,15 +116,15 @@ def _gemv(config, bucket, spec) -> List[Candidate]:
 
 
 def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
-    if bucket > cuda_gemv.GEMV_MMA_MAX_ROWS:
+    if bucket > gemv.GEMV_MMA_MAX_ROWS:
         return []
     plan = make_plan(config, "cuda", bucket)
     if gemv_unsupported(plan) is not None:
         return []
     out = []
-    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # 17..64 rows: only the tensor-core kernels (chunks of 16 rows)
+    if bucket > gemv.GEMV_MAX_ROWS:      # 17..64 rows: only the tensor-core kernels (chunks of 16 rows)
         return _gemv_mma_shapes(plan, bucket, spec)
-    vbs = [vb for vb in (16, 8, 4) if cuda_gemv._vec_bytes(plan, vb) is not None]
+    vbs = [vb for vb in (16, 8, 4) if gemv.vec_bytes(plan, vb) is not None]
     for R, warps, unroll, vb in itertools.product((1, 2, 4), (2, 4, 8), (1, 2, 4, 8), vbs):
         out.append(Candidate(bucket, GEMVHint(rows_per_warp=R, warps=warps, unroll=unroll, vec_bytes=vb)))
     # launch bounds of 8 blocks per SM (more registers for loads in flight), next step in flight
@@ -133,7 +133,7 @@ def _gemv_shapes(config, bucket, spec) -> List[Candidate]:
     if bucket == 1:                           # the activation row staged in shared memory, 4 blocks per SM
         for R, warps, stages in itertools.product((2, 4, 8), (4, 8), (2, 3, 4)):
             hint = GEMVHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages, min_blocks=4, act_smem=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
     if plan.float_acts:                       # the k-split variant (float activations only): k_warps warps
         sms = spec.sm_count if spec is not None else 108     # share K, persistent grid of a few blocks per SM
@@ -155,23 +155,23 @@ def _gemv_mma_shapes(plan, bucket, spec) -> List[Candidate]:
         return out
     for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):
         hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll, stages=stages, mma=True, min_blocks=mb)
-        if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+        if gemv.gemv_hint_unsupported(plan, hint) is None:
             out.append(Candidate(bucket, hint))
-    if bucket >= cuda_gemv.WGMMA_GEMV_MIN_ROWS and spec is not None and spec.cc >= 90:
-        # the wgmma GEMV (gemv_wgmma): 64 or 128 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K
+    if bucket >= gemv.WGMMA_GEMV_MIN_ROWS and spec is not None and spec.cc >= 90:
+        # the wgmma GEMV (gemv/wgmma.py): 64 or 128 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K
         for R, kw, stages in itertools.product((16, 32), (1, 2, 4), (2, 4)):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=1, stages=stages, mma=True, wgmma=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
-    if bucket > cuda_gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
+    if bucket > gemv.GEMV_MAX_ROWS:      # the chunk loop: weights decoded once for every 16-row chunk
         # float activations also with vectors whose activations span 32 bytes (GEMVHint._chunk_tile),
         # as many of them per step as of the default vectors
-        span = cuda_gemv.span_vectors(plan)
+        span = gemv.span_vectors(plan)
         vbs = [(0, 1)] + ([span] if span else [])
         for R, kw, unroll, stages, (vb, f) in itertools.product((16, 32, 64), (2, 4), (1, 2), (1, 2), vbs):
             hint = GEMVHint(rows_per_warp=R, k_warps=kw, unroll=unroll * f, stages=stages, vec_bytes=vb, mma=True,
                             min_blocks=1, chunk_loop=True)
-            if cuda_gemv.gemv_hint_unsupported(plan, hint) is None:
+            if gemv.gemv_hint_unsupported(plan, hint) is None:
                 out.append(Candidate(bucket, hint))
     return out
 

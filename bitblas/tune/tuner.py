@@ -111,7 +111,7 @@ def device_desc(kind: str, target=None, spec=None) -> dict:
 
 def tuning_key(config: MatmulConfig, kind: str, bucket: int, ddesc: dict) -> dict:
     return {"type": "tuning", "config": config.to_dict(), "target_kind": kind, "bucket": bucket, "device": ddesc,
-            "flags": _kernels._flags(), "versions": _dbmod.versions()}
+            "flags": _kernels.compile_flags(), "versions": _dbmod.versions()}
 
 
 # -- ranking -------------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
     return args
 
 
-def _weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> List[list]:
+def weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> List[list]:
     """Argument sets cycling through enough copies of the weights to exceed twice the L2 (CUDA) or
     the CPU's last-level cache: kernels are timed reading their weights from memory (``flush``
     False: one set)."""
@@ -374,7 +374,7 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
                     logger.warning("candidate %s gives a wrong result (relative error %.3g > %g); dropped",
                                    c.hint, err, tol)
                     continue
-                sets = _weight_copies(plan, inputs, out, spec, cuda)
+                sets = weight_copies(plan, inputs, out, spec, cuda)
                 ms = time_kernel(fn, sets, cuda, samples=15 if cuda else 5)
                 row.update(ok=True, ms=ms, error=None)
                 if best is None or ms < best:
@@ -415,7 +415,7 @@ def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) 
     1024 rows). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
     fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
     from ..build import cuda_target
-    from ..ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
+    from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
     if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
         return None
     tgt = cuda_target(target)

@@ -31,8 +31,10 @@ _POOL_LOCK = threading.Lock()
 
 
 def _init_worker():
-    import bitblas  # noqa: F401 - import once per worker, not per task
-    from bitblas._tvm import tensor_intrin_cuda
+    # import once per worker what every task uses, not per task
+    from .. import build, config, plan, schedule  # noqa: F401
+    from ..cache import kernels  # noqa: F401
+    from .._tvm import tensor_intrin_cuda
     tensor_intrin_cuda()
 
 

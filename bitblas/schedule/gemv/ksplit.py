@@ -1,15 +1,17 @@
-"""The k-split kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.k_warps > 0``,
+"""The k-split kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.k_warps > 0``,
 ``mma=False``): the warps of a block split K, each lane keeps its slice of the activations in
 registers, blocks walk row batches (grid-stride) and meet in shared memory. The decode, scale and
-store lines come from cuda_gemv's ``_kernel_script`` (its locals, ``e``); why the kernel looks as
-it does: cuda_gemv's docstring.
+store lines come from template.py's ``kernel_script`` (its locals, ``e``); why the kernel looks as
+it does: emit.py's and template.py's docstrings.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
-from .cuda_gemv import _device_entry
+from .emit import device_entry
 
 
-def _body_ksplit(plan, hint, add, e):
+def body(plan, hint, add, e):
     """``k_warps`` warps split K; each lane keeps its slice of the activations in registers for
     the whole kernel; blocks walk batches of ``rows_per_warp`` rows (grid-stride), the packed
     weights and raw scales / zeros of batch b+1 in flight while batch b is decoded (two register
@@ -22,7 +24,7 @@ def _body_ksplit(plan, hint, add, e):
     guard = NJ * 32 * WK != NC
     sdt, zdt = e["sdt"], e["zdt"]
     # persistent: its stores are inside the batch loop, so the next kernel may launch at entry
-    _device_entry(add, hint, GRID, 32 * WK, (2, R, NJ), NW, sdt, zdt, trigger=True)
+    device_entry(add, hint, GRID, 32 * WK, (2, R, NJ), NW, sdt, zdt, trigger=True)
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
     add(f"    ap = T.alloc_local(({m}, {NJ}, {e['ap_len']}), {e['ap_dtype']!r})")
     add(f"    asum = T.alloc_local(({m}, {NJ}), 'float32')")

@@ -1,11 +1,11 @@
-"""The tensor-core GEMV for int8 activations (bitblas/schedule/cuda_gemv.py, ``GEMVHint(mma=True)``
+"""The tensor-core GEMV for int8 activations (bitblas/schedule/gemv/, ``GEMVHint(mma=True)``
 with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
 bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows (chunks of 16 up
-to 64, gemv_mma.row_chunks; with ``GEMVHint.chunk_loop``, the default there, one block serves
+to 64, mma.row_chunks; with ``GEMVHint.chunk_loop``, the default there, one block serves
 every chunk and decodes each weight vector once) as the 32 x 8 B operand, exact int32
-accumulation. The float-activation kernel is gemv_mma.py; this one reuses
+accumulation. The float-activation kernel is mma.py; this one reuses
 its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of
-channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (gemv_int8).
+channels ``g`` and ``g + 8`` of each 16-channel tile) and the int8 rows kernel's gather (int8).
 
 Fragments (PTX ISA, m16n8k32 .s8/.u8): lane (g = lane // 4, q = lane % 4) holds
 ``a0`` = A[g, 4q..4q+3], ``a1`` = A[g+8, 4q..4q+3], ``a2`` = A[g, 16+4q..], ``a3`` = A[g+8, 16+4q..];
@@ -15,7 +15,7 @@ slots 4q.. / 16+4q.. may stand for any K positions that lane quad ``q`` chooses,
 weights of both channels and the activations of every token use the same ones: mma step ``s``
 of a vector takes decoded words ``2s`` and ``2s + 1`` of channel ``g`` (a0, a2) and ``g + 8`` (a1,
 a3), and the activation words ``2s``, ``2s + 1`` of token ``g`` gathered into the decode's K order
-(``prmt``, gemv_int8._i8_gather) as b0, b1. One vector of V codes gives ``V / 4`` words: ``V / 8``
+(``prmt``, int8._i8_gather) as b0, b1. One vector of V codes gives ``V / 4`` words: ``V / 8``
 mma per channel pair and token tile. testing/test_gemv_mma_int8.py checks this with a Python model
 of the fragment layout on the generated helper source.
 
@@ -38,22 +38,26 @@ scales: each vector step's int32 tile (the 4 lanes' vectors, 4 V consecutive K p
 promoted ``acc += float(partial) * scale[channel, group] * 2**-(8-b)``; that needs the 4 V
 positions inside one group (``group_size % (4 V) == 0``; :func:`mma_i8_vec_bytes` picks a vector
 width that gives it, or refuses).
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from .gemv_int8 import _gather_lines, _i8_consts
+from .emit import pdl_trigger, step_loop, vec_bytes
+from .int8 import gather_lines, i8_consts
+from .mma import (chunk_loop, chunk_loop_unsupported, mma_chains, mma_entry, mma_lanes, mma_store, mma_tile_unsupported,
+                  mma_tiles)
 
 __all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes"]
 
 
 def mma_i8_vec_bytes(plan, want: int = 0) -> Optional[int]:
     """Weight bytes per lane vector of the int8 tensor-core GEMV: the GEMV's rule
-    (``cuda_gemv._vec_bytes``) with, for group scales, 4 vectors (one mma k-range of the 4 lanes
+    (``emit.vec_bytes``) with, for group scales, 4 vectors (one mma k-range of the 4 lanes
     of a quad) inside one group."""
-    from .cuda_gemv import _vec_bytes
-    return _vec_bytes(plan, want, group_vectors=4)
+    return vec_bytes(plan, want, group_vectors=4)
 
 
 def mma_int8_unsupported(plan, hint) -> Optional[str]:
@@ -63,11 +67,9 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
         return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations"
     if plan.w.kind not in ("int", "uint") or plan.w.bits not in (1, 2, 4, 8):
         return f"W_dtype={c.W_dtype!r}: the int8 tensor-core GEMV takes int/uint 1/2/4/8-bit weights"
-    from .cuda_gemv import mma_tile_unsupported
     why = mma_tile_unsupported(hint)
     if why:
         return why
-    from .gemv_mma import chunk_loop_unsupported
     why = chunk_loop_unsupported(plan, hint)
     if why:
         return why
@@ -86,13 +88,13 @@ def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int):
     """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
     -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane), for
     codes stored as ``storage`` (bitblas.formats.code_storage)."""
-    k = _i8_consts(bits, "plain")
+    k = i8_consts(bits, "plain")
     signed = storage != "plain"
     F = k["F"]
     na = nw * F
     src = {}
     lines = [f"__device__ __forceinline__ void bb_mprep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    lines += _gather_lines(bits, nw)
+    lines += gather_lines(bits, nw)
     lines.append("}")
     src[f"bb_mprep_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
@@ -117,8 +119,7 @@ def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int):
     src[f"bb_mdec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
     at = "s8" if signed else "u8"
-    from .gemv_mma import _mma_chains
-    src.update(_mma_chains(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r"))
+    src.update(mma_chains(tag, na // 2, f"m16n8k32.row.col.s32.{at}.s8.s32", "int", "r"))
     return src
 
 
@@ -128,10 +129,8 @@ def code_shift(plan) -> int:
     return 8 - b if plan.w.kind == "int" and b < 8 else 0
 
 
-def _body_mma_int8(plan, hint, add, e):
-    """The kernel body (see the module docstring); ``e``: cuda_gemv._kernel_script's locals."""
-    from .cuda_gemv import _pdl_trigger, _step_loop
-    from .gemv_mma import _mma_entry, _mma_lanes, _mma_store, _mma_tiles, chunk_loop
+def body(plan, hint, add, e):
+    """The kernel body (see the module docstring); ``e``: template.kernel_script's locals."""
     why = mma_int8_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
@@ -143,13 +142,13 @@ def _body_mma_int8(plan, hint, add, e):
         return repr(hs[name])
 
     SH = code_shift(plan)
-    KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
+    KW, R, TT, U, NS, ST, guard, NBLK = mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
     adt = "float32" if sdt else "int32"
     CL = chunk_loop(hint, e["m"])
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None, adt, CL,
+    mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None, adt, CL,
                [f"    ip = T.alloc_local(({1 if CL else TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
-    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, adt, loop=CL)
+    cexpr, cload, load, acts = mma_lanes(add, e, R, TT, KW, U, guard, adt, loop=CL)
 
     def process(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")
@@ -198,9 +197,9 @@ def _body_mma_int8(plan, hint, add, e):
                "@ACC@, source_code=" + hsrc(f"bb_mma1_{tag}") + ")")
         mma_into(ind1 + "        ", mma, slot, "0", 1)
 
-    _step_loop(add, NS, ST, load, process_cl if CL else process)
-    _pdl_trigger(add, hint)
+    step_loop(add, NS, ST, load, process_cl if CL else process)
+    pdl_trigger(add, hint)
 
     # group scales: the two chains were summed at each promotion; the chunk loop has one
-    _mma_store(add, e, R, TT, KW, f"T.shift_right(acc[r, t, j], {SH})" if SH and not sdt else "acc[r, t, j]",
+    mma_store(add, e, R, TT, KW, f"T.shift_right(acc[r, t, j], {SH})" if SH and not sdt else "acc[r, t, j]",
                fold=not sdt and not CL)

@@ -1,4 +1,4 @@
-"""Integer decoders of the GEMV template (bitblas/schedule/cuda_gemv.py) for int8 activations.
+"""Integer decoders of the GEMV template (bitblas/schedule/gemv/) for int8 activations.
 
 int/uint weight codes of 1, 2, 4 or 8 bits are turned into bytes, four per 32-bit word, and
 multiplied with the int8 activations by ``dp4a`` (int32 accumulation, exact). Packed codes sit
@@ -26,18 +26,20 @@ weights take ``dp4a.s32.s32`` on the raw words, uint8 ones ``dp4a.u32.s32``.
 The CPU tests (testing/test_gemv_decode.py) run the generated helper source itself through a
 small interpreter (``prmt`` / ``lop3`` / ``dp4a`` on Python ints, :func:`_emu_prmt` /
 :func:`_emu_lop3`) and compare every byte value of every position with the format's decode.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
-from .gemv_decode import _lut
+from .decode import lop3_lut
 
 __all__ = []
 
-_LUT_AND_XOR = _lut(lambda a, b, c: (a & b) ^ c)          # (a & b) ^ c
+_LUT_AND_XOR = lop3_lut(lambda a, b, c: (a & b) ^ c)          # (a & b) ^ c
 _ONES = 0x01010101
 
 
-def _i8_consts(bits: int, storage: str):
+def i8_consts(bits: int, storage: str):
     """Decode of one 32-bit word of ``bits``-bit codes stored as ``storage`` ("offset", "twos",
     "plain": bitblas.formats.code_storage): for each field p (``F = 8 // bits`` of them) the right
     shift ``bits * p``; the field mask and the XOR (``2**(bits-1)`` per byte for two's complement
@@ -94,12 +96,12 @@ def _cname(nm: str) -> str:
     return nm
 
 
-def _gather_lines(bits: int, nw: int):
+def gather_lines(bits: int, nw: int):
     """CUDA lines: activation words ``a`` gathered into the decode's K order, into ``ap`` (the
     ``prmt`` program of :func:`_i8_gather`; 8-bit codes: the words as they are)."""
     prog = _i8_gather(bits, nw)
     if not prog:
-        return [f"  ap[{q}] = a[{q}];" for q in range(nw * _i8_consts(bits, "plain")["F"])]
+        return [f"  ap[{q}] = a[{q}];" for q in range(nw * i8_consts(bits, "plain")["F"])]
     out = []
     for dst, x, y, sel in prog:
         lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
@@ -107,16 +109,16 @@ def _gather_lines(bits: int, nw: int):
     return out
 
 
-def _i8_helpers(tag: str, bits: int, storage: str, nw: int):
+def i8_helpers(tag: str, bits: int, storage: str, nw: int):
     """CUDA source of ``bb_prep_{tag}`` (gather the activation words, return the dp4a chain's
     start), ``bb_dec_{tag}`` (weight words -> bytes) and ``bb_dot_{tag}`` (dp4a over one vector)
     for ``nw`` weight words of ``bits``-bit codes stored as ``storage``."""
-    k = _i8_consts(bits, storage)
+    k = i8_consts(bits, storage)
     F = k["F"]
     na = nw * F                                   # activation words per vector (= decoded words)
     src = {}
     lines = [f"__device__ __forceinline__ int bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    lines += _gather_lines(bits, nw)
+    lines += gather_lines(bits, nw)
     if k["off"]:
         lines.append("  int s = 0;")
         lines += [f"  s = __dp4a((int)a[{q}], 0x{_ONES:08x}, s);" for q in range(na)]

@@ -1,28 +1,31 @@
-"""Register decoders of the GEMV template (bitblas/schedule/cuda_gemv.py) for table formats.
+"""Register decoders of the GEMV template (bitblas/schedule/gemv/) for table formats.
 
 For each rule, a function gives the constants (shifts, masks, ``lop3`` truth tables, ``prmt``
-selectors, table registers) that both the CUDA generator (:func:`_table_dec`) and the CPU tests
+selectors, table registers) that both the CUDA generator (:func:`table_dec`) and the CPU tests
 (testing/test_gemv_decode.py, through :func:`_emu_lop3` / :func:`_emu_prmt`) use, so the tests
-check the very program the kernels run. Why each rule looks as it does: cuda_gemv's docstring.
+check the very program the kernels run. Why each rule looks as it does: emit.py's and template.py's
+docstrings.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from ..formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE
+from ...formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE
 
 # activation dtype -> (C type, C pair type, magic number bits, mantissa bits, magic number)
-_ACT = {"float16": ("half", "__half2", 0x6400, 10, 1024.0),
+ACT = {"float16": ("half", "__half2", 0x6400, 10, 1024.0),
         "bfloat16": ("nv_bfloat16", "__nv_bfloat162", 0x4300, 7, 128.0)}
 
 
-def _lut(fn) -> int:
+def lop3_lut(fn) -> int:
     """The ``lop3`` truth table of the bitwise function ``fn(a, b, c)``."""
     a, b, c = 0xF0, 0xCC, 0xAA
     return fn(a, b, c) & 0xFF
 
 
-def _decoder(w) -> Optional[str]:
+def decoder(w) -> Optional[str]:
     """How the template decodes weight format ``w``: "int" (int/uint codes, magic numbers),
     "e2m1" (4-bit e2m1 codes: bit placement), "lut4" (any other 16-entry table: prmt lookup),
     "e5m2" / "e4m3" (float8 bit patterns), None (not taken)."""
@@ -48,9 +51,9 @@ def _act_bits(v: float, act: str) -> int:
     return struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", f))[0]))[0]
 
 
-_LUT_AND = _lut(lambda a, b, c: a & b)                       # a & b
-_LUT_AND_OR = _lut(lambda a, b, c: (a & b) | c)              # (a & b) | c
-_LUT_SEL = _lut(lambda a, b, c: (c & b) | (~c & a))          # c ? b : a, bitwise
+_LUT_AND = lop3_lut(lambda a, b, c: a & b)                       # a & b
+_LUT_AND_OR = lop3_lut(lambda a, b, c: (a & b) | c)              # (a & b) | c
+_LUT_SEL = lop3_lut(lambda a, b, c: (c & b) | (~c & a))          # c ? b : a, bitwise
 
 
 def _e2m1_consts(act: str):
@@ -60,7 +63,7 @@ def _e2m1_consts(act: str):
     exponent bits and the top mantissa bit); negative = right shift. The result is the e2m1 value
     times 2**-(bias - 1) (an e2m1 subnormal, e = 0, becomes a subnormal half), so one multiply by
     ``mul`` makes it exact."""
-    mant = _ACT[act][3]
+    mant = ACT[act][3]
     bias = 15 if act == "float16" else 127
     shifts = [(12 - 4 * p, (mant - 1) - 4 * p) for p in range(4)]
     return dict(shifts=shifts, mag_mask=(7 << (mant - 1)) * 0x10001, sign_mask=0x80008000,
@@ -84,7 +87,7 @@ def _lut4_consts(table, act: str):
                 sel_mask=0x77777777, msel=(0x9D8C, 0xBFAE), ilv=(0x5140, 0x7362), lut_sel=_LUT_SEL)
 
 
-def _e4m3_consts():
+def e4m3_consts():
     """e4m3 -> half without the 2**8 factor (folded into the float32 scale): the magnitude bits
     (byte & 0x7f) placed at bits 7..13 of a half (a byte moved into the high byte by ``prmt``, then
     shifted right by one), the sign at bit 15 from the word (pairs (byte 0, byte 2) and (byte 1,
@@ -120,7 +123,7 @@ def _emu_prmt(a, b, sel):
     return out
 
 
-def _e4m3_scale_helper():
+def e4m3_scale_helper():
     """float8_e4m3 scale byte -> float32, exact (normal: exponent rebiased in the bit pattern;
     subnormal: m * 2**-9). 0x7f / 0xff (NaN in e4m3fn) decode to +-480; quantizers never write them."""
     return r"""
@@ -132,13 +135,13 @@ __device__ __forceinline__ float bb_e4m3f(int b) {
 """
 
 
-def _f8_pair_dec(tag: str, act: str, nw: int, dec: str) -> str:
+def f8_pair_dec(tag: str, act: str, nw: int, dec: str) -> str:
     """``bb_dec_{tag}`` for float8 weights in the tensor-core GEMV: exact half pairs (bytes p and
     p + 2 of each word, the int decoders' pairing) as the mma operand, in the activation dtype.
     e5m2: the byte is the high byte of a half. e4m3: magnitude at bits 7..13, sign merged by
     ``lop3`` (as in the float32 path), times 2**8 (the bias difference; exact, |v| <= 448 fits a
     half, so the scale is applied unchanged). bfloat16: the halves through float32 (exact)."""
-    k = _e4m3_consts()
+    k = e4m3_consts()
     sels = [sel for sel, _, _ in k["pairs"]]          # (bytes 0, 2), (bytes 1, 3)
     lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
     if dec == "e4m3":
@@ -165,9 +168,9 @@ def _f8_pair_dec(tag: str, act: str, nw: int, dec: str) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
-def _table_dec(tag: str, act: str, nw: int, dec: str, table):
+def table_dec(tag: str, act: str, nw: int, dec: str, table):
     """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders)."""
-    ctype, t2, magic, mant, magic_f = _ACT[act]
+    ctype, t2, magic, mant, magic_f = ACT[act]
     h2 = "half2" if act == "float16" else "bfloat162"
     if dec == "e5m2":
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
@@ -179,7 +182,7 @@ def _table_dec(tag: str, act: str, nw: int, dec: str, table):
         lines.append("}")
         return "\n" + "\n".join(lines) + "\n"
     if dec == "e4m3":
-        k = _e4m3_consts()
+        k = e4m3_consts()
         lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, float* d) {{"]
         for j in range(nw):
             lines.append(f"  {{ const unsigned q = w[{j}], qm = q & 0x{k['mag_mask']:08x}u;")
@@ -233,10 +236,10 @@ def _table_dec(tag: str, act: str, nw: int, dec: str, table):
     return "\n" + "\n".join(lines) + "\n"
 
 
-def _prep_adjacent(tag: str, act: str, nw: int) -> str:
+def prep_adjacent(tag: str, act: str, nw: int) -> str:
     """``bb_prep_{tag}`` for decoders whose pairs are adjacent codes (k, k+1): the activation words
     as they are, and their sum."""
-    ctype, t2, magic, mant, magic_f = _ACT[act]
+    ctype, t2, magic, mant, magic_f = ACT[act]
     cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
     na = nw * 4
     lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]

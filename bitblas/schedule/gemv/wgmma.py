@@ -4,15 +4,15 @@ the 64 x 16 A operand (64 output channels per warpgroup, or 128 as two tiles) an
 rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read by the tensor cores straight
 from shared memory.
 
-Why: the ``mma.sync`` GEMV (gemv_mma) gathers every token tile's activation fragments through
-the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu,
-12th session: 94% of its wavefronts at 64 x 8192^2). ``wgmma`` reads B from shared memory without
+Why: the ``mma.sync`` GEMV (mma) gathers every token tile's activation fragments through
+the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu:
+nearly all of its wavefronts in use). ``wgmma`` reads B from shared memory without
 the load pipe, and the TMA engine fills that shared memory, so the only per-lane loads left are
 the weights.
 
 The A fragment of ``wgmma`` (per warp, 16 rows) is the ``mma.sync m16n8k16`` one: lane
 ``(g, q)`` holds channels ``g`` and ``g + 8``, K slots ``2q, 2q+1`` and ``2q+8, 2q+9``. As in
-gemv_mma, lane ``q`` of a quad streams the 16-byte vectors ``4 * slab + q`` of its channels and
+mma, lane ``q`` of a quad streams the 16-byte vectors ``4 * slab + q`` of its channels and
 its decoded pairs (``bb_dec``: codes ``lo_i``, ``hi_i`` of the vector) are the fragment registers
 as they come: k16 step ``s`` of a slab takes pairs ``2s`` and ``2s + 1``. A dot product does not
 care about the order of K, but B must then hold the activations in the same order. So a small
@@ -21,8 +21,7 @@ vector) reordered (:func:`slab_permutation`); the main kernel TMA-loads that cop
 64 values x N rows (128-byte swizzle) into a ring of shared-memory slots. With programmatic
 dependent launch (``pdl``, the sm_90 default) the permute kernel lets the main kernel launch as
 soon as it has waited for the kernel before it; the main kernel loads the weights of its first
-steps, then waits for the permute kernel before its first TMA (H200, 14th session: W4A16
-17 x 8192^2 20.1 -> 19.1 us).
+steps, then waits for the permute kernel before its first TMA.
 
 Per slab, each warpgroup: wait for its wgmma of the previous slab (``wait_group 0``: overlapping
 the decode of the next slab with the tensor work of the last makes ptxas serialize every wgmma,
@@ -33,17 +32,20 @@ register slots: the loads of later slabs are in flight), wait for the slab's act
 split K (slab ``step * k_warps + kw``) and add their sums through the shared memory of the slots
 at the end. Group scales are applied to the decoded pairs (``hfma2``), per-channel scales at the
 store, float32 accumulation. Rows past the call's row count are zeros (TMA's out-of-bounds fill)
-and not stored; channels past N are clamped on load and not stored. Measurements and what bounds
-it: docs/benchmarks.md, 13th session.
+and not stored; channels past N are clamped on load and not stored.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
 from typing import List, Optional
 
-from .cuda_gemv import _device_entry, _pdl_trigger, _reduce_k_warps, _step_loop
-from .gemv_mma import _mma_helpers
+from .decode import decoder
+from .emit import device_entry, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
+from .mma import mma_helpers
 
-__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn"]
+__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
+           "wgmma_helper"]
 
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
@@ -52,7 +54,7 @@ _SMEM_MAX = 200 * 1024                   # activation slots of a block (and the 
 
 def _pairs(bits: int, nw: int):
     """(lo, hi) positions in its vector of the two codes of each decoded word of the int decoder
-    (cuda_gemv's ``bb_dec`` / ``bb_prep``: word j, pair p -> codes j*n + p and j*n + p + n/2)."""
+    (emit's ``bb_dec`` / ``bb_prep``: word j, pair p -> codes j*n + p and j*n + p + n/2)."""
     n = 32 // bits
     P = n // 2
     return [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
@@ -85,7 +87,6 @@ def wgmma_rows(m: int) -> int:
 
 def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     """None when the wgmma GEMV takes ``plan`` with ``hint``, else why not."""
-    from .cuda_gemv import _decoder, _vec_bytes
     c, w = plan.config, plan.w
     if plan.args[0].name != "A":
         return "the wgmma GEMV passes the activations as the first argument"
@@ -93,7 +94,7 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
         return "wgmma=True is a variant of the tensor-core GEMV: it needs mma=True"
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"A_dtype={c.A_dtype!r}: the wgmma GEMV takes float16 / bfloat16 activations"
-    if _decoder(w) != "int" or w.bits not in (2, 4, 8):
+    if decoder(w) != "int" or w.bits not in (2, 4, 8):
         return f"W_dtype={c.W_dtype!r}: the wgmma GEMV decodes int/uint 2-, 4- and 8-bit codes"
     if hint.rows_per_warp not in (16, 32):
         return f"rows_per_warp={hint.rows_per_warp}: the wgmma GEMV takes 16 or 32 (64 or 128 channels per block)"
@@ -105,7 +106,7 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     if KW * 2 * _slab_bytes(plan) > _SMEM_MAX:
         return (f"{plan.m} rows, k_warps={hint.k_warps}: two activation slots per warpgroup need "
                 f"{KW * 2 * _slab_bytes(plan)} bytes of shared memory, more than {_SMEM_MAX}")
-    VB = _vec_bytes(plan, hint.vec_bytes)
+    VB = vec_bytes(plan, hint.vec_bytes)
     if VB != 16:
         return f"vec_bytes={hint.vec_bytes}: the wgmma GEMV streams 16-byte weight vectors"
     slab = slab_codes(w.bits) * KW
@@ -162,9 +163,8 @@ def permute_script(plan, hint) -> str:
     """TVMScript of the ``permute`` kernel: ``P[i, slab] = A[i, slab][perm]`` for every row and slab,
     one thread per group of output chunks that read the same input chunks (:func:`_perm_groups`),
     ``mv`` rows at run time."""
-    from .cuda_gemv import _vec_bytes
     c, w = plan.config, plan.w
-    nw = _vec_bytes(plan, hint.vec_bytes) // 4
+    nw = vec_bytes(plan, hint.vec_bytes) // 4
     perm = slab_permutation(w.bits, nw)
     S = len(perm)
     NS = c.K // S
@@ -188,7 +188,7 @@ def permute_script(plan, hint) -> str:
     return "\n".join(L) + "\n"
 
 
-def _wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
+def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
     """``bb_wg_{tag}(c, dg, dh, desc)``: the ``steps`` k16 wgmma of one slab for one 64-channel
     tile: A = decoded words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = the slab's
     activation boxes in shared memory (``desc``: the slot's descriptor; +32 bytes per k16 step,
@@ -223,8 +223,8 @@ def _stages(plan, hint) -> int:
     return max(2, min(4, (110 * 1024) // (KW * _slab_bytes(plan))))
 
 
-def _body_wgmma(plan, hint, add, e):
-    """The main kernel (see the module docstring); ``e``: cuda_gemv ``_kernel_script``'s locals.
+def body(plan, hint, add, e):
+    """The main kernel (see the module docstring); ``e``: template ``kernel_script``'s locals.
     ``k_warps`` warpgroups split K (slab ``step * k_warps + kw``), each with its own ring, and meet
     in shared memory at the end."""
     c = plan.config
@@ -233,7 +233,7 @@ def _body_wgmma(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     m, N, K, NW, NA = e["m"], e["N"], c.K, e["NW"], e["NA"]
     tag = e["tag"]
-    hs = _mma_helpers(tag, c.A_dtype, NA)
+    hs = mma_helpers(tag, c.A_dtype, NA)
     NT = wgmma_rows(m)
     R = hint.rows_per_warp // 16              # 64-channel tiles per warpgroup
     KW = max(1, hint.k_warps)                 # warpgroups splitting K
@@ -250,7 +250,7 @@ def _body_wgmma(plan, hint, add, e):
     NBLK = -(-N // (64 * R))
     sdt, zdt = e["sdt"], e["zdt"]
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
-    wsrc = repr(_wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
+    wsrc = repr(wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
 
     def hsrc(name):
         return repr(hs[name])
@@ -262,7 +262,7 @@ def _body_wgmma(plan, hint, add, e):
         f"{K}, mv, {K * 2}, {_BOX}, {NT}, 1, 1, 0, 3, 2, 0)")
     # programmatic dependent launch: the weights (and scales) of the first steps are loaded before
     # waiting for the permute kernel; no kernel of this stream writes them while it runs
-    _device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else sdt, zdt, wait=False)
+    device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else sdt, zdt, wait=False)
     # one dynamic shared buffer (TVM allows one): the activation slots, 4-byte words; after the main
     # loop the K warpgroups' partial sums (``red``) reuse it
     SW = slot_el // 2                         # words per slot
@@ -350,15 +350,15 @@ def _body_wgmma(plan, hint, add, e):
             f"dq.ptr_to([r, 1, 0]), descB, source_code={wsrc})")
         add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
 
-    _step_loop(add, NSW, STW, load, process, after_prologue=first_activations)
+    step_loop(add, NSW, STW, load, process, after_prologue=first_activations)
     add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
     add(f"    for r, j in T.grid({R}, {NACC}):")
     add("        T.cuda.wgmma.noop_barrier(acc[r, j])")
-    _pdl_trigger(add, hint)
+    pdl_trigger(add, hint)
     ind = "    "
     if KW > 1:                                # every warpgroup is past its ring: its words hold the sums
         add("    T.cuda.cta_sync()")
-        ind = _reduce_k_warps(add, KW, "r, j", f"{R}, {NACC}", "acc[r, j]",
+        ind = reduce_k_warps(add, KW, "r, j", f"{R}, {NACC}", "acc[r, j]",
                               lambda k: f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]")
     # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row (j // 4) * 8 + 2q + j % 2
     ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"

@@ -1,23 +1,27 @@
-"""The tensor-core kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.mma``):
+"""The tensor-core kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.mma``):
 ``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
 the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows (:func:`row_chunks`):
 with ``GEMVHint.chunk_loop`` (the default) one block serves every chunk of its channel tile,
 decoding each weight vector once for up to 8 token tiles of 8 rows; otherwise one block per chunk
 and channel tile, each chunk's block the 16-row kernel (the chunks after the first read the
 channel tile's weights from L2 and decode them again). The decode, scale and store lines come from
-cuda_gemv's ``_kernel_script`` (its locals, ``e``); which plans it takes:
-``cuda_gemv.mma_gemv_unsupported``.
+template.py's ``kernel_script`` (its locals, ``e``); which plans it takes:
+:func:`mma_gemv_unsupported`.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
-from .cuda_gemv import _device_entry, _pdl_trigger, _reduce_k_warps, _step_loop, _steps, mma_gemv_unsupported
-from .gemv_decode import _ACT
+from typing import Optional
+
+from .decode import ACT
+from .emit import device_entry, mma_decodable, pdl_trigger, reduce_k_warps, split_steps, step_loop
 
 
-def _mma_helpers(tag: str, act: str, NP: int):
+def mma_helpers(tag: str, act: str, NP: int):
     """CUDA helpers of the tensor-core kernel: scale the decoded pairs in place (one ``hfma2`` per
     pair) and run the ``NP // 2`` mma steps of one 16-byte weight vector per lane."""
-    ctype, t2 = _ACT[act][:2]
+    ctype, t2 = ACT[act][:2]
     cvt = "__float2half2_rn" if act == "float16" else "__float2bfloat162_rn"
     ab = "f16" if act == "float16" else "bf16"
     src = {}
@@ -28,11 +32,11 @@ def _mma_helpers(tag: str, act: str, NP: int):
                      f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
     lines.append("}")
     src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    src.update(_mma_chains(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f"))
+    src.update(mma_chains(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f"))
     return src
 
 
-def _mma_chains(tag: str, steps: int, op: str, ctype: str, cons: str) -> dict:
+def mma_chains(tag: str, steps: int, op: str, ctype: str, cons: str) -> dict:
     """``bb_mma_{tag}`` (two accumulator chains) and ``bb_mma1_{tag}`` (one, for the chunk loop)."""
     return {f"bb_mma{n}_{tag}": _mma_chain(f"bb_mma{n}_{tag}", steps, op, ctype, cons, chains)
             for n, chains in (("", 2), ("1", 1))}
@@ -56,7 +60,7 @@ def _mma_chain(name: str, steps: int, op: str, ctype: str, cons: str, chains: in
     return "\n" + "\n".join(lines) + "\n"
 
 
-def _body_mma(plan, hint, add, e):
+def body(plan, hint, add, e):
     """Tensor cores for 1..16 rows (chunks of 16 up to 64): ``mma.sync m16n8k16`` with the
     *weights* as the 16 x 16 A operand (16 output channels) and the activation rows as the 16 x 8
     B operand (8 rows per token tile, two tiles above 8 rows), float32 accumulation.
@@ -71,10 +75,9 @@ def _body_mma(plan, hint, add, e):
     ``V`` codes feeds ``V / 4`` k16 steps of two channels, i.e. ``V / 8`` mma per lane-vector
     pair (alternating between two accumulator sets, two independent mma chains); group scales and
     float zero points are applied to the decoded pairs (``hfma2(d, s, c)``, float16 / bfloat16
-    weights as the mma consumes them), a per-channel scale to the float32 sum at the store (H200
-    N=K=8192, w8a16 per channel, m=4/8/16: 20.2/20.0/23.5 us vs 19.9/20.4/24.3 on the pairs; a
-    fresh tile per group step promoted with the group scale, as the int8 kernel does, lost:
-    W4A16 g128 17.8/18.4/22.1 vs 14.7/15.1/19.2 us). Any decoder that yields half pairs works the
+    weights as the mma consumes them), a per-channel scale to the float32 sum at the store (as
+    fast as on the pairs; a fresh tile per group step promoted with the group scale, as the int8
+    kernel does, measured slower). Any decoder that yields half pairs works the
     same way: int/uint 1/2/4/8-bit, float8, fp4_e2m1 / nvfp4 (float8 scale bytes decoded per
     vector, global scale at the store) and nf4. ``k_warps`` warps of a block split K and meet in
     shared memory; blocks own ``rows_per_warp`` channels (multiples of 16). Out-of-range rows are
@@ -86,22 +89,22 @@ def _body_mma(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = e["tag"]
-    hs = _mma_helpers(tag, c.A_dtype, NA)
+    hs = mma_helpers(tag, c.A_dtype, NA)
 
     def hsrc(name):
         return repr(hs[name])
 
-    KW, R, TT, U, NS, ST, guard, NBLK = _mma_tiles(hint, e)
+    KW, R, TT, U, NS, ST, guard, NBLK = mma_tiles(hint, e)
     sdt, zdt = e["sdt"], e["zdt"]
     # the scale: one per channel at the store (float32, exact), else on the decoded pairs (hfma2)
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"] and not e["s_f8"]
     CL = chunk_loop(hint, e["m"])
-    _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, zdt, "float32", CL)
+    mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, None if at_store else sdt, zdt, "float32", CL)
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
     add("    ov = T.alloc_local((2,), 'int32')")
     add("    asum = T.alloc_local((1,), 'float32')")
-    cexpr, cload, load, acts = _mma_lanes(add, e, R, TT, KW, U, guard, "float32", scales=not at_store, loop=CL)
+    cexpr, cload, load, acts = mma_lanes(add, e, R, TT, KW, U, guard, "float32", scales=not at_store, loop=CL)
 
     def s_raw(slot):
         if at_store:                          # the scale lines then give the decode's offset only
@@ -142,13 +145,13 @@ def _body_mma(plan, hint, add, e):
         add(f"{ind1}        T.cuda.func_call('bb_mma1_{tag}', dqr.ptr_to([r, 0, 0]), dqr.ptr_to([r, 1, 0]), "
             f"ap.ptr_to([0, 0]), acc.ptr_to([r, t, 0]), source_code={hsrc(f'bb_mma1_{tag}')})")
 
-    _step_loop(add, NS, ST, load, process_cl if CL else process)
-    _pdl_trigger(add, hint)
+    step_loop(add, NS, ST, load, process_cl if CL else process)
+    pdl_trigger(add, hint)
 
     val = "acc[r, t, j]"
     if at_store:
         val = f"{val} * T.Cast('float32', scale[n0 + r * 16 + g + (j // 2) * 8, 0])"
-    _mma_store(add, e, R, TT, KW, val, fold=not CL)
+    mma_store(add, e, R, TT, KW, val, fold=not CL)
 
 
 def row_class(m: int) -> int:
@@ -165,7 +168,7 @@ def row_chunks(m: int) -> int:
     return -(-m // 16)
 
 
-def _mma_tiles(hint, e):
+def mma_tiles(hint, e):
     """(k_warps, 16-channel tiles, token tiles of 8 rows, vectors per step, steps, register slots,
     whether the last step runs past K, blocks) of a tensor-core GEMV hint (float or int8). Blocks:
     channel tiles x :func:`row_chunks` (block ``bx`` serves chunk ``bx % chunks``)."""
@@ -174,11 +177,31 @@ def _mma_tiles(hint, e):
     R = hint.rows_per_warp // 16              # 16-channel tiles per block
     TT = 1 if m <= 8 else 2                   # token tiles of 8 rows (per chunk of 16)
     NIT = -(-NC // (4 * KW))                  # vectors per lane
-    U, NS = _steps(NIT, hint.unroll)
+    U, NS = split_steps(NIT, hint.unroll)
     ST = 2 if hint.stages >= 2 and NS > 1 else 1
     if chunk_loop(hint, m):                   # every chunk in the block: 2 token tiles per chunk
         return KW, R, 2 * row_chunks(m), U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R))
     return KW, R, TT, U, NS, ST, NIT * 4 * KW != NC, -(-N // (16 * R)) * row_chunks(m)
+
+
+def mma_gemv_unsupported(plan, hint) -> Optional[str]:
+    """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
+    if not plan.float_acts:
+        return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
+    if not mma_decodable(plan.w):
+        return ("the tensor-core GEMV decodes int/uint 1/2/4/8-bit, fp4_e2m1 / nvfp4, nf4 and float8 codes to "
+                "half pairs")
+    return mma_tile_unsupported(hint) or chunk_loop_unsupported(plan, hint)
+
+
+def mma_tile_unsupported(hint) -> Optional[str]:
+    """The tile limits both tensor-core GEMVs (float and int8 activations) share."""
+    if hint.rows_per_warp % 16 or hint.rows_per_warp <= 0:
+        return f"rows_per_warp={hint.rows_per_warp} must be a positive multiple of 16 (mma tiles of 16 channels)"
+    if hint.k_warps > 8:
+        return f"k_warps={hint.k_warps}: at most 8 warps split K"
+    return None
+
 
 
 def chunk_loop_unsupported(plan, hint):
@@ -200,13 +223,13 @@ def chunk_loop(hint, m: int) -> bool:
     return hint.chunk_loop and m > 16
 
 
-def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, adt, loop, extra=()):
+def mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, adt, loop, extra=()):
     """Kernel entry, grid / block, and the registers both tensor-core GEMVs hold: ``ST`` slots of
     weight words (raw group scales ``sdt``, zeros ``zdt``) per step, vector, tile and channel half,
     the ``extra`` allocation lines, the raw and gathered activation words (every token tile's, or
     with the chunk ``loop`` one tile's), the decoded words (one tile's, or with the loop every
     tile's: ``dqr``) and the ``adt`` accumulators (two chains of 4 per tile pair; the loop: one)."""
-    _device_entry(add, hint, NBLK, 32 * KW, (ST, U, R, 2), NW, sdt, zdt)
+    device_entry(add, hint, NBLK, 32 * KW, (ST, U, R, 2), NW, sdt, zdt)
     for ln in extra:
         add(ln)
     add(f"    ar = T.alloc_local(({NA},), 'uint32')")
@@ -215,7 +238,7 @@ def _mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, zdt, adt, loop, e
     add(f"    acc = T.alloc_local(({R}, {TT}, {4 if loop else 8}), {adt!r})")
 
 
-def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True, loop=False):
+def mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True, loop=False):
     """The lane layout of both tensor-core GEMVs (lane ``(g, q)``, warp ``kw``; channels ``g`` and
     ``g + 8`` of each 16-channel tile), zeroed ``adt`` accumulators; returns ``(cexpr, cload,
     load, acts)``: a step's vector index, the same clamped to K, the emitter of a step's weight
@@ -267,7 +290,7 @@ def _mma_lanes(add, e, R, TT, KW, U, guard, adt, scales=True, loop=False):
     return cexpr, cload, load, acts
 
 
-def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
+def mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
     """Reduce the ``KW`` warps' C fragments in shared memory (``red``) and store: ``acc[r, t, j]``
     (``fold``: plus ``acc[r, t, j + 4]``, the second mma chain) is channel n0 + r*16 + g + 8*(j // 2),
     row y0 + t*8 + q*2 + j % 2; ``val`` the stored expression of it."""
@@ -277,7 +300,7 @@ def _mma_store(add, e, R, TT, KW, val="acc[r, t, j]", fold=True):
         add("        acc[r, t, j] = acc[r, t, j] + acc[r, t, j + 4]")
     ind = "    "
     if KW > 1:
-        ind = _reduce_k_warps(add, KW, "r, t, j", f"{R}, {TT}, 4", "acc[r, t, j]",
+        ind = reduce_k_warps(add, KW, "r, t, j", f"{R}, {TT}, 4", "acc[r, t, j]",
                               lambda k: f"red[{k}, (r * {TT} + t) * 4 + j, lane]")
     add(f"{ind}for r, t, j in T.grid({R}, {TT}, 4):")
     add(f"{ind}    if y0 + t * 8 + q * 2 + j % 2 < {e['rows']} and n0 + r * 16 + g + (j // 2) * 8 < {N}:")

@@ -1,9 +1,9 @@
-"""The rows kernel of the GEMV template (bitblas/schedule/cuda_gemv.py, ``GEMVHint.k_warps == 0``,
+"""The rows kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.k_warps == 0``,
 ``mma=False``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors
 of packed weights (one warp pass over a row reads 512 contiguous bytes), ``unroll`` vectors per row
 per step. ``stages`` register slots of weights form a ring: the loads of ``stages - 1`` steps are
-in flight while a step is decoded (on the H200 the default, 2 slots of 4 vectors, beat every
-smaller step with a deeper ring: docs/benchmarks.md). Each lane's sums are warp-reduced and one
+in flight while a step is decoded (the default, 2 slots of 4 vectors, measured faster than every
+smaller step with a deeper ring). Each lane's sums are warp-reduced and one
 lane stores each output.
 
 ``act_smem`` (one activation row): the block first stages the whole row in shared memory, each
@@ -13,24 +13,14 @@ one conflict-free 16-byte load per lane. The loop then reads 16-byte words from 
 instead of re-reading the activations through L1 (a lane's 64 bytes lie 64 bytes apart from its
 neighbour's: 16 L1 wavefronts per load instead of 4) and pairing them with ``prmt`` per step.
 
-The decode, scale and store lines come from cuda_gemv's ``_kernel_script`` (its locals, ``e``);
-the decode and the int8 (dp4a) path: cuda_gemv's docstring.
+The decode, scale and store lines come from template.py's ``kernel_script`` (its locals, ``e``);
+the decode and the int8 (dp4a) path: emit.py's and template.py's docstrings.
+
+measurements: docs/performance.md
 """
 from __future__ import annotations
 
-from .cuda_gemv import _device_entry, _pdl_trigger, _step_loop, _steps, keeps_act_sum
-
-# 16 bytes between a local quad of words and shared memory (vector accesses; ``p`` 16-byte aligned)
-_LDS4 = r"""
-__device__ __forceinline__ void bb_lds4(const void* p, void* d) {
-  *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(p);
-}
-"""
-_STS4 = r"""
-__device__ __forceinline__ void bb_sts4(void* p, const void* s) {
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(s);
-}
-"""
+from .emit import LDS4, STS4, device_entry, keeps_act_sum, pdl_trigger, split_steps, step_loop
 
 
 def _stage_acts(add, e, threads, il):
@@ -51,7 +41,7 @@ def _stage_acts(add, e, threads, il):
     add(f"{ind}asum[0] = {e['prep_expr']('ar', apbase)}")
     for j in range(APW // 4):
         add(f"{ind}T.cuda.func_call('bb_sts4', aps.ptr_to([{cs} // 32, {j}, {cs} % 32, 0]), {ap_at(4 * j)}, "
-            f"source_code={_STS4!r})")
+            f"source_code={STS4!r})")
     if keeps_act_sum(e["plan"]):
         add(f"{ind}ass[{cs}] = asum[0]")
     add("    T.cuda.cta_sync()")
@@ -69,7 +59,7 @@ def _row_acts(add, e, ind, col, staged, apdst, asum_dst):
     blk, lane = staged
     for j in range(e["ap_len"] // 4):
         add(f"{ind}T.cuda.func_call('bb_lds4', aps.ptr_to([{blk}, {j}, {lane}, 0]), {apdst(4 * j)}, "
-            f"source_code={_LDS4!r})")
+            f"source_code={LDS4!r})")
     if keeps_act_sum(e["plan"]):
         add(f"{ind}{asum_dst} = ass[({blk}) * 32 + {lane}]")
 
@@ -149,23 +139,22 @@ def _row_store(add, e, R, m, N):
     add(e["store_line"]("                ", "i", "n0 + r", "acc[r, i]"))
 
 
-def _body_rows(plan, hint, add, e):
+def body(plan, hint, add, e):
     """Warps own ``rows_per_warp`` rows; lanes walk all of K, ``unroll`` vectors per row per step;
     with ``stages=ST >= 2`` the packed weights and raw scales / zeros of steps s+1 .. s+ST-1 are
     in flight while step s is decoded (``ST`` register slots). Activations are re-read (L1) for
     every step."""
     m, N, NC, NW = e["m"], e["N"], e["NC"], e["NW"]
     NIT = -(-NC // 32)
-    U, NS = _steps(NIT, hint.unroll)
+    U, NS = split_steps(NIT, hint.unroll)
     R, WARPS = hint.rows_per_warp, hint.warps
     ST = max(1, min(hint.stages, NS))
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
-    _device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
-    # interleaved decode and dot (H200, m=1, µs): 8 channels per warp spill registers without it
-    # (N=28672: 30.1-30.3 with, default 4 channels 30.4); the nf4 table decoder gains (8192: 17.4
-    # -> 17.0, 28672 53.4 -> 53.3-53.4); W4A16 with 4 channels gains nothing (9.57 both; 28672
-    # 30.0 -> 30.2-30.7), so the default keeps the decoded vectors of all rows
+    device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
+    # interleaved decode and dot: 8 channels per warp spill registers without it; the nf4 table
+    # decoder gains a little; int codes with 4 channels gain nothing, so they keep the decoded
+    # vectors of all rows
     il = not e["i8"] and (R >= 8 or e["dec"] == "lut4")
     _row_locals(add, e, R, m, WARPS, interleave=il)
     if hint.act_smem:                         # m == 1 (gemv_hint_unsupported)
@@ -204,6 +193,6 @@ def _body_rows(plan, hint, add, e):
 
     # staged activations: the first steps' weight loads go out before the staging and its barrier
     stage = (lambda: _stage_acts(add, e, 32 * WARPS, il)) if hint.act_smem else None
-    _step_loop(add, NS, ST, load, process, after_prologue=stage, unroll=hint.act_smem)
-    _pdl_trigger(add, hint)
+    step_loop(add, NS, ST, load, process, after_prologue=stage, unroll=hint.act_smem)
+    pdl_trigger(add, hint)
     _row_store(add, e, R, m, N)

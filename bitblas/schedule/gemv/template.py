@@ -1,0 +1,620 @@
+"""The small-M CUDA template (decode, M = 1..16; the tensor-core kernels up to 64): float16/bfloat16
+activations x int/uint, fp4_e2m1, nf4 (any 4-bit table), float8_e4m3 / float8_e5m2 and nvfp4
+weights; int8 activations x int/uint weights (dp4a, rows kernel).
+
+Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
+signature follows the plan's argument list); the per-vector decode and dot product are CUDA
+device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen by the hint:
+
+* rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
+  vectors of packed weights, ``unroll`` per row per step, through a ring of ``stages`` register
+  slots (the loads of ``stages - 1`` steps in flight while one is decoded) (``act_smem``, one
+  row: the block stages the activation row in shared memory once, paired for the decoder);
+* k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
+  activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
+
+This module holds the hint, which plans and hints the template takes, the default hint, and the
+dispatch from a hint to its kernel body: rows.py (``k_warps=0``), ksplit.py (``k_warps>0``), mma.py
+and mma_int8.py (``mma=True``), wgmma.py (``wgmma=True``). :func:`kernel_script` generates the
+per-plan load, decode, scale and store lines they all use (its locals, ``e``); the CUDA helpers
+and shared emit lines come from emit.py.
+
+How each format decodes: emit.py's docstring.
+
+int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3 rows
+(4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
+tensor-core kernel of mma_int8.py; the k-split kernel refuses them; the helpers live in
+int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
+bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes are stored offset
+by 2**(b-1), taken back by starting the dp4a chain at -2**(b-1) * sum(a)); the activations are
+permuted (``prmt``) into the same K order once per vector and row, shared by the warp's weight
+rows, and ``dp4a`` sums exactly in int32. Without group scales the int32 sums go through the warp
+reduction to the store: out = sum * scale[n] * a_scale[m] + bias[n], the TensorIR's order (int32
+output: sum + bias); group scales take each vector's int32 sum to float32 (``acc += s *
+float(isum)``, a vector lies inside one group; a lane's consecutive vectors are 32 vectors apart,
+so summing a whole group in int32 first would need groups of >= 32 vectors).
+
+:func:`gemv_unsupported` says which plans the template does not take; those use the simple (or
+tensor-core) schedule.
+
+measurements: docs/performance.md
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from ..._tvm import tvm
+from ..epilogue import scaled_sum
+from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
+from .decode import ACT, decoder, e4m3_consts
+from .emit import (act_smem_bytes, f8_scales, fmt_float, format_helpers, mma_decodable, prep_words, span_vectors,
+                   uses_f32_path, vec_bytes)
+from .ksplit import body as ksplit_body
+from .mma import body as mma_body, mma_gemv_unsupported
+from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
+from .rows import body as rows_body
+from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
+
+__all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
+           "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES"]
+
+GEMV_MAX_ROWS = 16          # the rows and k-split kernels
+GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
+WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (GEMVHint._wgmma_tile) and tuned from here
+
+
+@dataclass(frozen=True)
+class GEMVHint:
+    rows_per_warp: int = 2     # output channels per warp (activation reuse, loads in flight)
+    warps: int = 4             # warps per block
+    unroll: int = 4            # K vectors per lane loaded before the first is used
+    vec_bytes: int = 0         # bytes of packed weights per lane and load (0: largest that fits)
+    k_warps: int = 0           # >0: warps splitting K, activations held in registers (small m)
+    grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
+    stages: int = 2            # register slots of weights (rows kernel): stages - 1 steps in flight while one decodes
+    mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see mma.body)
+    min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
+    pdl: bool = False          # programmatic dependent launch (sm_90+): waits for the previous kernel before
+                               # any access; the next may launch once this one's main loop is done
+    chunk_loop: bool = False   # tensor-core kernel, 17..64 rows: a block serves every 16-row chunk of its
+                               # channel tile, the weights decoded once (else one block per chunk)
+    wgmma: bool = False        # tensor-core kernel on sm_90a: wgmma with the decoded weights in registers and the
+                               # (permuted) activations in shared memory (wgmma.py)
+    act_smem: bool = False     # rows kernel, one row: the block stages the activations in shared memory once,
+                               # already paired for the decoder, in a conflict-free lane order (rows.py)
+
+    @classmethod
+    def default(cls, plan, target=None) -> "GEMVHint":
+        """The default kernel shape (:meth:`_default_shape`); on sm_90+ targets with programmatic
+        dependent launch (the launch and ramp of one kernel overlap the previous one's tail)."""
+        hint = cls._default_shape(plan, target)
+        sm = target_info(target)[0]
+        return dataclasses.replace(hint, pdl=True) if sm is not None and sm >= 90 else hint
+
+    @classmethod
+    def _default_shape(cls, plan, target=None) -> "GEMVHint":
+        """One row: the rows kernel (:meth:`_staged_row` where staging the row in shared memory
+        wins, else small blocks under launch bounds). From 2 rows the tensor-core kernel, which
+        needs a decoder that yields half pairs (every float-activation format) and sm_80+
+        (``target``: the CUDA Target, None = assume sm_80+). Base tiles (:meth:`_mma_base`): 32
+        channels per block and 8 warps splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64
+        channels above; :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. int8
+        activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
+        without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
+        holding 4 weight vectors), else the rows kernel. Above 16 rows :meth:`_chunk_tile`; on
+        sm_90 :meth:`_wgmma_tile` first, where it applies."""
+        m = plan.m or 1
+        sm = target_info(target)[0]
+        wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
+        if wg:
+            return wg
+        if m > GEMV_MAX_ROWS:
+            return cls._chunk_tile(plan)
+        if m >= 2 and (sm is None or sm >= 80):
+            mma = cls._mma_base(plan, m)
+            if plan.float_acts and mma_decodable(plan.w):
+                return cls._float_mma_tile(plan, m, mma)
+            # int8: m16n8k32 (mma_int8) under 2 blocks per SM beats the dp4a rows kernel from 3 rows
+            # for 1-, 2-bit and per-channel 4-bit codes, from 4 for group-scaled 4-bit codes, from 5
+            # for group-scaled 8-bit codes, from 6 for per-channel 8-bit codes
+            if plan.w.bits == 8:
+                first = 5 if plan.groups > 1 else 6
+            else:
+                first = 4 if plan.groups > 1 and plan.w.bits == 4 else 3
+            if not plan.float_acts and m >= first:
+                tile = cls._int8_mma_tile(plan, m, mma)
+                if mma_int8_unsupported(plan, tile) is None:
+                    return tile
+        staged = cls._staged_row(plan) if m == 1 else None
+        if staged:
+            return staged
+        if m <= 2 and decoder(plan.w) != "lut4":
+            # launch bounds of 8 blocks per SM let ptxas keep more registers, so more weight loads
+            # stay in flight; 2-bit weights want 8 channels per warp in 2-warp blocks, 8-bit and
+            # nvfp4 2 channels; the nf4 table decoder is faster without launch bounds
+            if plan.w.bits <= 2:
+                return cls(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
+            if plan.w.bits == 8 or (vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
+                return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
+            return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
+        if m <= 4:
+            # int8 x per-channel 8-bit codes: faster without the next step in flight
+            i8_chan8 = not plan.float_acts and plan.w.bits == 8 and plan.groups == 1
+            return cls(rows_per_warp=4, warps=1, unroll=4, stages=1 if i8_chan8 else 2)
+        if m <= 8:
+            return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
+        return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
+
+    @classmethod
+    def _staged_row(cls, plan) -> Optional["GEMVHint"]:
+        """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
+        rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
+        registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
+        row and step, the loop unrolled. Float activations: 2 channels per warp, 2 steps in flight,
+        for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
+        blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
+        in 4-warp blocks. int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
+        b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
+        if not plan.float_acts:
+            hint = _ROWS_STAGED if b == 2 else None
+        elif b <= 2:
+            hint = _ROWS_STAGED_8 if N >= 8192 else None
+        elif b == 8:
+            blocks, slots = -(-N // 16), 4 * num_sms()
+            hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
+        elif dec == "lut4":
+            hint = _ROWS_STAGED if plan.config.K <= 8192 else None
+        else:
+            hint = _ROWS_STAGED
+        return None if hint is None or gemv_hint_unsupported(plan, hint) else hint
+
+    @classmethod
+    def _mma_base(cls, plan, m) -> "GEMVHint":
+        """The tensor-core GEMV's base tile (see :meth:`_default_shape`): 32 channels x 8 K warps
+        up to 8 rows, then 4 K warps and 32 (N < 16896) or 64 channels."""
+        if m <= 8:
+            return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
+        if _wide_layer(plan):
+            return _MMA_64
+        return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
+
+    @classmethod
+    def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
+        """The float tensor-core GEMV's tile. Over 128 registers a 256-thread block (8 K warps)
+        is alone on its SM; the wide tile under 2 blocks per SM fits. 4-bit codes up to 8 rows take
+        it; 4- and 8-bit codes from 9 rows take it without the next step in flight (wide layers
+        too); nvfp4's float8 scales and 1-/2-bit codes spill under the bound and keep ``base``."""
+        b = plan.w.bits
+        if m <= 8 and b == 4 and not f8_scales(plan):
+            return _MMA_WIDE
+        if m > 8 and b in (4, 8):
+            # wide layers too (on sm_90 int codes take the wgmma GEMV instead)
+            return dataclasses.replace(_MMA_WIDE, stages=1)
+        return base
+
+    @classmethod
+    def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
+        """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
+        N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
+        registers), from N=16896 the 64-channel base tile likewise."""
+        if m <= 8:
+            return dataclasses.replace(base, min_blocks=2)
+        if _wide_layer(plan):
+            # the 64-channel base tile took 255 registers (7 warps per SM): under 2 blocks per SM
+            # without the next step in flight
+            return dataclasses.replace(base, stages=1, min_blocks=2)
+        return dataclasses.replace(_MMA_WIDE, stages=1)
+
+    @classmethod
+    def _chunk_tile(cls, plan) -> "GEMVHint":
+        """The tensor-core tile for 17..64 rows (chunks of 16 rows, mma.row_chunks).
+
+        Float activations: the chunk loop (one block serves every chunk of its 32 channels, the
+        weights decoded once, 4 K warps, 255 registers) rather than a block per chunk; 16 channels
+        per warp lose (the activations of all rows read twice as often). int8 activations: the same
+        chunk loop on the m16n8k32 kernel.
+
+        Float activations take weight vectors of 16 codes (:func:`span_vectors`): a lane's
+        activations of a vector then span 32 bytes, so the four lanes of a token row read one
+        128-byte line per load instead of two. The loop is bound by L1's load wavefronts (one
+        wavefront per line and row), so this is what sets its speed. int8 activations (one byte
+        per value) already span 32 bytes with 16-byte vectors of 4-bit codes."""
+        m, hint = plan.m or 1, _MMA_LOOP
+        span = span_vectors(plan)
+        if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
+            hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
+        # 64 channels per warp on wide layers, where they fit and win (each activation fragment
+        # feeds twice the mma; N=8192, 128 such blocks, loses). Float activations: 2- to 8-bit codes
+        # up to 48 rows (1-bit codes spill), nf4 only from 33 rows. int8 activations: sub-byte codes
+        # up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48; 8-bit codes tie).
+        if plan.float_acts:
+            fits = plan.w.bits >= 2 and m <= 48 and not (decoder(plan.w) == "lut4" and m <= 32)
+        else:
+            fits = plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48)
+        if fits and _wide_layer(plan):
+            hint = dataclasses.replace(hint, rows_per_warp=64)
+        return hint
+
+    @classmethod
+    def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
+        """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
+        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None.
+
+        17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
+        above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128
+        channels (two m64 tiles) for 2-bit codes, and above 40 rows for 4-bit codes. Narrower
+        layers (128 blocks of 64 channels at N=8192): 4 warpgroups splitting K. Layers below
+        N=8192 keep the chunk loop.
+
+        9..16 rows: 2-bit codes from N=8192 and 4-bit codes on wide layers (8-bit codes lose; 4-bit
+        codes below N=16896 keep the tensor-core GEMV)."""
+        m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
+        wide = _wide_layer(plan)
+        if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
+            return None
+        if m <= GEMV_MAX_ROWS:                # 2-bit codes from N=8192, 4-bit ones on wide layers
+            takes = bits == 2 or (bits == 4 and wide)
+        else:                                 # 4-bit codes, 2-bit ones on wide layers, 8-bit above 48 rows
+            takes = bits == 4 or (bits == 2 and wide) or (bits == 8 and m > 48)
+        if not takes:
+            return None
+        if not wide:
+            hint = _WGMMA_KSPLIT
+        elif m > GEMV_MAX_ROWS and (bits == 2 or (bits == 4 and m > 40)):
+            hint = _WGMMA_WIDE2
+        else:
+            hint = _WGMMA_WIDE
+        return None if wgmma_gemv_unsupported(plan, hint) else hint
+
+
+def _wide_layer(plan) -> bool:
+    """N of at least 16896: tensor-core GEMV blocks of 64 channels number 264+ (2+ per SM of the
+    H200's 132), so the tiles take 64 channels per warp there (each activation fragment feeds
+    twice the mma) and 32 below."""
+    return plan.config.N >= 16896
+
+
+# one activation row staged in shared memory (GEMVHint._staged_row): 2 channels per warp, 8-warp blocks,
+# one vector per row and step, 2 steps in flight, 4 blocks per SM; for 1- and 2-bit codes 8 channels per
+# warp in 4-warp blocks, 1 step in flight
+_ROWS_STAGED = GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, act_smem=True)
+_ROWS_STAGED_8 = GEMVHint(rows_per_warp=8, warps=4, unroll=1, stages=2, min_blocks=4, act_smem=True)
+# the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
+_MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
+# 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
+# N >= 16896)
+_MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
+# 17..64 rows (float and int8 activations): the chunk loop, one block of 32 channels x 4 K warps
+# serving every 16-row chunk (mma); 16 channels per warp lose by 2x (each block reads the
+# activations of all rows, so half the channels per block read them twice as often)
+_MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
+# the wgmma GEMV (wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
+# registers (up to 40 rows); 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups
+# splitting K (N < 16896)
+_WGMMA_WIDE = GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True)
+_WGMMA_WIDE2 = GEMVHint(rows_per_warp=32, k_warps=1, unroll=1, stages=2, mma=True, wgmma=True)
+_WGMMA_KSPLIT = GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True)
+
+
+def gemv_default_takes(plan, target=None) -> bool:
+    """Whether an untuned operator runs ``plan`` (a static row count) on the GEMV template: 1..16
+    rows wherever the template takes the plan; 17..64 rows on sm_80+ (the tensor-core kernel in
+    chunks of 16 rows, faster there than decode-then-wgmma) except int8 x 8-bit codes above 32
+    rows, where the int8 wgmma kernel wins."""
+    if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
+        return False
+    if plan.m <= GEMV_MAX_ROWS:
+        return True
+    sm = target_info(target)[0]
+    if sm is not None and sm < 80:
+        return False
+    return plan.float_acts or plan.w.bits < 8 or plan.m <= 32
+
+
+def gemv_unsupported(plan) -> Optional[str]:
+    """None when the GEMV template takes ``plan``, else why not."""
+    c = plan.config
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if plan.m is None or not 1 <= plan.m <= GEMV_MMA_MAX_ROWS:
+        return f"needs a static row count 1..{GEMV_MMA_MAX_ROWS}"
+    if c.A_dtype not in ACT and c.A_dtype != "int8":
+        return f"A_dtype={c.A_dtype!r}: activations must be float16, bfloat16 or int8"
+    if c.layout != "nt":
+        return "layout must be 'nt'"
+    if c.A_dtype == "int8":
+        why = _int8_unsupported(plan)
+        if why is None and plan.m > GEMV_MAX_ROWS:
+            mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
+            if mma_why:
+                why = f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows ({mma_why})"
+        return why
+    if decoder(plan.w) is None:
+        return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
+    if plan.m > GEMV_MAX_ROWS and not mma_decodable(plan.w):
+        return f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows"
+    if c.with_act_scaling:
+        return "no activation scales"
+    if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+        return "scales must have the activation dtype (or be float8_e4m3 bytes)"
+    if c.out_dtype not in ("float16", "bfloat16", "float32"):
+        return "output must be float16, bfloat16 or float32"
+    if vec_bytes(plan) is None:
+        return "K (and the group size) must be multiples of the values in one 4-byte weight vector (>= 8)"
+    return None
+
+
+def _int8_unsupported(plan) -> Optional[str]:
+    """:func:`gemv_unsupported` for int8 activations: int/uint weights (dp4a), float32 scales, no
+    zero points, int32 output only without scales."""
+    c = plan.config
+    if plan.w.kind not in ("int", "uint"):
+        return f"W_dtype={c.W_dtype!r}: int8 activations take int/uint weights"
+    if c.with_zeros:
+        return "with_zeros=True: int8 activations take no zero points"
+    if c.with_scaling and plan.scale_dtype != "float32":
+        return f"scale dtype {plan.scale_dtype!r}: int8 activations take float32 scales"
+    if c.out_dtype not in ("float16", "bfloat16", "float32", "int32"):
+        return f"out_dtype={c.out_dtype!r}: output must be float16, bfloat16, float32 or int32"
+    if vec_bytes(plan) is None:
+        return (f"K={c.K} (and group_size={c.group_size}) must be multiples of the values in one weight vector "
+                f"(with int8 activations at least {max(16, 32 // plan.w.bits)} for {c.W_dtype})")
+    return None
+
+
+def kernel_script(plan, hint: GEMVHint, body=None):
+    """The kernel's TVMScript text; ``body(add, locals)`` writes the body instead of the GEMV
+    kernel ``hint`` asks for (schedule/fused_wgmma.py: its own checks, a run-time row count of any
+    size)."""
+    c, w = plan.config, plan.w
+    act = c.A_dtype
+    i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
+    m, N, K, b = plan.m, c.N, c.K, w.bits
+    signed = w.kind == "int"
+    # int8 tensor cores: the 4 vectors of a lane quad inside one group
+    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.mma else 1)
+    if VB is None:
+        raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
+    NW = VB // 4
+    V = VB * 8 // b                         # values per vector
+    AV = 16 if i8 else 8                    # activation values per 16-byte load
+    NA = V // 4 if i8 else V // 2           # activation words (4 int8 / 2 float16 values) per vector
+    NC = K // V                             # vectors per row
+    G = K if plan.groups == 1 else c.group_size
+    dec = decoder(w)
+    if i8:
+        tag = f"i8_{'i' if signed else 'u'}{b}_v{VB}"
+    elif dec == "int":
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
+    else:
+        tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
+    f32_path = uses_f32_path(plan, hint)
+    helpers = format_helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
+    s_f8 = f8_scales(plan)
+    dec_factor = e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
+    x_shift = (1 << (b - 1)) if signed else 0   # decode gives field - off, field = q + x_shift (offset-binary)
+    off_max = (1 << b) - 1 + x_shift
+    quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
+    float_zeros = c.with_zeros and not quant_zeros
+    # register dtypes of raw scales / zeros (int8 activations: group scales only, per-channel ones at the store)
+    sdt = plan.arg("scale").dtype if c.with_scaling and not plan.scale_in_epilogue else None
+    zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
+    need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
+    acc_dtype = "int32" if i8 and not sdt else "float32"    # int8: exact int32 sums unless group scales
+
+    def src(name):
+        return repr(helpers[name])
+
+    ap_dtype = "float32" if f32_path else "uint32"
+    ap_len = prep_words(plan, hint, V)
+
+    L = []
+    add = L.append
+    params = ", ".join(f"{a.name}_ptr: T.handle" for a in plan.args)
+    add("@T.prim_func")
+    add(f"def main({params}):")
+    # the tensor-core kernels take their row count at run time (``mv``, 1..m: activation rows are
+    # clamped on load, stores predicated), so one kernel serves every row count of its class
+    # (mma.row_class); the rows kernel unrolls over its rows and stays static
+    rows = "mv" if hint.mma else m
+    if hint.mma:
+        add("    mv = T.int32()")
+    shapes = {"W": (N, K * b // 8), "bias": (N,)}
+    for a in plan.args:
+        shp = (rows, *a.shape[1:]) if a.per_row else shapes.get(a.name, tuple(a.shape))
+        shp = "(" + ", ".join(str(x) for x in shp) + ("," if len(shp) == 1 else "") + ")"
+        add(f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r}, align=16)"
+            if a.name in ("A", "W") else
+            f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r})")
+    if hint.mma and m is not None:
+        add(f"    assert 1 <= mv and mv <= {m}, \"{m}-row GEMV kernel: the row count must be 1..{m}\"")
+
+    def gidx(cidx):
+        return "0" if plan.groups == 1 else f"({cidx} * {V} // {G})"
+
+    def zsrc(nr, cidx):
+        """The zero-point element (float zeros) or the zero-point code (quantized: codes [groups, N]
+        packed along N, the field of channel ``nr`` shifted out of its byte here, int8)."""
+        g = gidx(cidx)
+        if not quant_zeros:
+            return f"zeros[{nr}, {g}]"
+        cpb = w.codes_per_byte
+        if cpb == 1:
+            return f"zeros[{g}, {nr}]"
+        return (f"T.Cast('int8', T.shift_right(T.Cast('int32', zeros[{g}, {nr} // {cpb}]), ({nr} % {cpb}) * {b}) "
+                f"& {(1 << b) - 1})")
+
+    def scale_lines(ind, cidx, idx, s_raw, z_raw):
+        """sv (scale), ov (integer offset subtracted exactly in the decode), cv (coefficient of
+        sum(a)) for weight vector cidx, from the raw scale / zero elements ``s_raw`` / ``z_raw``.
+        The offset centres the codes: x_shift (signed codes, stored offset-binary), the zero-point
+        code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
+        cv * sum(a)."""
+        if i8:                                 # int8: the group scale only (dp4a sums are exact)
+            return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
+        s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
+        if s_f8:
+            s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
+                      f"return_type='float32')")
+        if dec_factor != 1.0:
+            s_expr = f"{s_expr} * {fmt_float(dec_factor)}" if c.with_scaling else fmt_float(dec_factor)
+        out = [f"{ind}sv[{idx}] = {s_expr}"]
+        if quant_zeros:                        # z_raw: the code (zsrc), an int8 holding 0 .. 2**b - 1
+            out += [f"{ind}ov[{idx}] = T.Cast('int32', {z_raw}) & 255", f"{ind}cv[{idx}] = T.float32(0)"]
+        elif float_zeros:
+            z = f"T.Cast('float32', {z_raw})"
+            # original: (q - z) * s -> off ~ z; rescale: q * s - z -> off ~ z / s
+            zq = z if c.zeros_mode == "original" else \
+                f"T.if_then_else(sv[{idx}] != T.float32(0), {z} / sv[{idx}], T.float32(0))"
+            out.append(f"{ind}ov[{idx}] = T.max(T.min(T.Cast('int32', T.floor({zq} + T.float32(0.5))) + {x_shift}, "
+                       f"{off_max}), 0)")
+            if c.zeros_mode == "original":
+                out.append(f"{ind}cv[{idx}] = sv[{idx}] * (T.Cast('float32', ov[{idx}] - {x_shift}) - {z})")
+            else:
+                out.append(f"{ind}cv[{idx}] = sv[{idx}] * T.Cast('float32', ov[{idx}] - {x_shift}) - {z}")
+        else:
+            out += [f"{ind}ov[{idx}] = {x_shift}", f"{ind}cv[{idx}] = T.float32(0)"]
+        return out
+
+    def lda_lines(ind, i, cidx, arbuf):
+        return [f"{ind}for v in T.unroll({V // AV}):",
+                f"{ind}    T.cuda.func_call('bb_lda', A.ptr_to([{i}, {cidx} * {V} + v * {AV}]), "
+                f"{arbuf}.ptr_to([v * 4]), source_code={src('bb_lda')})"]
+
+    def ldw_line(ind, nr, cidx, dst):
+        return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
+                f"source_code={src(f'bb_ldw{NW}')})")
+
+    def load_lines(ind, nr, cidx, at, scales=True):
+        """Weight vector ``cidx`` of row ``nr`` into slot ``at`` (index text) of ``wq``, its raw
+        scale (``scales``) / zero element into ``sr`` / ``zr`` at the same index."""
+        out = [ldw_line(ind, nr, cidx, f"wq.ptr_to([{at}, 0])")]
+        if sdt and scales:
+            out.append(f"{ind}sr[{at}] = scale[{nr}, {gidx(cidx)}]")
+        if zdt:
+            out.append(f"{ind}zr[{at}] = {zsrc(nr, cidx)}")
+        return out
+
+    def dec_line(ind, wsrc, off, dst):
+        if i8:                                 # no offset: signed codes are centred through the dp4a chain
+            return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {dst}, source_code={src(f'bb_dec_{tag}')})"
+        return f"{ind}T.cuda.func_call('bb_dec_{tag}', {wsrc}, {off}, {dst}, source_code={src(f'bb_dec_{tag}')})"
+
+    def prep_expr(arbuf, apptr):
+        return (f"T.cuda.func_call('bb_prep_{tag}', {arbuf}.ptr_to([0]), {apptr}, source_code={src(f'bb_prep_{tag}')}, "
+                f"return_type={'int32' if i8 else 'float32'!r})")
+
+    def idot_expr(dptr, apptr, c0):
+        """int8 activations: the exact int32 dot product of one vector, the dp4a chain started at ``c0``."""
+        return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, {c0}, source_code={src(f'bb_dot_{tag}')}, "
+                f"return_type='int32')")
+
+    def dot_expr(dptr, apptr):
+        return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, source_code={src(f'bb_dot_{tag}')}, "
+                f"return_type='float32')")
+
+    def store_line(ind, i, n, val):
+        if i8:
+            return f"{ind}output[{i}, {n}] = {int8_epilogue(i, n, val)}"
+        if w.global_scale:
+            val = f"{val} * global_scale[0]"
+        if c.with_bias:
+            val = f"{val} + T.Cast('float32', bias[{n}])"
+        return f"{ind}output[{i}, {n}] = T.Cast({c.out_dtype!r}, {val})"
+
+    def int8_epilogue(i, n, val):
+        """The TensorIR's epilogue order (bitblas.schedule.epilogue.scaled_sum), cast to the output."""
+        v, vt = scaled_sum(plan, val, acc_dtype, i, n)
+        return v if vt == c.out_dtype else f"T.Cast({c.out_dtype!r}, {v})"
+
+    why = None if body else gemv_hint_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    if body:
+        body(add, locals())
+    elif hint.wgmma:
+        wgmma_body(plan, hint, add, locals())
+    elif hint.mma and i8:
+        mma_int8_body(plan, hint, add, locals())
+    elif hint.mma:
+        mma_body(plan, hint, add, locals())
+    elif hint.k_warps:
+        ksplit_body(plan, hint, add, locals())
+    else:
+        rows_body(plan, hint, add, locals())
+    return "\n".join(L) + "\n"
+
+
+def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
+    """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
+    else why not."""
+    if hint.wgmma:
+        return wgmma_gemv_unsupported(plan, hint)
+    if not plan.float_acts and hint.mma:
+        return mma_int8_unsupported(plan, hint)
+    if not plan.float_acts and hint.k_warps:
+        return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the tensor-core "
+                f"kernel (k_warps=0 or mma=True; got k_warps={hint.k_warps}, mma={hint.mma})")
+    if hint.act_smem:
+        why = _act_smem_unsupported(plan, hint)
+        if why:
+            return why
+    if hint.mma:
+        return mma_gemv_unsupported(plan, hint)
+    if (plan.m or 1) > GEMV_MAX_ROWS:
+        return (f"{plan.m} rows: the rows and k-split kernels take 1..{GEMV_MAX_ROWS} "
+                f"(mma=True: up to {GEMV_MMA_MAX_ROWS})")
+    if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
+        return "rows_per_warp * m must be <= 32 * k_warps"
+    return None
+
+
+ACT_SMEM_MAX_BYTES = 48 * 1024      # static shared memory of one block
+
+
+def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:
+    if hint.mma or hint.k_warps:
+        return "act_smem=True is a rows-kernel option (mma=False, k_warps=0)"
+    if (plan.m or 1) != 1:
+        return f"act_smem=True stages one activation row; the plan has {plan.m} rows"
+    nbytes = act_smem_bytes(plan, hint)
+    if nbytes is not None and nbytes > ACT_SMEM_MAX_BYTES:
+        return (f"act_smem=True: the staged row of K={plan.config.K} takes {nbytes} bytes of shared memory, "
+                f"more than {ACT_SMEM_MAX_BYTES}")
+    return None
+
+
+def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None):
+    """IRModule of the GEMV kernel for ``plan`` (``func``, the TensorIR of the plan, is not used:
+    the kernel is written directly). The module carries ``TIRX_PIPELINE_ATTR`` so the build uses
+    TVM's tirx pipeline; a ``pdl`` hint's kernel is launched by TVM's runtime with programmatic
+    stream serialization (its launch parameters say so)."""
+    why = gemv_unsupported(plan)
+    if why:
+        raise ValueError(f"GEMV template does not take this plan: {why}")
+    hint = hint or GEMVHint.default(plan, target)
+    sm = target_info(target)[0]
+    if hint.pdl and (sm is None or sm < 90):
+        raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); "
+                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
+    if hint.wgmma and (sm is None or sm < 90):
+        raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); "
+                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
+    from tvm.script import tirx as T
+    text = kernel_script(plan, hint)
+    prim = tvm.script.from_source(text, extra_vars={"T": T})
+
+    def pdl(f, dyn_smem=False):
+        """The launch tags SplitHostDevice would derive (grid, block; the dynamic shared memory size
+        last), plus programmatic dependent launch."""
+        tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
+        return f.with_attr("tirx.kernel_launch_params",
+                           tags + ["tirx.use_dyn_shared_memory"] * dyn_smem) if hint.pdl else f
+    if hint.wgmma:   # the main kernel (dynamic shared memory) launches while the permute kernel runs
+        perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
+        mod = tvm.IRModule({"main": pdl(prim, dyn_smem=True), "permute": perm})
+        return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
+    mod = tvm.IRModule({"main": pdl(prim)})
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx")

@@ -70,6 +70,7 @@ BASELINE = {f: "int_mm" if kw["A_dtype"] == "int8" else "scaled_mm"
 # Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
 SHAPES = {
     "brief": [("square-8k", 8192, 8192), ("mlp-up-70b", 28672, 8192)],
+    "square8k": [("square-8k", 8192, 8192)],
     "up70b": [("mlp-up-70b", 28672, 8192)],
     "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
     "llama3-70b": [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)],

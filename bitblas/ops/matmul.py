@@ -125,12 +125,18 @@ class Matmul(BitBLASOperatorAPI):
             if rows >= DEQUANT_GEMM_MIN_ROWS:
                 choice = self._dequant_gemm_for_rows(rows)
                 if choice is not None:
-                    return None, choice
+                    return None, self._fused_for_rows(rows) or choice
         elif kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS and not self._gemv_serves(rows):
             choice = self._dequant_gemm_for_rows(rows)     # a static M (the config's int) past the GEMV
             if choice is not None:
-                return default_m, choice
+                return default_m, self._fused_for_rows(rows) or choice
         return default_m, None
+
+    def _fused_for_rows(self, rows: int):
+        """Where decode-then-GEMM would serve ``rows``: the fused wgmma GEMM's tile if it serves them
+        by default (bitblas.schedule.fused_wgmma.fused_default), else None."""
+        from ..schedule.fused_wgmma import fused_default
+        return fused_default(self._base_plan("cuda"), rows)
 
     def _gemv_serves(self, rows: int) -> bool:
         """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""

@@ -30,8 +30,12 @@ with the per-channel scale, bias and cast; rows past the call's rows are zeros (
 out-of-bounds fill) and not stored, channels past N are clamped on load and not stored. K must be
 a multiple of the slab (as for the GEMV; otherwise the operator's default serves the plan).
 
-Not a default: the operator runs it where a hint says so (``Matmul`` with a tuned / forced
-``FusedWgmmaHint`` for a bucket, ``benchmark.matmul --hints 'FusedWgmmaHint(...)'``).
+The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the GEMV), up to 1024
+rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
+Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
+tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 48 blocks, else
+256-row tiles with two warpgroups side by side. Above that, decode-then-GEMM stays faster: each
+256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
 Expected, W4A16 g128, N = K = 8192 on the H200 (cuBLAS fp16 from the issue 24 table: 40.2 / 62.1 /
 214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows; not measured yet). Tensor rate: an SM does 4096
@@ -69,7 +73,7 @@ from typing import Optional
 from .._tvm import tvm
 from .target import target_info
 
-__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
+__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
            "ring_slots", "register_words", "slab_k"]
 
 _BOX = 64                          # K values per TMA box (128 bytes: 128-byte swizzle)
@@ -184,6 +188,25 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
                 f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_k(w.bits)} K values"
                 f"{', per warpgroup' if kw > 1 else ''})")
+    return None
+
+
+FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 8192; 1024 below)
+
+
+def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
+    """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
+    serve: the caller checks that), or None where decode-then-GEMM stays the default: more than
+    1024 rows (2048 where N >= 8192), or a plan no tile takes."""
+    N = plan.config.N
+    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
+        return None
+    split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
+    wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
+    few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 48
+    for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
+        if fused_wgmma_unsupported(plan, hint) is None:
+            return hint
     return None
 
 

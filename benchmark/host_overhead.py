@@ -1,17 +1,22 @@
 """Host (CPU-side) time of one bitblas call, layer by layer, at a shape where the kernel is negligible.
 
     python -m benchmark.host_overhead --device cuda          # on the GPU host
+    python -m benchmark.host_overhead --device cuda --n 4096 --k 4096   # W4A16 g128 (zeros) 1x4096x4096
     python -m benchmark.host_overhead --device cpu --json out.json
 
 Each row is the median over ``--repeats`` batches of ``--iters`` back-to-back calls of the host
 time per call in µs (``time.perf_counter_ns`` around the batch). On CUDA nothing synchronises
-inside a batch (the small kernel keeps the launch queue short, so the loop is host-bound);
-``wall`` adds one ``torch.cuda.synchronize()`` at the end of each batch.
+inside a batch and every batch starts on an idle GPU after a ``torch.cuda.synchronize()``; a batch
+(default 200 calls on CUDA) queues fewer launches than the launch queue holds, so the host never
+waits for the GPU and the time is the host's, even where a kernel takes longer than its launch.
+``wall`` is the batch's time up to the end of that synchronize.
 
 Columns: ``kernel`` calls the real kernel; ``ffi-nop`` swaps every kernel for tvm-ffi's
 ``testing.nop`` (the same tvm-ffi argument conversion, no TVM host code, no launch); ``py-nop``
 swaps it for a Python ``lambda *a: None`` (pure Python overhead). Rows:
 
+    F.linear            torch's float16 F.linear on an [N, K] weight (the bar to meet)
+    nn.Linear()         torch's float16 nn.Linear module call
     Linear()            the module call: nn.Module.__call__ + Linear.forward (the hot path)
     Linear.forward      the same without nn.Module.__call__
     torch.ops (op)      the custom op through the torch dispatcher (the torch.compile path, eager)
@@ -120,7 +125,13 @@ def _cases(lin, args, device):
         return lambda: fn(*call)
 
     empty_dtype = TORCH_DTYPES[op.config.out_dtype]
+    w16 = torch.randn(args.n, args.k, device=device).to(torch.float16)
+    x16 = x.to(torch.float16) if x.dtype.is_floating_point else torch.randn(x.shape, device=device).half()
+    lin16 = torch.nn.Linear(args.k, args.n, bias=False, device=device, dtype=torch.float16)
+    F = torch.nn.functional
     return [
+        ("F.linear", lambda: (lambda: F.linear(x16, w16))),
+        ("nn.Linear()", lambda: (lambda: lin16(x16))),
         ("Linear()", lambda: (lambda: lin(x))),
         ("Linear.forward", lambda: (lambda: fwd(x))),
         ("torch.ops (op)", lambda: (lambda: custom(x, W, sc, zr, bi, None, gs, key))),
@@ -130,6 +141,9 @@ def _cases(lin, args, device):
         ("raw kernel", raw),
         ("torch.empty(out)", lambda: (lambda: torch.empty((rows, args.n), dtype=empty_dtype, device=device))),
     ]
+
+
+_TORCH_ONLY = ("torch.empty(out)", "F.linear", "nn.Linear()")   # no bitblas kernel to swap
 
 
 def _with_kernel(op, fake):
@@ -169,8 +183,8 @@ def main(argv=None):
     p.add_argument("--w-dtype", default="uint4")
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--no-zeros", dest="zeros", action="store_false")
-    p.add_argument("--iters", type=int, default=None, help="calls per batch (default: 2000 cuda, 1000 cpu)")
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--iters", type=int, default=None, help="calls per batch (default: 200 cuda, 1000 cpu)")
+    p.add_argument("--repeats", type=int, default=None, help="batches (default: 60 cuda, 15 cpu)")
     p.add_argument("--modes", default="kernel,ffi-nop,py-nop")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
@@ -178,7 +192,8 @@ def main(argv=None):
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
-    iters = args.iters or (2000 if cuda else 1000)
+    iters = args.iters or (200 if cuda else 1000)
+    repeats = args.repeats = args.repeats or (60 if cuda else 15)
     lin = _layer(args, device)
     op = lin.bitblas_matmul
     cases = _cases(lin, args, device)
@@ -201,9 +216,9 @@ def main(argv=None):
     for mode in modes:
         with _with_kernel(op, fakes[mode]):
             for name, make in cases:
-                if mode != "kernel" and name == "torch.empty(out)":
+                if mode != "kernel" and name in _TORCH_ONLY:
                     continue
-                res[(name, mode)] = _time(make(), iters, args.repeats, cuda)
+                res[(name, mode)] = _time(make(), iters, repeats, cuda)
     dev = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     print(f"bitblas host overhead: {args.device} ({dev}), {args.a_dtype} x {args.w_dtype} g{args.group_size}"
           f"{' zeros' if args.zeros else ''}, N=K={args.n}x{args.k}, x {[1] * (args.dims - 2) + [args.rows, args.k]}, "

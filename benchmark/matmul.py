@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmark.timing import copies_for, time_graph  # noqa: E402
+from benchmark.timing import copies_for, copy_bandwidth, time_graph, time_host  # noqa: E402
 
 # Named formats: MatmulConfig fields (N, K, M are filled in per row).
 FORMATS = {
@@ -45,6 +45,7 @@ FORMATS = {
     "w4bf16-g128-zeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True,
                               with_zeros=True, out_dtype="bfloat16"),
     "w2a16-g128": dict(A_dtype="float16", W_dtype="int2", group_size=128, with_scaling=True),
+    "w2a16-uint2-g128": dict(A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True),
     "w1a16-g128": dict(A_dtype="float16", W_dtype="uint1", group_size=128, with_scaling=True, with_zeros=True,
                        zeros_mode="rescale"),
     "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
@@ -69,15 +70,18 @@ BASELINE = {f: "int_mm" if kw["A_dtype"] == "int8" else "scaled_mm"
 # Named shape sets: (layer name, N, K) of LLM linear layers (N = output features).
 SHAPES = {
     "brief": [("square-8k", 8192, 8192), ("mlp-up-70b", 28672, 8192)],
+    "square8k": [("square-8k", 8192, 8192)],
     "up70b": [("mlp-up-70b", 28672, 8192)],
     "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
     "llama3-70b": [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)],
     "small": [("odd", 1000, 1536), ("4k", 4096, 4096)],
     "gemm4k": [("4k", 4096, 4096)],
+    "square-8k": [("square-8k", 8192, 8192)],
+    "tiny": [("tiny", 256, 256)],        # the CPU smoke run (tests)
 }
 
 
-def _rand_arg(spec, rows, gen_dtype):
+def _rand_arg(spec, rows, gen_dtype, device="cuda"):
     """A random tensor for one ArgSpec (plausible magnitudes; bit patterns for packed codes)."""
     from bitblas.plan import M_VAR
     from bitblas.quantization.quantize import TORCH_DTYPES
@@ -85,28 +89,28 @@ def _rand_arg(spec, rows, gen_dtype):
     dt = TORCH_DTYPES[spec.user_dtype]
     if spec.name == "A":
         if dt.is_floating_point:
-            return torch.randn(shape, device="cuda").to(dt)
-        return torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
+            return torch.randn(shape, device=device).to(dt)
+        return torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
     if spec.name == "W":
         if dt in (torch.float16, torch.bfloat16):
-            return (torch.randn(shape, device="cuda") * 0.05).to(dt)
+            return (torch.randn(shape, device=device) * 0.05).to(dt)
         if dt.is_floating_point:      # float8
-            return (torch.randn(shape, device="cuda")).to(dt)
-        return torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda")
+            return (torch.randn(shape, device=device)).to(dt)
+        return torch.randint(-128, 128, shape, dtype=torch.int8, device=device)
     if spec.name == "scale":
         if dt.is_floating_point and dt.itemsize == 1:
-            return (torch.rand(shape, device="cuda") + 0.5).to(dt)
-        return (torch.rand(shape, device="cuda") * 0.01 + 0.001).to(dt)
+            return (torch.rand(shape, device=device) + 0.5).to(dt)
+        return (torch.rand(shape, device=device) * 0.01 + 0.001).to(dt)
     if spec.name == "zeros":
         if dt == torch.int8:
-            return torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda")
-        return (torch.rand(shape, device="cuda") * 4).to(dt)
+            return torch.randint(-128, 128, shape, dtype=torch.int8, device=device)
+        return (torch.rand(shape, device=device) * 4).to(dt)
     if spec.name == "bias":
-        return (torch.randn(shape, device="cuda") * 0.1).to(dt)
+        return (torch.randn(shape, device=device) * 0.1).to(dt)
     if spec.name == "a_scale":
-        return torch.rand(shape, device="cuda") * 0.01 + 0.001
+        return torch.rand(shape, device=device) * 0.01 + 0.001
     if spec.name == "global_scale":
-        return torch.ones(shape, device="cuda")
+        return torch.ones(shape, device=device)
     raise KeyError(spec.name)
 
 
@@ -114,32 +118,39 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
-def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, hint=None):
+def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, hint=None, device: str = "cuda",
+              graph_ms=None):
     import bitblas
     from bitblas.plan import make_plan
     from bitblas.quantization.quantize import TORCH_DTYPES
     kw = FORMATS[fmt]
     cfg = bitblas.MatmulConfig(N=N, K=K, **kw)
     op = bitblas.Matmul(cfg)
-    plan = make_plan(cfg, "cuda", m)
+    plan = make_plan(cfg, device, m)
     weight_names = {"W", "scale", "zeros", "bias"}
-    shared = {s.name: _rand_arg(s, m, None) for s in plan.args if s.role == "input" and s.name not in weight_names}
-    first = {s.name: _rand_arg(s, m, None) for s in plan.args if s.role == "input" and s.name in weight_names}
+    inputs = [s for s in plan.args if s.role == "input"]
+    shared = {s.name: _rand_arg(s, m, None, device) for s in inputs if s.name not in weight_names}
+    first = {s.name: _rand_arg(s, m, None, device) for s in inputs if s.name in weight_names}
     wbytes = sum(_nbytes(t) for t in first.values())
     ncopy = copies_for(wbytes)
     copies = [first] + [{k: torch.empty_like(v).copy_(v.flip(0)) for k, v in first.items()} for _ in range(ncopy - 1)]
-    out = torch.empty(m, N, dtype=TORCH_DTYPES[cfg.out_dtype], device="cuda")
+    out = torch.empty(m, N, dtype=TORCH_DTYPES[cfg.out_dtype], device=device)
     t0 = time.perf_counter()
+    if device == "cpu" and hint is not None:
+        raise ValueError("--hints / --gemv-hints are CUDA kernels; not with --device cpu")
     if hint is None:
         op(**shared, **first, output=out)
-        kern = op._kernel("cuda", m)                      # (plan, fn) of the kernel that served the call
+        kern = op._kernel(device, m)                      # (plan, fn) of the kernel that served the call
         fn = None
     else:
         from bitblas.build import build_plan
         fn = build_plan(plan, target=op.target, hint=hint)
-    torch.cuda.synchronize()
+    _sync(device)
     build_s = time.perf_counter() - t0
-    if fn is None:
+    if fn is None and device == "cpu":
+        kname = "cpu-llvm"
+        calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
+    elif fn is None:
         from bitblas.kernels import default_hint
         from bitblas.ops.dequant_gemm import DequantGemm
         if isinstance(kern[1], DequantGemm):
@@ -164,13 +175,13 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     if check:
         out.fill_(float("nan")) if out.dtype.is_floating_point else out.fill_(0)
         calls[0]()
-        torch.cuda.synchronize()
+        _sync(device)
         from bitblas.reference import reference_matmul
-        ref = reference_matmul(cfg, **shared, **first, cast=False, device="cuda").to(torch.float64)
+        ref = reference_matmul(cfg, **shared, **first, cast=False, device=device).to(torch.float64)
         o = out.to(torch.float64)
         err = float("inf") if torch.isnan(o).any() else float((o - ref).abs().max() / ref.abs().max())
         del ref
-    us = time_graph(calls)
+    us = _time(calls, device, graph_ms)
     io = sum(_nbytes(t) for t in shared.values()) + _nbytes(out)
     nbytes = wbytes + io
     row = dict(format=fmt, layer=layer, N=N, K=K, m=m, kernel=kname, us=us, tbps=nbytes / us / 1e6,
@@ -179,24 +190,39 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     return row
 
 
-def bench_cublas(N, K, m, dtype=torch.float16):
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(calls, device, graph_ms=None):
+    """µs per call: CUDA-graph replays on the GPU, a host clock around back-to-back calls on the CPU."""
+    if device == "cpu":
+        return time_host(calls)
+    return time_graph(calls, max_graph_ms=graph_ms)
+
+
+def bench_cublas(N, K, m, dtype=torch.float16, device="cuda", graph_ms=None):
+    """F.linear on a float16 [N, K] weight: cuBLAS on the GPU (the "cuBLAS fp16" baseline), ATen's CPU
+    kernel with ``device="cpu"``."""
     nbytes_w = N * K * 2
-    ws = [torch.randn(N, K, device="cuda").to(dtype) for _ in range(copies_for(nbytes_w))]
-    x = torch.randn(m, K, device="cuda").to(dtype)
-    us = time_graph([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])
+    ws = [torch.randn(N, K, device=device).to(dtype) for _ in range(copies_for(nbytes_w))]
+    x = torch.randn(m, K, device=device).to(dtype)
+    us = _time([lambda w=w: torch.nn.functional.linear(x, w) for w in ws], device, graph_ms)
     del ws
     nbytes = nbytes_w + m * K * 2 + m * N * 2
-    return dict(kernel="cublas-fp16", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
+    return dict(kernel="cublas-fp16" if device == "cuda" else "torch-linear-fp16", us=us,
+                tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
-def bench_int4pack(N, K, m):
+def bench_int4pack(N, K, m, graph_ms=None):
     try:
         ncopy = copies_for(N * K // 2)
         packs = [torch._convert_weight_to_int4pack(
             torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda"), 8) for _ in range(ncopy)]
         sz = torch.rand(K // 128, N, 2, device="cuda").to(torch.bfloat16) * 0.01
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-        us = time_graph([lambda w=w: torch._weight_int4pack_mm(x, w, 128, sz) for w in packs])
+        us = time_graph([lambda w=w: torch._weight_int4pack_mm(x, w, 128, sz) for w in packs], max_graph_ms=graph_ms)
         del packs
     except Exception as e:  # not every torch build has it
         return dict(kernel="torch-int4pack", error=f"{type(e).__name__}: {str(e)[:120]}")
@@ -204,12 +230,12 @@ def bench_int4pack(N, K, m):
     return dict(kernel="torch-int4pack-bf16", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
-def bench_int_mm(N, K, m):
+def bench_int_mm(N, K, m, graph_ms=None):
     """torch._int_mm (int8 x int8 -> int32, cuBLASLt) on weight copies; m must be > 16."""
     try:
         ws = [torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda") for _ in range(copies_for(N * K))]
         x = torch.randint(-128, 128, (m, K), dtype=torch.int8, device="cuda")
-        us = time_graph([lambda w=w: torch._int_mm(x, w.t()) for w in ws])
+        us = time_graph([lambda w=w: torch._int_mm(x, w.t()) for w in ws], max_graph_ms=graph_ms)
         del ws
     except Exception as e:  # shapes cuBLASLt refuses (m <= 16), old builds
         return dict(kernel="torch-int_mm", error=f"{type(e).__name__}: {str(e)[:120]}")
@@ -217,7 +243,7 @@ def bench_int_mm(N, K, m):
     return dict(kernel="torch-int_mm", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
-def bench_scaled_mm(N, K, m):
+def bench_scaled_mm(N, K, m, graph_ms=None):
     """torch._scaled_mm (float8_e4m3 x float8_e4m3, row-wise float32 scales, bfloat16 out)."""
     try:
         f8 = torch.float8_e4m3fn
@@ -226,7 +252,7 @@ def bench_scaled_mm(N, K, m):
         sa = torch.rand(m, 1, device="cuda") + 0.5
         sb = torch.rand(1, N, device="cuda") + 0.5
         us = time_graph([lambda w=w: torch._scaled_mm(x, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
-                         for w in ws])
+                         for w in ws], max_graph_ms=graph_ms)
         del ws
     except Exception as e:
         return dict(kernel="torch-scaled_mm", error=f"{type(e).__name__}: {str(e)[:120]}")
@@ -276,7 +302,15 @@ def main(argv=None):
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (rows are still printed)")
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
     ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cuda (default): CUDA-graph timing against cuBLAS / torch kernels; cpu: the LLVM CPU "
+                         "kernels against torch's CPU F.linear (a smoke run: host-clock timing)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the timed rows already in --json (a run cut short) and time only the rest")
+    ap.add_argument("--graph-ms", type=float, default=100.0,
+                    help="cap on one timed graph replay in ms (slow rows replay fewer calls; default 100)")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     fmts = [f for f in args.formats.split(",") if f]
     for f in fmts:
         if f not in FORMATS:
@@ -290,9 +324,11 @@ def main(argv=None):
     hints = parse_hints(args.gemv_hints) + parse_hint_specs(args.hints)
     if args.plot:
         _matplotlib()                        # fail now, not after the run
-    if not torch.cuda.is_available():
-        sys.exit("benchmark/matmul.py needs a CUDA GPU")
-    device = torch.cuda.get_device_properties(0).name
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmark/matmul.py needs a CUDA GPU (--device cpu: the CPU smoke run)")
+    if args.device == "cpu" and hints:
+        sys.exit("--hints / --gemv-hints name CUDA kernels; not with --device cpu")
+    device = torch.cuda.get_device_properties(0).name if args.device == "cuda" else _cpu_name()
     rows = []
     try:
         run(fmts, shapes, ms, hints, args, device, rows)
@@ -307,7 +343,9 @@ def main(argv=None):
 
 def _total_rows(fmts, shapes, ms, hints, args) -> int:
     per = len(fmts) * (1 + len(hints))
-    if not args.no_baselines:
+    if not args.no_baselines and getattr(args, "device", "cuda") == "cpu":
+        per += 1
+    elif not args.no_baselines:
         per += 1 + any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts)
         per += sum(any(BASELINE.get(f) == name for f in fmts) for name in ("int_mm", "scaled_mm"))
     return per * len(shapes) * len(ms)
@@ -320,15 +358,43 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
     bar = tqdm(total=_total_rows(fmts, shapes, ms, hints, args), unit="row", disable=args.no_progress,
                dynamic_ncols=True, file=sys.stderr)
     out = sys.stdout
+    kind = getattr(args, "device", "cuda")
+    graph_ms = getattr(args, "graph_ms", None)
+    meta = run_info(device, kind, getattr(args, "argv", sys.argv[1:]))
+
+    # --resume: the rows of an earlier (cut) run in --json are kept and not timed again
+    done = {}
+    if getattr(args, "resume", False) and args.json and os.path.exists(args.json):
+        with open(args.json, encoding="utf-8") as fh:
+            rows.extend(json.load(fh).get("rows", []))
+        done = {_row_key(r): r for r in rows if "us" in r}
+        bar.write(f"# resuming {args.json}: {len(done)} timed rows kept", file=out)
+    where = {_row_key(r): i for i, r in enumerate(rows)}
 
     def emit(r):
-        rows.append(r)
+        k = _row_key(r)
+        if k in where:                      # a row of the earlier run timed again (it had failed)
+            rows[where[k]] = r
+        else:
+            where[k] = len(rows)
+            rows.append(r)
         bar.write(_row_line(r), file=out)
         bar.update(1)
         if args.json:
-            _save_json(args.json, dict(device=device, torch=torch.__version__, argv=sys.argv, rows=rows))
+            _save_json(args.json, dict(meta, rows=rows))
 
-    bar.write(f"# {device}, torch {torch.__version__}, formats={fmts}, m={ms}", file=out)
+    def baseline(name, label, fn):
+        prior = done.get((label, lname, m, None))
+        if prior is not None:
+            bar.update(1)
+            return prior
+        r = fn()
+        emit(dict(format=label, layer=lname, N=N, K=K, m=m, **r))
+        return r
+
+    bar.write(f"# {device}, torch {torch.__version__}, formats={fmts}, m={ms}, "
+              f"copy rate {meta['copy_tbps']:.3g} TB/s", file=out)
+    bar.write(f"# {meta['command']}", file=out)
     try:
         for sset, layer, N, K in shapes:
             for m in ms:
@@ -336,35 +402,87 @@ def run(fmts, shapes, ms, hints, args, device: str, rows: list):
                 lname = f"{sset}/{layer}"
                 if not args.no_baselines:
                     bar.set_description(f"{lname} m={m} cublas")
-                    base["cublas"] = bench_cublas(N, K, m)
-                    emit(dict(format="fp16(torch)", layer=lname, N=N, K=K, m=m, **base["cublas"]))
-                    if any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
-                        emit(dict(format="int4(torch)", layer=lname, N=N, K=K, m=m, **bench_int4pack(N, K, m)))
+                    base["cublas"] = baseline("cublas", "fp16(torch)",
+                                              lambda: bench_cublas(N, K, m, device=kind, graph_ms=graph_ms))
+                    if kind == "cpu":
+                        pass            # torch's int4 / int8 / float8 matmuls: CUDA kernels
+                    elif any(FORMATS[f].get("W_dtype") in ("uint4", "int4") for f in fmts):
+                        baseline("int4", "int4(torch)", lambda: bench_int4pack(N, K, m, graph_ms=graph_ms))
                     for name, fn in (("int_mm", bench_int_mm), ("scaled_mm", bench_scaled_mm)):
-                        if any(BASELINE.get(f) == name for f in fmts):
-                            base[name] = fn(N, K, m)
-                            emit(dict(format=f"{name}(torch)", layer=lname, N=N, K=K, m=m, **base[name]))
+                        if kind == "cuda" and any(BASELINE.get(f) == name for f in fmts):
+                            base[name] = baseline(name, f"{name}(torch)", lambda fn=fn: fn(N, K, m, graph_ms=graph_ms))
                 for f in fmts:
                     for h in [None] + hints:
+                        if (f, lname, m, None if h is None else str(h)) in done:
+                            bar.update(1)
+                            continue
                         bar.set_description(f"{lname} m={m} {f}")
                         try:
-                            r = bench_row(f, lname, N, K, m, check=not args.no_check, hint=h)
+                            r = bench_row(f, lname, N, K, m, check=not args.no_check, hint=h, device=kind,
+                                          graph_ms=graph_ms)
                         except KeyboardInterrupt:
                             raise
                         except Exception as e:  # report and go on
                             r = dict(format=f, layer=lname, N=N, K=K, m=m, kernel=str(h),
                                      error=f"{type(e).__name__}: {str(e)[:300]}")
+                        r["hint"] = None if h is None else str(h)
                         if "cublas" in base and "us" in r:
                             r["vs_cublas"] = base["cublas"]["us"] / r["us"]
                         b = base.get(BASELINE.get(f, "cublas"), {})
+                        if "us" not in b:           # torch._int_mm refuses <= 16 rows: cuBLAS fp16 instead
+                            b = base.get("cublas", {})
                         if "us" in b and "us" in r:
                             r["vs_base"] = b["us"] / r["us"]
                             r["base"] = b["kernel"]
+                            r["base_us"] = b["us"]
+                        if "bytes" in r:
+                            r["floor_us"] = r["bytes"] / (meta["copy_tbps"] * 1e6)
                         emit(r)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
     finally:
         bar.close()
+
+
+def _row_key(r) -> tuple:
+    """(format, layer, m, hint): one row of a run (hint None: the default kernel, or a torch baseline)."""
+    return r["format"], r["layer"], r["m"], r.get("hint")
+
+
+def _cpu_name() -> str:
+    import platform
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return name
+
+
+def _commit():
+    import subprocess
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here,
+                              timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - no git: no commit
+        return None
+
+
+def run_info(device_name: str, kind: str = "cuda", argv=None) -> dict:
+    """What the JSON says about the run: device, versions, commit, date (UTC), the command line and
+    the measured copy rate (TB/s, bytes read + written: the byte floor of a row is bytes / this)."""
+    import datetime
+    import shlex
+    import bitblas
+    nbytes = (1 << 30) if kind == "cuda" else (1 << 26)
+    return dict(device=device_name, kind=kind, torch=torch.__version__, bitblas=bitblas.__version__,
+                commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                argv=argv, command="python -m benchmark.matmul " + shlex.join(argv or []),
+                copy_tbps=copy_bandwidth(nbytes, device=kind))
 
 
 def _save_json(path, payload):

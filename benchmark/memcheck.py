@@ -19,8 +19,8 @@ from bitblas.build import build_plan, cuda_target
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
 from bitblas.kernels import default_hint
+from bitblas.schedule import FusedWgmmaHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
 
 G = 128
 S8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)
@@ -71,6 +71,15 @@ FAMILIES = {
                    (C(M=40, N=1000, K=4096, A_dtype="bfloat16", W_dtype="int8", with_scaling=True,
                       out_dtype="bfloat16"), 40,
                     lambda p, t: GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True))],
+    # the fused mixed-input GEMM (FusedWgmmaHint, sm_90): row tiles past the call's rows (TMA zero fill),
+    # channels past N=1000, two warpgroups sharing a ring / splitting K, 2-bit codes on the 256-row tile
+    "fused_wgmma": [(C(M=None, N=1000, K=1536, W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True),
+                     257, lambda p, t: FusedWgmmaHint(row_tile=128, stages=4)),
+                    (C(M=None, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 300,
+                     lambda p, t: FusedWgmmaHint(row_tile=256, warpgroups=2)),
+                    (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="int8", with_scaling=True,
+                       out_dtype="bfloat16"), 100,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

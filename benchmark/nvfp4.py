@@ -73,7 +73,7 @@ def _err(out, ref) -> float:
 
 def bench_gemv(M, K, L, sweep: bool, emit):
     from bitblas.ops import nvfp4_gemv
-    from bitblas.ops.nvfp4 import _gemv_op
+    from bitblas.ops.nvfp4_entry import _gemv_op
     from bitblas.reference import reference_nvfp4_gemv
     from bitblas.schedule.nvfp4 import NVFP4GemvHint
     gen = torch.Generator(device="cuda").manual_seed(M * 31 + K * 7 + L)

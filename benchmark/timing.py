@@ -4,15 +4,18 @@
 the weights (enough copies that their bytes together exceed the L2). One graph holds ``reps``
 passes over all of them; replays are timed with CUDA events and the median per call is returned
 in microseconds. Falls back to timing plain launches when a callable cannot be captured.
+``max_graph_ms`` caps one replay's length (fewer passes for slow kernels, so a large-M row does not
+take minutes). ``time_host(fns)``: the CPU counterpart (a host clock around back-to-back calls).
 """
 from __future__ import annotations
 
 import statistics
-from typing import Callable, List, Sequence
+import time
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
-__all__ = ["time_graph", "copies_for", "copy_bandwidth"]
+__all__ = ["time_graph", "time_host", "copies_for", "copy_bandwidth"]
 
 
 def copies_for(bytes_per_copy: int, l2_bytes: int = 60 << 20, factor: float = 4.0, max_copies: int = 64) -> int:
@@ -33,8 +36,9 @@ def _time_events(run: Callable[[], None], n_calls: int, trials: int) -> float:
 
 
 def time_graph(fns: Sequence[Callable[[], object]], target_calls: int = 400, trials: int = 7,
-               use_graph: bool = True) -> float:
-    """Median µs per call over ``trials`` replays of a graph of ~``target_calls`` calls."""
+               use_graph: bool = True, max_graph_ms: Optional[float] = None) -> float:
+    """Median µs per call over ``trials`` replays of a graph of ~``target_calls`` calls (fewer when
+    ``max_graph_ms`` is given and that many calls would take longer; at least one pass over ``fns``)."""
     fns = list(fns)
     reps = max(1, target_calls // len(fns))
     side = torch.cuda.Stream()
@@ -44,6 +48,12 @@ def time_graph(fns: Sequence[Callable[[], object]], target_calls: int = 400, tri
             f()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    if max_graph_ms is not None:
+        def one_pass():
+            for f in fns:
+                f()
+        pass_ms = _time_events(one_pass, 1, 1) / 1e3       # µs per pass -> ms
+        reps = max(1, min(reps, int(max_graph_ms / max(pass_ms, 1e-6))))
     n_calls = reps * len(fns)
     if use_graph:
         try:
@@ -67,10 +77,35 @@ def time_graph(fns: Sequence[Callable[[], object]], target_calls: int = 400, tri
     return _time_events(run, n_calls, trials)
 
 
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in TB/s (bytes read + bytes written)."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+def time_host(fns: Sequence[Callable[[], object]], target_calls: int = 400, trials: int = 7,
+              max_ms: float = 200.0) -> float:
+    """CPU counterpart of :func:`time_graph`: median µs per call over ``trials`` timings (host clock)
+    of passes over ``fns``, ~``target_calls`` calls each, or fewer where a pass is slow."""
+    fns = list(fns)
+    for f in fns:                          # warm up
+        f()
+    t0 = time.perf_counter()
+    for f in fns:
+        f()
+    pass_ms = (time.perf_counter() - t0) * 1e3
+    reps = max(1, min(target_calls // len(fns), int(max_ms / max(pass_ms, 1e-6))))
+    times = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for f in fns:
+                f()
+        times.append((time.perf_counter() - t0) * 1e6 / (reps * len(fns)))
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda") -> float:
+    """Copy bandwidth of ``device`` in TB/s (bytes read + bytes written), one ``nbytes`` buffer into another."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     a.random_(0, 255)
-    us = time_graph([lambda: b.copy_(a)], target_calls=20, trials=5)
+    if device == "cpu":
+        us = time_host([lambda: b.copy_(a)], target_calls=20, trials=5)
+    else:
+        us = time_graph([lambda: b.copy_(a)], target_calls=20, trials=5)
     return 2 * nbytes / (us * 1e-6) / 1e12

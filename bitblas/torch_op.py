@@ -10,7 +10,7 @@ and dtype without building anything, so ``torch.compile(..., fullgraph=True)`` a
 see the call as one opaque node.
 
 :func:`matmul` is what modules call: in eager mode it calls the operator directly (a custom op's
-dispatch costs several microseconds per call); under ``torch.compile``, a tracing mode or a tensor
+dispatch costs a few microseconds per call); under ``torch.compile``, a tracing mode or a tensor
 subclass (fake tensors) it goes through the custom op. The operator checks its arguments either way.
 The op is for inference: it has no autograd formula.
 """
@@ -68,15 +68,25 @@ def operator_by_key(key: str) -> Matmul:
     return op
 
 
-@torch.library.custom_op("bitblas::matmul", mutates_args=())
-def _matmul_op(A: torch.Tensor, W: torch.Tensor, scale: Optional[torch.Tensor], zeros: Optional[torch.Tensor],
-               bias: Optional[torch.Tensor], a_scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor],
-               key: str) -> torch.Tensor:
-    return operator_by_key(key)._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
-                                      "a_scale": a_scale, "global_scale": global_scale})
+# Defined with torch.library.Library rather than @torch.library.custom_op: custom_op wraps every call
+# in a Python autograd kernel and a per-call output-aliasing check, which cost several times the
+# dispatcher itself; a schema with one CompositeExplicitAutograd kernel is dispatched in C++. The op
+# has no autograd formula (inference only), as before.
+_LIB = torch.library.Library("bitblas", "DEF")
+_LIB.define("matmul(Tensor A, Tensor W, Tensor? scale, Tensor? zeros, Tensor? bias, Tensor? a_scale, "
+            "Tensor? global_scale, str key) -> Tensor")
 
 
-@_matmul_op.register_fake
+def _matmul_impl(A, W, scale, zeros, bias, a_scale, global_scale, key):
+    op = _OPERATORS.get(key) or operator_by_key(key)
+    return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
+                          "a_scale": a_scale, "global_scale": global_scale})
+
+
+_LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("bitblas::matmul", lib=_LIB)
 def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = operator_by_key(key)
     c = op.config

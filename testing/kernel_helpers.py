@@ -109,3 +109,10 @@ def choose(op, kind: str, rows: int):
     if not c.tuned and c.hint == default_hint(make_plan(op._kc, kind, c.rows), op.arch if kind == "cuda" else None):
         return c.rows, None
     return c.rows, c.hint
+
+
+def past_gemv(choice) -> bool:
+    """Whether a :func:`choose` hint is the path for quantized weights past the GEMV on sm_90:
+    decode-then-GEMM, or the fused wgmma GEMM where it is the default (schedule/fused_wgmma.py)."""
+    from bitblas.schedule import FusedWgmmaHint
+    return isinstance(choice, FusedWgmmaHint) or (isinstance(choice, tuple) and choice[0] == "dequant-gemm")

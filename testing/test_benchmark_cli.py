@@ -29,7 +29,7 @@ def _fake_benches(monkeypatch, interrupt_at=None):
     import benchmark.matmul as bm
     calls = []
 
-    def row(fmt, layer, N, K, m, check=True, hint=None):
+    def row(fmt, layer, N, K, m, check=True, hint=None, device="cuda", graph_ms=None):
         calls.append(fmt)
         if interrupt_at is not None and len(calls) > interrupt_at:
             raise KeyboardInterrupt
@@ -37,13 +37,16 @@ def _fake_benches(monkeypatch, interrupt_at=None):
                     tflops=1.0, bytes=1, build_s=0.0, rel_err=1e-4)
 
     def base(name):
-        return lambda N, K, m: dict(kernel=name, us=20.0, tbps=0.5, tflops=0.5)
+        return lambda N, K, m, **kw: dict(kernel=name, us=20.0, tbps=0.5, tflops=0.5)
     monkeypatch.setattr(bm, "bench_row", row)
     monkeypatch.setattr(bm, "bench_cublas", base("cublas-fp16"))
     monkeypatch.setattr(bm, "bench_int4pack", base("torch-int4pack-bf16"))
+    monkeypatch.setattr(bm, "bench_int_mm", lambda N, K, m, **kw: dict(kernel="torch-int_mm", error="RuntimeError: m")
+                        if m <= 16 else dict(kernel="torch-int_mm", us=30.0, tbps=0.5, tflops=0.5))
     monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bm.torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "FakeGPU"})())
     monkeypatch.setattr(bm.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bm, "copy_bandwidth", lambda nbytes, device="cuda": 4.0)
     return bm
 
 
@@ -97,3 +100,40 @@ def test_cpu_benchmark_small(tmp_path, capsys):
     assert "w4a16-g128" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--formats", "nope", "--shapes", "64x64", "--json", ""])
+
+
+def test_baseline_falls_back_to_cublas(monkeypatch, tmp_path):
+    """w8a8 is compared with torch._int_mm; where that refuses the shape (m <= 16), with cuBLAS fp16."""
+    import json
+    bm = _fake_benches(monkeypatch)
+    out = tmp_path / "rows.json"
+    bm.main(["--formats", "w8a8", "--shapes", "gemm4k", "--m", "1,32", "--json", str(out), "--no-progress"])
+    data = json.loads(out.read_text())
+    ours = {r["m"]: r for r in data["rows"] if r["format"] == "w8a8"}
+    assert ours[1]["base"] == "cublas-fp16" and ours[1]["base_us"] == 20.0
+    assert ours[32]["base"] == "torch-int_mm" and ours[32]["base_us"] == 30.0
+    assert data["command"].startswith("python -m benchmark.matmul --formats w8a8") and data["copy_tbps"] == 4.0
+
+
+def test_resume_times_only_the_missing_rows(monkeypatch, tmp_path, capsys):
+    """A run cut short, then --resume: the finished rows are kept, only the rest are timed."""
+    import json
+    out = tmp_path / "rows.json"
+    argv = ["--formats", "w4a16-g128,w4a16-g128-zeros", "--shapes", "gemm4k", "--m", "1,16", "--json", str(out),
+            "--no-progress"]
+    bm = _fake_benches(monkeypatch, interrupt_at=3)
+    bm.main(argv)
+    first = json.loads(out.read_text())["rows"]
+    assert len([r for r in first if not r["format"].endswith(")")]) == 3
+    bm = _fake_benches(monkeypatch)
+    calls = []
+    orig = bm.bench_row
+    monkeypatch.setattr(bm, "bench_row", lambda *a, **k: calls.append(a[0]) or orig(*a, **k))
+    bm.main(argv + ["--resume"])
+    rows = json.loads(out.read_text())["rows"]
+    ours = [r for r in rows if not r["format"].endswith(")")]
+    assert calls == ["w4a16-g128-zeros"]                        # the one row the cut run missed
+    assert sorted((r["format"], r["m"]) for r in ours) == sorted(
+        (f, m) for f in ("w4a16-g128", "w4a16-g128-zeros") for m in (1, 16))
+    assert ours[:3] == [r for r in first if not r["format"].endswith(")")]
+    assert len([r for r in rows if r["format"] == "fp16(torch)"]) == 2      # baselines not repeated

@@ -138,7 +138,7 @@ def _fake_installed(ffi, tvm_v):
 
 
 def test_check_versions_accepts_pins(monkeypatch):
-    monkeypatch.setattr(_tvm, "_installed", _fake_installed(_tvm.REQUIRED_TVM_FFI, _tvm.REQUIRED_TVM))
+    monkeypatch.setattr(_tvm, "installed", _fake_installed(_tvm.REQUIRED_TVM_FFI, _tvm.REQUIRED_TVM))
     _tvm.check_versions()
 
 
@@ -146,7 +146,7 @@ def test_check_versions_accepts_pins(monkeypatch):
                                          (_tvm.REQUIRED_TVM_FFI, "0.26.0")],
                          ids=["ffi-0.1.15", "ffi-missing", "tvm-0.26"])
 def test_check_versions_rejects_other_versions(monkeypatch, ffi, tvm_v):
-    monkeypatch.setattr(_tvm, "_installed", _fake_installed(ffi, tvm_v))
+    monkeypatch.setattr(_tvm, "installed", _fake_installed(ffi, tvm_v))
     with pytest.raises(ImportError) as info:
         _tvm.check_versions()
     msg = str(info.value)

@@ -1,5 +1,5 @@
 """The tensor-core kernel of the small-M template (``GEMVHint(mma=True)``, bitblas/schedule/gemv/mma.py
-``_body_mma``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
+``body``): weights as the 16 x 16 mma operand, 1..16 activation rows as the 16 x 8 operand
 (17..64 rows: one block per chunk of 16 rows).
 
 GPU tests: every 1/2/4-bit int/uint family (scales, float / quantized / rescale zeros, no scales,
@@ -273,7 +273,7 @@ def test_gemv_mma_default_tile_choice():
 @pytest.mark.parametrize("name,m", [("u4", 4), ("u4-zeros", 8), ("nf4", 4), ("u4", 16), ("nf4", 12)])
 def test_gemv_mma_default_tile_registers(name, m):
     """The default tiles fit 128 registers (2 blocks of 256 threads per SM) with at most a few
-    spilled words; over 128 an SM holds 8 warps and the kernel loses 20-35% (docs/benchmarks.md)."""
+    spilled words; over 128 an SM holds 8 warps and the kernel loses time (fewer warps to hide the loads)."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     cfg = MatmulConfig(N=8192, K=8192, **CONFIGS[name])

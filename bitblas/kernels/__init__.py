@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from . import cpu_gemv, cpu_tile, gemv, mma, nvfp4, simple, wgmma
+from . import cpu_gemv, cpu_tile, fused_wgmma, gemv, mma, nvfp4, simple, wgmma
 from .base import Candidate, KernelChoice, Template
 
 __all__ = ["REGISTRY", "Template", "Candidate", "KernelChoice", "templates", "template_of", "by_name",
@@ -28,6 +28,7 @@ REGISTRY: Tuple[Template, ...] = (
     cpu_tile.TEMPLATE,     # CPU: the rest
     gemv.TEMPLATE,         # CUDA: 1..64 static rows where the GEMV wins
     wgmma.TEMPLATE,        # CUDA sm_90: weights that need no decode
+    fused_wgmma.TEMPLATE,  # CUDA sm_90: quantized weights past the GEMV (the selector's, never a plan default)
     mma.TEMPLATE,          # CUDA sm_80+: tensor cores, every weight format
     simple.TEMPLATE,       # CUDA: every plan (and the fallback of a default that fails to build)
 )

@@ -18,7 +18,7 @@ The model here does the same for the bitblas templates, from the :class:`~bitbla
 * Hopper wgmma (:class:`WGMMAHint`, one CTA per SM: its ring fills most of shared memory):
   ``waves = ceil(tiles / SMs)`` of per-tile time ``max(tensor-core time, A and W tile bytes over
   the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`wgmma_cost` for the
-  constants, fitted to the H200 tile table of docs/benchmarks.md;
+  constants, fitted to an H200 tile table (the MEASURED table of testing/test_tune_wgmma.py);
 * GEMV: weight bytes over DRAM bandwidth, scaled by bytes in flight per SM (warps x lanes x
   vector x unroll x rows) against latency, SM imbalance for few blocks, and ALU cycles for decode
   and the m-row dot products.
@@ -43,7 +43,7 @@ _LAUNCH_S = 2.0e-6
 _SYNC_CLK = 60               # cycles per k step for barriers and address arithmetic
 _PROLOGUE_CLK = 1500         # pipeline fill + epilogue store latency per block (not overlapped)
 
-# wgmma (H200 measurements, docs/benchmarks.md "Large M"; the DeviceSpec's tc_flops_per_sm_clk
+# wgmma (fitted to H200 runs of the wgmma GEMM; the DeviceSpec's tc_flops_per_sm_clk
 # is the mma.sync rate, so the wgmma rate is a constant here, scaled by SM count and clock):
 # dense fp16/bf16 ~650 TFLOP/s (cuBLAS 646 at 4096^3) over 132 SMs at the 1.98 GHz the driver
 # reports; 8-bit inputs (k32 instructions) twice that (~1300; measured 1110 for int8 and fp8).
@@ -138,19 +138,19 @@ def wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
     ``ceil(tiles / SMs)`` tiles on the busiest SM, each ``max(tensor, memory) + epilogue``:
 
     * tensor: ``2 * BM * BN * K`` (padded rows included) at the SM's dense rate, x0.75 with one
-      consumer warpgroup (H200, N=K=4096: 64 x 128 tiles ran 21.7 µs at m=256 in one wave, 85.7 µs
-      at m=1024 in four; the 2-warpgroup tiles fit the full rate);
+      consumer warpgroup (fitted to H200 runs of 64 x 128 tiles in one and in four waves; the
+      2-warpgroup tiles fit the full rate);
     * memory: the A and W tiles (``(BM + BN) * K`` elements) at 64 B per clock per SM (the model's
       L2 -> SM width), slowed when the ``stages - 2`` ring slots the producer can fill ahead (the
       consumers hold two: the one they read and the one the last wgmma group still reads) keep
       too few bytes in flight to cover DRAM latency (Little's law); with 2 stages the producer
       only refills the slot the consumers just released while they wait for it: one slot in
       flight, as with 3, but loads and math take turns (tensor + memory);
-    * epilogue: 3 µs per tile (fitted: with full waves, m >= 1024, the estimates land within 5%
-      of the H200 tile table; a part-filled GPU runs each busy SM faster than the full-GPU rate,
-      so 128-512 rows on big tiles are over-estimated by up to ~30%), 1 µs less per later tile
-      of a persistent CTA, whose ring runs on into the next tile (int8 4096^3, 8 tiles per SM:
-      125 vs 134 µs measured).
+    * epilogue: ``_WG_TILE_S`` per tile (fitted: with full waves, m >= 1024, the estimates land
+      within 5% of the H200 tile table in testing/test_tune_wgmma.py; a part-filled GPU runs each
+      busy SM faster than the full-GPU rate, so 128-512 rows on big tiles are over-estimated by up
+      to ~30%), ``_WG_FILL_S`` less per later tile of a persistent CTA, whose ring runs on into the
+      next tile.
 
     A lower bound of unique DRAM bytes (A, W once per ``group_m`` band of row tiles when W does
     not stay in L2, output) over bandwidth. Reproduces the measured best tile classes (fp16,
@@ -266,8 +266,8 @@ def gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
         ops = N * K * (gemv.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * max(1, kw)
     t_alu = ops / (spec.alu_ops_per_sm_clk * 2 * spec.sm_count * spec.clock_hz) + sync_clk / spec.clock_hz
     if hint.mma:
-        # L1 stays busy with 8+ warps of loads per SM; fewer leave it waiting on latency (H200, W4A16
-        # 32 x 8192^2: 64 channels per warp, 4 warps per SM, 37.7 us vs 24.8 with 8 warps of 32)
+        # L1 stays busy with 8+ warps of loads per SM; fewer leave it waiting on latency (measured on
+        # the H200: 4 warps of 64 channels per SM lost clearly to 8 warps of 32)
         t_l1 = _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) / (
             L1_WAVEFRONTS_PER_CLK * spec.sm_count * spec.clock_hz)
         t_alu = max(t_alu, t_l1 * max(1.0, 8 / (resident * warps)))
@@ -277,11 +277,10 @@ def gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
 def _wgmma_gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     """The wgmma GEMV (gemv/wgmma.py): bound by its count of m64nNk16 instructions, N x K / (64 x 16)
     whatever the rows, each taking ~44 + 0.83 N cycles of an SM's tensor cores with the A operand
-    in registers (H200, W4A16 K=8192: ~64 cycles at N=24, ~97 at N=64; 28672 at 8 / 17 / 32 rows
-    51.6 / 56.4 / 61.5 µs), over the warpgroups an SM holds; at least a lone warpgroup's chain of
-    slabs (decode, wgmma, wait: ~1100 cycles per slab and 64-channel tile, 8192² with one
-    warpgroup per SM: 36.8 µs); or the weight bytes at the DRAM rate if that is longer; plus the
-    permute kernel (~1.2 µs). Register-bound occupancy beyond one wave counts whole waves."""
+    in registers (fitted to H200 runs of W4A16 at K=8192: ~64 cycles at N=24, ~97 at N=64), over
+    the warpgroups an SM holds; at least a lone warpgroup's chain of slabs (decode, wgmma, wait:
+    ~1100 cycles per slab and 64-channel tile); or the weight bytes at the DRAM rate if that is
+    longer; plus the permute kernel. Register-bound occupancy beyond one wave counts whole waves."""
     from ..schedule.gemv import slab_codes, wgmma_rows
     c, w = plan.config, plan.w
     R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)

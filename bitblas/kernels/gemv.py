@@ -51,11 +51,11 @@ class GEMV:
 
     def kernel_rows(self, config, rows: int, hint) -> int:
         """Rows of the kernel with ``hint`` that serves ``rows``: the tensor-core kernels take their
-        row count at run time, so the one built for the top of the class (``gemv_mma.row_class``:
+        row count at run time, so the one built for the top of the class (``gemv.row_class``:
         8, 16, 32, 48, 64) serves every row count of it; the wgmma GEMV's B operand is 8 rows wide
-        per step, so its classes are 8 rows wide (``gemv_wgmma.wgmma_rows``: a kernel built for 32
-        rows took 67.6 µs at 17 rows against 56.2 for the one built for 24; H200, W4A16
-        28672x8192); the rows kernel is built per row count."""
+        per step, so its classes are 8 rows wide (``gemv.wgmma_rows``: a kernel built for more rows
+        runs every step at its full width, so a wider class costs the smaller row counts in it); the
+        rows kernel is built per row count."""
         from ..schedule.gemv import row_class, wgmma_rows
         if not hint.mma:
             return rows

@@ -7,8 +7,9 @@ rows its plan is built for), which the operator uses as its kernel-cache key. Th
    rows, or the tensor-core GEMV of their class; a static-rows kernel only its own rows);
 2. the untuned kernel: the GEMV for 1..64 static rows where it takes the plan and wins
    (:func:`kernel_rows`); else, for a kernel symbolic in M, the wgmma template's tile class of the
-   rows; quantized weights from ``DEQUANT_GEMM_MIN_ROWS`` rows on sm_90 ("dequant-gemm": decode,
-   then the dense wgmma GEMM, :mod:`bitblas.ops.dequant_gemm`); else the registry's default.
+   rows; quantized weights from ``DEQUANT_GEMM_MIN_ROWS`` rows on sm_90: the fused wgmma GEMM
+   where it serves those rows (``fused-wgmma``), else "dequant-gemm" (decode, then the dense wgmma
+   GEMM, :mod:`bitblas.ops.dequant_gemm`); else the registry's default.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ __all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serve
 DEQUANT_GEMM = "dequant-gemm"
 _GEMV = by_name("gemv")
 _WGMMA = by_name("wgmma")
+_FUSED = by_name("fused-wgmma")
 
 
 # -- the decode-then-GEMM path (ops/dequant_gemm.py builds it): which plans and rows it serves ------
@@ -119,6 +121,16 @@ def _dequant_gemm(config, rows: int, arch):
     return _WGMMA.default(make_plan(dense_config(config), "cuda", rows), arch)
 
 
+def _past_the_gemv(config, rows: int, arch, m: Optional[int]) -> Optional[KernelChoice]:
+    """Quantized weights past the GEMV on sm_90, where decode-then-GEMM applies: the fused wgmma
+    GEMM where it serves the rows by default, else decode-then-GEMM; None where neither applies."""
+    dq = _dequant_gemm(config, rows, arch)
+    if dq is None:
+        return None
+    fused = _FUSED.for_rows(make_plan(config, "cuda", None), rows)
+    return KernelChoice(_FUSED.name, fused, m) if fused is not None else KernelChoice(DEQUANT_GEMM, dq, m)
+
+
 def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = True) -> KernelChoice:
     """The kernel that serves ``rows`` rows of ``config`` (a kernel config, ``ops.compat.kernel_config``)
     on ``arch`` (an :class:`bitblas.arch.Arch`; for ``kind="cpu"`` the host's).
@@ -147,16 +159,16 @@ def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = Tru
             if wg is not None:
                 return KernelChoice(_WGMMA.name, wg, None)
         if composite:
-            dq = _dequant_gemm(config, rows, arch)
-            if dq is not None:
-                return KernelChoice(DEQUANT_GEMM, dq, None)
+            c = _past_the_gemv(config, rows, arch, None)
+            if c is not None:
+                return c
         return KernelChoice(template_of(hint).name, hint, None)
     if gemv_hint is not None:
         return KernelChoice(template_of(gemv_hint).name, gemv_hint, default_m)
     if composite and kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS:
-        dq = _dequant_gemm(config, rows, arch)     # a static M (the config's int) past the GEMV
-        if dq is not None:
-            return KernelChoice(DEQUANT_GEMM, dq, default_m)
+        c = _past_the_gemv(config, rows, arch, default_m)     # a static M (the config's int) past the GEMV
+        if c is not None:
+            return c
     hint = default_hint(make_plan(config, kind, default_m), arch)
     return KernelChoice(template_of(hint).name, hint, default_m)
 

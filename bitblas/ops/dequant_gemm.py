@@ -1,19 +1,18 @@
 """Large-M path for quantized weights on Hopper: decode the weight once, then the dense wgmma GEMM.
 
 With many rows a matmul is compute-bound, and the fused kernels that decode weights between the
-shared-memory load and ``mma.sync`` (cuda_mma) reach ~0.35x cuBLAS at M=4096 on the H200, where
-the dense wgmma template reaches ~0.9x. So for rows >= ``DEQUANT_GEMM_MIN_ROWS`` on sm_90 a call
+shared-memory load and ``mma.sync`` (cuda_mma) reach a fraction of cuBLAS's rate on Hopper, where
+the dense wgmma template comes close to it. So for rows >= ``DEQUANT_GEMM_MIN_ROWS`` on sm_90 a call
 runs two kernels: the dequantize kernel (schedule/cuda_dequant.py) writes ``W_decoded[N, K]`` in
 the activation dtype into a temporary buffer (torch's caching allocator: N*K*2 bytes for the
 duration of the call, like AWQ's large-batch path), and the wgmma kernel of the plan with
 unquantized weights multiplies it (bias and the output cast in its epilogue). The decode reads
-the packed weight once per call and writes 2 bytes per weight: 12-16 µs at N=K=4096.
-Measured on the H200 (W4A16 uint4 g128, N=K=4096, same run): rows 64 / 256 / 1024 / 4096 take
-26.6 / 33.2 / 67.2 / 246 µs this way against 160 / 161 / 165 / 638 µs fused (cuBLAS fp16: 11.5 /
-17.7 / 52.9 / 213), so the path starts right above the GEMV's rows: 1..16 for every plan the GEMV
-takes, 17..64 where its tensor-core kernel serves them (every float-activation format, int8
-activations with sub-byte codes: 2.7-3.5x faster than this path there, which writes and reads 2
-bytes per weight; bitblas.schedule.gemv.gemv_default_takes).
+the packed weight once per call and writes 2 bytes per weight. Measured on the H200, this path
+beats the fused kernels several times over from 64 rows up, so it starts right above the GEMV's
+rows: 1..16 for every plan the GEMV takes, 17..64 where its tensor-core kernel serves them (every
+float-activation format, int8 activations with sub-byte codes: the GEMV reads each weight once
+where this path writes and reads 2 bytes per weight; bitblas.schedule.gemv.gemv_default_takes).
+Times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8 / W1A8: int4, uint4, int2, uint2, int1, uint1 weights, per-channel or
 group scales): the decode writes the integer weight values as int8 (N*K bytes, exact), and the

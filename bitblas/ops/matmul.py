@@ -61,6 +61,7 @@ class Matmul(BitBLASOperatorAPI):
         self._consts: Dict[Tuple[str, torch.device], torch.Tensor] = {}
         self._base: Dict[str, Plan] = {}          # kind -> plan with symbolic M (argument names, A's width)
         self._argchecks: Dict[int, tuple] = {}    # id(plan) -> (plan, precomputed per-argument checks)
+        self._taken: Dict[str, tuple] = {}        # kind -> (A's width, names of the arguments the plan takes)
         self._tuned: Dict[str, Dict[int, tuple]] = {}   # kind -> {bucket: (plan rows, hint)} once tuned
         self._by_rows: Dict[Tuple[str, int], Tuple[Plan, object]] = {}   # (kind, rows) -> kernel: dispatch
         # device -> {rows: (fn, 16-byte-aligned A needed, output template)}: the bound hot path's
@@ -200,7 +201,7 @@ class Matmul(BitBLASOperatorAPI):
                 accepted = [False] * len(_CALL_SLOTS)
                 specs = []
                 out = None
-                for spec, want, bits_view, has_m in self._checks_for(plan):
+                for spec, want, bits_view, has_m, _tail, _shape in self._checks_for(plan):
                     if spec.role == "table":
                         specs.append((-1, None, None, None, False, self._const(spec.name, plan, device)))
                         continue
@@ -344,73 +345,93 @@ class Matmul(BitBLASOperatorAPI):
 
     def _checks_for(self, plan: Plan) -> tuple:
         """Per-argument check data of ``plan``, computed once: (spec, torch dtype, view as int8 bits,
-        first dim is the row count (symbolic, or static in a kernel made for these rows)). The hot
-        path then only compares."""
+        first dim is the row count (symbolic, or static in a kernel made for these rows), the
+        shape after the first dim, the spec's shape as a tuple). The hot path then only compares."""
         entry = self._argchecks.get(id(plan))
         if entry is None or entry[0] is not plan:
             checks = tuple((s, TORCH_DTYPES[s.user_dtype], s.dtype == "int8" and s.user_dtype != "int8",
-                            s.per_row) for s in plan.args)
+                            s.per_row, tuple(s.shape[1:]), tuple(s.shape)) for s in plan.args)
             entry = self._argchecks[id(plan)] = (plan, checks)
         return entry[1]
+
+    def _takes(self, kind: str, plan0: Plan) -> tuple:
+        """(A's last dimension, the names of the optional tensors the config takes) for ``kind``."""
+        t = self._taken.get(kind)
+        if t is None:
+            t = self._taken[kind] = (plan0.args[0].shape[1], frozenset(a.name for a in plan0.args))
+        return t
 
     def _run_kernel(self, A, W, given):
         c = self._kc
         if not isinstance(A, torch.Tensor):
             raise TypeError(f"A: expected a torch.Tensor, got {type(A).__name__}")
         device = A.device
-        if device.type == "cuda":
+        dev_type = device.type
+        if dev_type == "cuda":
             if self._cpu_only:
                 raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
             kind = "cuda"
-        elif device.type == "cpu":
+        elif dev_type == "cpu":
             kind = "cpu"
         else:
             raise ValueError(f"A is on {device}; accepted devices: cpu, cuda")
-        plan0 = self._base_plan(kind)
-        a_spec = plan0.args[0]
-        if A.dim() < 1 or A.shape[-1] != a_spec.shape[1]:
-            raise ValueError(f"A: expected shape [..., {a_spec.shape[1]}] (K={c.K}"
+        plan0 = self._base.get(kind) or self._base_plan(kind)
+        a_cols, taken = self._taken.get(kind) or self._takes(kind, plan0)
+        if A.dim() < 1 or A.shape[-1] != a_cols:
+            raise ValueError(f"A: expected shape [..., {a_cols}] (K={c.K}"
                              f"{', two int4 codes per byte' if plan0.a.packed else ''}), got {list(A.shape)}")
         lead = A.shape[:-1]
         rows = lead.numel()
-        for name in given:
-            if given[name] is not None and plan0.arg(name) is None:
+        for name, v in given.items():
+            if v is not None and name not in taken:
                 raise ValueError(f"{name} given, but the config takes none "
                                  f"({why_not(name)})")
-        plan, fn = self._kernel(kind, rows) if rows > 0 else (plan0, None)
+        if rows > 0:
+            entry = self._by_rows.get((kind, rows))
+            plan, fn = entry if entry is not None else self._kernel(kind, rows)
+        else:
+            plan, fn = plan0, None
         out = given["output"]
-        tensors = {"A": A, "W": W, **{k: v for k, v in given.items() if k != "output"}}
+        flat = len(lead) == 1
         call = []
+        iw = 0
         dev_index = A.get_device()
-        for spec, want, bits_view, has_m in self._checks_for(plan):
-            if spec.role == "table":
-                call.append(self._const(spec.name, plan, device))
+        for spec, want, bits_view, has_m, tail, shape in self._checks_for(plan):
+            name = spec.name
+            role = spec.role
+            if role == "table":
+                call.append(self._const(name, plan, device))
                 continue
-            if spec.role == "output":
+            if role == "output":
                 if out is None:
                     out = torch.empty(*lead, c.N, dtype=want, device=device)
                 elif not (isinstance(out, torch.Tensor) and out.dtype == want and out.device == device
                           and out.is_contiguous() and out.shape == (*lead, c.N)):
                     check_tensor("output", out, spec, rows, device, lead=lead)
-                call.append(out if len(lead) == 1 else out.view(rows, c.N))
+                call.append(out if flat else out.view(rows, c.N))
                 continue
-            t = tensors.get(spec.name)
+            if name == "A":
+                t = A
+            elif name == "W":
+                t, iw = W, len(call)
+            else:
+                t = given.get(name)
             if t is None:
                 if spec.optional:
-                    call.append(self._const(spec.name, plan, device))
+                    call.append(self._const(name, plan, device))
                     continue
-                raise ValueError(f"{spec.name} is required by this config ({spec.doc}); pass {spec.name}=...")
+                raise ValueError(f"{name} is required by this config ({spec.doc}); pass {name}=...")
             # fast path: exactly the expected dtype, shape, device and layout; anything else takes the
             # general check, which accepts the other legal forms or raises naming the argument
             if (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
                     and (t.is_cuda if dev_index >= 0 else t.is_cpu) and t.is_contiguous()
-                    and t.shape == ((*lead, *spec.shape[1:]) if has_m else spec.shape)):
-                if has_m and len(lead) != 1:
-                    t = t.view(rows, *spec.shape[1:])
+                    and t.shape == ((*lead, *tail) if has_m else shape)):
+                if has_m and not flat:
+                    t = t.view(rows, *tail)
                 if bits_view:
                     t = t.view(torch.int8)
             else:
-                t = check_tensor(spec.name, t, spec, rows, device,
+                t = check_tensor(name, t, spec, rows, device,
                                   lead=lead if spec.per_row else None)
             call.append(t)
         if rows == 0:
@@ -418,7 +439,9 @@ class Matmul(BitBLASOperatorAPI):
         if kind == "cuda":
             # GEMV kernels read A and W in 16-byte vectors, TMA (wgmma) needs 16-byte aligned bases:
             # realign odd views (rare) by a copy
-            call = [t.clone() if s.name in ("A", "W") and t.data_ptr() % 16 else t for s, t in zip(plan.args, call)]
+            for i in (0, iw):
+                if call[i].data_ptr() % 16:
+                    call[i] = call[i].clone()
             if call[-1].data_ptr() % 16:
                 # an output view off a 16-byte boundary (wgmma stores column pairs as 32-bit words):
                 # compute into a fresh buffer and copy

@@ -23,9 +23,7 @@ Hand-written TIRx, compiled by TVM's LLVM backend; threads through TVM's thread 
   ``prefetch`` bytes ahead (a row of packed codes is a few KB: the hardware prefetcher does not
   ramp up within it).
 
-Measured (AMD EPYC Zen 4, AVX-512, 1 thread, weights read from memory): W4A16 g128 1 x 4096^2
-1.03 ms vs 3.49 ms for torch's float32 F.linear (the tile schedule before it: 7.3 ms with its
-weights in cache); 16 rows 10.6 ms vs 19.1 ms (docs/cpu.md).
+Against torch's float32 F.linear and the tile schedule it replaced: docs/cpu.md.
 
 The decode of a code, the scale lookup and the zero point come from ``bitblas.ir.matmul``
 (``decode_code``, ``scale_value``, ``zero_value``), the one definition the TensorIR uses.
@@ -134,8 +132,8 @@ class CPUGemvHint:
     ``row_channels`` per many-row micro-kernel (``rows`` 1: none); ``lanes`` bytes of weights per
     step (0: the target's SIMD width, narrowed to fit the group); ``unroll`` steps per loop trip;
     ``prefetch``: each trip software-prefetches the weight bytes this far ahead of every channel's
-    position (0: none; rows of a few KB end before the hardware prefetcher ramps up: W4A16
-    1 x 4096^2 reading its weights from memory, 1 thread, 1.33 ms without, 0.87 ms with 16 KB)."""
+    position (0: none; rows of a few KB end before the hardware prefetcher ramps up, so weights
+    read from memory gain markedly from a prefetch distance of 16 KB)."""
 
     block: int = 16
     channels: int = 4

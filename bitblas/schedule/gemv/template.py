@@ -363,7 +363,10 @@ def _int8_unsupported(plan) -> Optional[str]:
     return None
 
 
-def kernel_script(plan, hint: GEMVHint):
+def kernel_script(plan, hint: GEMVHint, body=None):
+    """The kernel's TVMScript text; ``body(add, locals)`` writes the body instead of the GEMV
+    kernel ``hint`` asks for (schedule/fused_wgmma.py: its own checks, a run-time row count of any
+    size)."""
     c, w = plan.config, plan.w
     act = c.A_dtype
     i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
@@ -424,7 +427,7 @@ def kernel_script(plan, hint: GEMVHint):
         add(f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r}, align=16)"
             if a.name in ("A", "W") else
             f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r})")
-    if hint.mma:
+    if hint.mma and m is not None:
         add(f"    assert 1 <= mv and mv <= {m}, \"{m}-row GEMV kernel: the row count must be 1..{m}\"")
 
     def gidx(cidx):
@@ -525,10 +528,12 @@ def kernel_script(plan, hint: GEMVHint):
         v, vt = scaled_sum(plan, val, acc_dtype, i, n)
         return v if vt == c.out_dtype else f"T.Cast({c.out_dtype!r}, {v})"
 
-    why = gemv_hint_unsupported(plan, hint)
+    why = None if body else gemv_hint_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
-    if hint.wgmma:
+    if body:
+        body(add, locals())
+    elif hint.wgmma:
         wgmma_body(plan, hint, add, locals())
     elif hint.mma and i8:
         mma_int8_body(plan, hint, add, locals())

@@ -44,7 +44,8 @@ from .decode import decoder
 from .emit import device_entry, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
 from .mma import mma_helpers
 
-__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn"]
+__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
+           "wgmma_helper"]
 
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
@@ -187,7 +188,7 @@ def permute_script(plan, hint) -> str:
     return "\n".join(L) + "\n"
 
 
-def _wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
+def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
     """``bb_wg_{tag}(c, dg, dh, desc)``: the ``steps`` k16 wgmma of one slab for one 64-channel
     tile: A = decoded words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = the slab's
     activation boxes in shared memory (``desc``: the slot's descriptor; +32 bytes per k16 step,
@@ -249,7 +250,7 @@ def body(plan, hint, add, e):
     NBLK = -(-N // (64 * R))
     sdt, zdt = e["sdt"], e["zdt"]
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
-    wsrc = repr(_wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
+    wsrc = repr(wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
 
     def hsrc(name):
         return repr(hs[name])

@@ -1,0 +1,437 @@
+"""The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
+sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes): packed weights stay
+packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
+temporary but the permuted activations (rows x K values, as the wgmma GEMV).
+
+It is the wgmma GEMV (gemv/wgmma.py, 17..64 rows) over tiles of rows. A block owns
+``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
+(one block: ``64 * channel_tiles * warpgroups`` channels), and one tile of ``row_tile`` activation
+rows (the wgmma N: 64, 128 or 256); the grid is (channel blocks) x ceil(rows / row_tile), in
+groups of ``raster_rows`` rows x every channel block, the group's row tiles adjacent (a wave reads
+the same weights for the group's row tiles and the same activations for its channel blocks from
+L2: W4A16 8192^2 at 4096 rows, 256-row tiles, a wave of 132 blocks touches 16 MB of activations
+and 17 MB of weights, where row tiles alone in the inner order would stream all 64 MB of
+activations through L2 every wave). Per lane and slab the
+weights are loaded (16-byte vectors, a ring of ``stages`` register slots), decoded by the GEMV's
+lop3 / magic-number decoder (``bb_dec``) into the wgmma A fragment, group scales applied to the
+pairs (``hfma2``), as in the GEMV. The activations, reordered per slab by the GEMV's ``permute``
+kernel (all rows), come by TMA in boxes of 64 K values x ``row_tile`` rows (128-byte swizzle) into
+a ring of box slots in shared memory shared by the block's warpgroups (``full`` mbarriers; with
+two warpgroups ``empty`` mbarriers, one arrival per warpgroup, say a slot was read); one thread
+refills the slots of the previous slab. A slab of ``512 / bits`` K values is 2 (4-bit), 4 (2-bit)
+or 1 (8-bit) boxes: per box one wait and 4 k16 steps of ``wgmma m64n{row_tile}k16`` per 64-channel
+tile, one commit group per slab; each warpgroup waits for its own wgmma before decoding the next
+slab (ptxas serializes an overlap, C7513), the other warpgroup's wgmma fill that gap. With
+``split_k`` the warpgroups of a block take the same channels and alternate slabs of K instead,
+each with its own ring (its own thread refills it), and add their sums through the ring's shared
+memory at the end: two warpgroups per SM where there are only ~132 tiles (128 rows). float32
+accumulators (``channel_tiles * row_tile / 2`` per thread, at most 128), stored from registers
+with the per-channel scale, bias and cast; rows past the call's rows are zeros (TMA's
+out-of-bounds fill) and not stored, channels past N are clamped on load and not stored. K must be
+a multiple of the slab (as for the GEMV; otherwise the operator's default serves the plan).
+
+The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the GEMV), up to 1024
+rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
+Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
+tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 48 blocks, else
+256-row tiles with two warpgroups side by side. Above that, decode-then-GEMM stays faster: each
+256-row tile decodes the weights again, and the permute pass reads and writes the activations.
+
+Expected, W4A16 g128, N = K = 8192 on the H200 (cuBLAS fp16 from the issue 24 table: 40.2 / 62.1 /
+214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows; not measured yet). Tensor rate: an SM does 4096
+dense fp16 FLOP per cycle, m64nNk16 = 2048 N FLOP: ~N / 2 cycles (64 at n128, 128 at n256). Decode
+per slab and 64-channel tile: 2 vectors x 32 codes per lane, ~1 lop3 + 1 hsub2 + 1 scale hfma2
+per pair plus loads = ~110 instructions per warp for 8 wgmma (~14 per wgmma: ~20% of an n128
+wgmma's 64 cycles, ~10% of an n256's 128); hidden only where another warpgroup's wgmma run
+meanwhile (two one-warpgroup blocks per SM, or ``warpgroups=2``).
+
+* 128 rows (``row_tile=128``: 128 blocks of 64 channels on 132 SMs, one per SM): 17.2 GFLOP;
+  per block 512 wgmma n128 x 64 cycles = 33k cycles = 17 µs at 1.98 GHz, plus the decode not
+  hidden (+~20%) and the ring's first fill: ~22-26 µs (goal 25, cuBLAS 40). DRAM: 34 MB of
+  weights and scales + 2 MB of activations = 8 µs, not the bound.
+* 256 rows (``row_tile=128``: 256 blocks, two per SM, one's decode under the other's wgmma):
+  twice the tensor work: ~38-45 µs (goal 45, cuBLAS 62).
+* 1024 rows (``row_tile=256, warpgroups=2``: 64 x 4 = 256 blocks of 128 channels): 137 GFLOP
+  at ~75% of the 990 TFLOP/s peak (2 waves on 132 SMs, the second half empty: 256 / 264):
+  ~185 µs (1.15x cuBLAS); L2 reads: activations 16 MB x 64 channel blocks = 1 GB, weights
+  34 MB x 4 row tiles.
+* 4096 rows (same tile, 1024 blocks, 7.8 waves): 550 GFLOP: ~700-760 µs (1.1-1.2x cuBLAS) if
+  the L2 serves 4.3 GB of activation reads (64 MB x 64 channel blocks) + 0.5 GB of weights in
+  that time, ~6.5 TB/s (cuBLAS's 128 x 256 tiles read ~6 GB). The scattered 2-byte output stores
+  (64 MB, half-used sectors) and the permute pass (64 MB read + written) cost ~30 µs more.
+
+Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
+4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
+in natural K order would remove the permute kernel); no persistent tile loop, split-K or
+warp-specialized producer; no table formats, int8 / fp8 activations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .._tvm import tvm
+from ..arch import arch_of
+
+__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
+           "ring_slots", "register_words", "slab_k"]
+
+_BOX = 64                          # K values per TMA box (128 bytes: 128-byte swizzle)
+FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
+_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+@dataclass(frozen=True)
+class FusedWgmmaHint:
+    row_tile: int = 128            # activation rows per block: the wgmma N (64, 128, 256)
+    channel_tiles: int = 1         # 64-channel wgmma tiles per warpgroup (1, 2)
+    warpgroups: int = 1            # warpgroups per block, side by side in N, sharing the activation ring (1, 2)
+    split_k: bool = False          # the warpgroups split K instead (same channels, each its own ring; their
+                                   # sums meet in shared memory): two warpgroups per SM where the tiles are few
+    stages: int = 2                # register slots of weight vectors (slabs in flight per lane)
+    ring: int = 0                  # activation box slots in shared memory (0: as many as fit FUSED_SMEM_MAX, <= 8)
+    raster_rows: int = 1024        # blocks run in groups of this many rows (row tiles) x every channel block
+    pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
+
+    @classmethod
+    def default(cls, plan, target=None) -> "FusedWgmmaHint":
+        """A first tile (not measured yet): 128 rows x 64 channels per block up to 512 rows (128
+        blocks at N=8192 and 128 rows keep 132 SMs busy; two blocks per SM from 256 rows), 256
+        rows x 2 warpgroups of 64 channels above (half the activation reads per FLOP)."""
+        m = plan.m or 4096
+        if m <= 512:                  # a slab is ~0.3 µs of wgmma here: 3 slabs of weights in flight
+            return cls(row_tile=128, stages=4)
+        return cls(row_tile=256, warpgroups=2)
+
+
+def slab_k(bits: int) -> int:
+    """K values per slab: the 4 16-byte weight vectors of a lane quad, as in the wgmma GEMV."""
+    return 4 * 16 * 8 // bits
+
+
+def ring_slots(plan, hint: FusedWgmmaHint) -> int:
+    """Activation box slots of the ring: ``hint.ring``, or as many as fit in FUSED_SMEM_MAX per
+    warpgroup over 2 (one-warpgroup blocks: two per SM, so that one decodes while the other's wgmma
+    run), at most 8, at least one slab's boxes."""
+    if hint.ring:
+        return hint.ring
+    box = hint.row_tile * _BOX * 2
+    ups = slab_k(plan.w.bits) // _BOX
+    if hint.split_k:                          # a ring per warpgroup, one block per SM
+        return max(ups, min(8, FUSED_SMEM_MAX // hint.warpgroups // box))
+    return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
+
+
+# accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
+# 255 registers (uint4, 2 tiles x n128, 2 slots), 288 spilled 548 bytes (uint2, the same tile)
+_REG_WORDS_MAX = 224
+
+
+def register_words(plan, hint: FusedWgmmaHint) -> int:
+    """32-bit registers a thread holds for its tile: float32 accumulators (``channel_tiles x
+    row_tile / 2``), the decoded pairs of one slab (2 channels x ``512 / bits / 8`` words per tile)
+    and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile)."""
+    R = hint.channel_tiles
+    return R * hint.row_tile // 2 + R * 2 * (64 // plan.w.bits) + max(1, hint.stages) * R * 2 * 4
+
+
+def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
+    """None when the fused wgmma GEMM takes ``plan`` with ``hint``, else why not (naming the field)."""
+    from .gemv.decode import decoder
+    from .gemv.emit import vec_bytes
+    c, w = plan.config, plan.w
+    if plan.target_kind != "cuda":
+        return "not a CUDA plan"
+    if not plan.args or plan.args[0].name != "A":
+        return "the fused wgmma GEMM passes the activations as the first argument"
+    if c.A_dtype not in ("float16", "bfloat16"):
+        return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 activations"
+    if c.layout != "nt":
+        return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
+    if decoder(w) != "int" or w.bits not in (2, 4, 8):
+        return f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM decodes int/uint 2-, 4- and 8-bit codes"
+    if c.with_act_scaling:
+        return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
+    if c.with_scaling and plan.scale_dtype != c.A_dtype:
+        return f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype"
+    if c.out_dtype not in ("float16", "bfloat16", "float32"):
+        return f"out_dtype={c.out_dtype!r}: the fused wgmma GEMM writes float16, bfloat16 or float32"
+    if hint.row_tile not in (64, 128, 256):
+        return f"row_tile={hint.row_tile}: the fused wgmma GEMM takes 64, 128 or 256 rows per tile"
+    if hint.channel_tiles not in (1, 2):
+        return f"channel_tiles={hint.channel_tiles}: 1 or 2 tiles of 64 channels per warpgroup"
+    if hint.warpgroups not in (1, 2):
+        return f"warpgroups={hint.warpgroups}: 1 or 2 warpgroups per block"
+    if hint.channel_tiles * hint.row_tile // 2 > 128:
+        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: "
+                f"{hint.channel_tiles * hint.row_tile // 2} float32 accumulators per thread, at most 128")
+    if hint.stages < 1:
+        return f"stages={hint.stages}: at least one weight register slot"
+    if hint.raster_rows < 1:
+        return f"raster_rows={hint.raster_rows}: a positive number of rows per raster group"
+    regs = register_words(plan, hint)
+    if regs > _REG_WORDS_MAX:
+        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
+                f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
+                f"(ptxas would spill)")
+    if vec_bytes(plan, 16) != 16:
+        return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
+                f"({16 * 8 // w.bits} codes inside one group)")
+    kw = hint.warpgroups if hint.split_k else 1
+    if c.K % (slab_k(w.bits) * kw):
+        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_k(w.bits) * kw} (one slab"
+                f"{f' per warpgroup, split_k=True' if kw > 1 else ''})")
+    ups = slab_k(w.bits) // _BOX
+    slots = ring_slots(plan, hint)
+    box = hint.row_tile * _BOX * 2
+    if slots < ups or kw * slots * box > FUSED_SMEM_MAX:
+        return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
+                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_k(w.bits)} K values"
+                f"{', per warpgroup' if kw > 1 else ''})")
+    return None
+
+
+FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 8192; 1024 below)
+
+
+def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
+    """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
+    serve: the caller checks that), or None where decode-then-GEMM stays the default: more than
+    1024 rows (2048 where N >= 8192), or a plan no tile takes."""
+    N = plan.config.N
+    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
+        return None
+    split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
+    wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
+    few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 48
+    for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
+        if fused_wgmma_unsupported(plan, hint) is None:
+            return hint
+    return None
+
+
+def _gemv_stand_in(hint: FusedWgmmaHint):
+    """The GEMV hint whose load / decode / scale / store lines the kernel shares (gemv.template)."""
+    from .gemv.template import GEMVHint
+    return GEMVHint(rows_per_warp=16 * hint.channel_tiles, k_warps=1, unroll=1, stages=hint.stages, mma=True,
+                    wgmma=True, pdl=hint.pdl)
+
+
+def _body(plan, hint: FusedWgmmaHint):
+    """The main kernel's body writer, given gemv.template ``kernel_script``'s ``add`` and locals."""
+    from .gemv.emit import pdl_trigger, step_loop
+    from .gemv.mma import mma_helpers
+    from .gemv.wgmma import wgmma_helper
+
+    def body(add, e):
+        c = plan.config
+        N, K, NW, NA, tag = e["N"], c.K, e["NW"], e["NA"], e["tag"]
+        R, RT = hint.channel_tiles, hint.row_tile
+        KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
+        CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
+        SL = slab_k(plan.w.bits)
+        UPS = SL // _BOX                        # boxes per slab
+        NS = K // SL // KW                      # slabs per warpgroup
+        NU = NS * UPS                           # boxes per warpgroup
+        STG = ring_slots(plan, hint)            # box slots per ring
+        PROD = "t4 == 0" if KW > 1 else "tx == 0"       # the thread that issues a ring's TMA
+        STW = max(1, min(hint.stages, NS))
+        NACC = RT // 2
+        BOXB = RT * _BOX * 2                    # bytes per box slot
+        SW = BOXB // 4                          # float32 words per box slot
+        CH = 64 * R * CW                        # channels per block
+        NBLK = -(-N // CH)
+        NRT = f"((mv + {RT - 1}) // {RT})"
+        sdt, zdt = e["sdt"], e["zdt"]
+        at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
+        hs = mma_helpers(tag, c.A_dtype, NA)
+        wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
+
+        def accs(ind, stmt):
+            """``stmt`` for every accumulator, unrolled (a loop left rolled puts them in local memory)."""
+            return [f"{ind}for r in T.unroll({R}):", f"{ind}    for j in T.unroll({NACC}):", f"{ind}        {stmt}"]
+
+        add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+        add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
+            f"{K}, mv, {K * 2}, {_BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
+        add("    T.device_entry()")
+        add(f"    bx = T.cta_id([{NBLK} * {NRT}])")
+        add(f"    tx = T.thread_id([{128 * CW * KW}])")
+        add(f"    wq = T.alloc_local(({STW}, {R}, 2, {NW}), 'uint32')")
+        if sdt and not at_store:
+            add(f"    sr = T.alloc_local(({STW}, {R}, 2), {sdt!r})")
+        if zdt:
+            add(f"    zr = T.alloc_local(({STW}, {R}, 2), {zdt!r})")
+        # one dynamic shared buffer: the rings; after the main loop the K warpgroups' sums (``red``) reuse it
+        words = max(KW * STG * SW, (KW - 1) * R * NACC * 128)
+        add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
+        add(f"    full = T.alloc_shared(({KW * STG},), 'uint64')")
+        if CW > 1:
+            add(f"    empty = T.alloc_shared(({STG},), 'uint64')")
+        add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+        add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
+        add("    sv = T.alloc_local((2,), 'float32')")
+        add("    cv = T.alloc_local((2,), 'float32')")
+        add("    ov = T.alloc_local((2,), 'int32')")
+        add("    descB: T.uint64")
+        add("    g = T.meta_var(tx % 32 // 4)")
+        add("    q = T.meta_var(tx % 4)")
+        add("    wp = T.meta_var(tx % 128 // 32)")
+        add("    cw = T.meta_var(tx // 128)")
+        add("    kw = T.meta_var(tx // 128)")
+        add("    t4 = T.meta_var(tx % 128)")
+        # grouped raster: GR row tiles (the last group may have fewer) x every channel block, the
+        # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
+        # activations across its channel blocks in L2
+        GR = max(1, hint.raster_rows // RT)
+        add(f"    grp = T.meta_var(bx // {GR * NBLK})")
+        add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
+        add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
+        add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
+        for ln in accs("    ", "acc[r, j] = T.float32(0)"):
+            add(ln)
+        add("    if tx == 0:")
+        add(f"        for s in T.unroll({KW * STG}):")
+        add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+        if CW > 1:
+            add(f"        for s in T.unroll({STG}):")
+            add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({CW}))")
+        add("    T.ptx.fence.proxy.async_.shared__cta()")
+        add("    T.cuda.cta_sync()")
+
+        def slot(u):
+            """The ring slot of this warpgroup's box ``u``."""
+            return f"kw * {STG} + ({u}) % {STG}" if KW > 1 else f"({u}) % {STG}"
+
+        def kbox(u):
+            """K box (of 64 values) of this warpgroup's box ``u``: slab ``u // UPS`` of the warpgroup
+            is slab ``(u // UPS) * KW + kw`` of the row."""
+            return f"(({u}) // {UPS} * {KW} + kw) * {UPS} + ({u}) % {UPS}" if KW > 1 else f"({u})"
+
+        def tma(ind, u):
+            """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
+            sl = slot(u)
+            add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
+            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
+                f"({kbox(u)}) * {_BOX}, r0, full.ptr_to([{sl}]))")
+
+        nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
+
+        def cidx(step):
+            return f"((({step}) * {KW} + kw) * 4 + q)" if KW > 1 else f"(({step}) * 4 + q)"
+
+        def first_activations():
+            if hint.pdl:
+                add("    T.ptx.griddepcontrol.wait()")
+            add(f"    if {PROD}:")
+            for u in range(min(STG, NU)):
+                tma("        ", str(u))
+
+        def load(ind, step, ws):
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            for ln in e["load_lines"](ind + "    ", nr, cidx(step), f"{ws}, r, h", not at_store):
+                add(ln)
+
+        def process(ind, step, ws):
+            # this warpgroup's wgmma of the previous slab are done: its decoded registers and (for
+            # this warpgroup) its box slots are free
+            add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
+            for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+                add(ln)
+            add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
+            add(f"{ind}if ({step}) > 0:")
+            if CW > 1:
+                add(f"{ind}    if t4 == 0:")
+                for b in range(UPS):
+                    add(f"{ind}        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([((({step}) - 1) * {UPS} + {b}) "
+                        f"% {STG}]), T.uint32(1))")
+            add(f"{ind}    if {PROD}:")
+            for b in range(UPS):          # refill the slots of the previous slab's boxes
+                u = f"(({step}) - 1) * {UPS} + {STG + b}"
+                add(f"{ind}        if {u} < {NU}:")
+                if CW > 1:
+                    add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
+                tma(ind + "            ", u)
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            ind1 = ind + "    "
+            s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
+            for ln in e["scale_lines"](ind1, cidx(step), "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
+                add(ln)
+            add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
+            if (c.with_scaling or e["float_zeros"]) and not at_store:
+                add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
+                    f"source_code={hs[f'bb_scl_{tag}']!r})")
+            for b in range(UPS):
+                u = f"({step}) * {UPS} + {b}"
+                add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot(u)}]), (({u}) // {STG}) % 2)")
+                add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
+                    f"Sm.ptr_to([({slot(u)}) * {SW}]), 1, 64, 3)")
+                for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+                    add(ln)
+                add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
+                add(f"{ind}for r in T.unroll({R}):")
+                add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, {8 * b}]), "
+                    f"dq.ptr_to([r, 1, {8 * b}]), descB, source_code={wsrc})")
+            add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
+
+        step_loop(add, NS, STW, load, process, after_prologue=first_activations)
+        add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
+        for ln in accs("    ", "T.cuda.wgmma.noop_barrier(acc[r, j])"):
+            add(ln)
+        pdl_trigger(add, hint)
+        ind = "    "
+        if KW > 1:                            # every warpgroup is past its ring: the words hold the sums
+            def red(k):
+                return f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]"
+            add("    T.cuda.cta_sync()")
+            add("    if kw > 0:")
+            for ln in accs("        ", f"{red('kw - 1')} = acc[r, j]"):
+                add(ln)
+            add("    T.cuda.cta_sync()")
+            add("    if kw == 0:")
+            tot = " + ".join(red(str(k)) for k in range(KW - 1))
+            for ln in accs("        ", f"acc[r, j] = acc[r, j] + {tot}"):
+                add(ln)
+            ind = "        "
+        # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row r0 + (j // 4) * 8 + 2q + j % 2
+        ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
+        row = "r0 + j // 4 * 8 + q * 2 + j % 2"
+        val = "acc[r, j]"
+        if at_store:
+            val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
+        add(f"{ind}for r in T.unroll({R}):")
+        add(f"{ind}    for j in T.unroll({NACC}):")
+        add(f"{ind}        if {row} < mv and {ch} < {N}:")
+        add(e["store_line"](ind + "            ", row, ch, val))
+    return body
+
+
+def main_script(plan, hint: FusedWgmmaHint) -> str:
+    """TVMScript text of the main kernel (the GEMV template's argument list, loads, decode, scale
+    and store lines; this module's body)."""
+    from .gemv.template import kernel_script
+    return kernel_script(plan, _gemv_stand_in(hint), body=_body(plan, hint))
+
+
+def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, target=None):
+    """IRModule of the fused GEMM for ``plan`` (any row count, static or symbolic; ``func`` is not
+    used): ``main`` (this kernel) and ``permute`` (the wgmma GEMV's), compiled for sm_90a with the
+    tirx pipeline; ``build.kernel_callable`` runs them in turn."""
+    from tvm.script import tirx as T
+    from .gemv.wgmma import permute_script
+    from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
+    hint = hint or FusedWgmmaHint.default(plan, target)
+    arch = arch_of(target)
+    if not arch.wgmma:
+        raise ValueError(f"FusedWgmmaHint needs an sm_90 target (wgmma, TMA); target arch is {arch.name()}")
+    why = fused_wgmma_unsupported(plan, hint)
+    if why:
+        raise ValueError(f"{hint}: {why}")
+    prim = tvm.script.from_source(main_script(plan, hint), extra_vars={"T": T})
+    perm = tvm.script.from_source(permute_script(plan, _gemv_stand_in(hint)), extra_vars={"T": T})
+    if hint.pdl:
+        tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
+        prim = prim.with_attr("tirx.kernel_launch_params", tags + ["tirx.use_dyn_shared_memory"])
+        perm = perm.with_attr("tirx.kernel_launch_params", tags)
+    mod = tvm.IRModule({"main": prim, "permute": perm})
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)

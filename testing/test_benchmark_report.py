@@ -1,0 +1,87 @@
+"""benchmark/report.py on the JSON of a real (tiny, CPU) run of benchmark/matmul.py."""
+import json
+
+import pytest
+
+from benchmark import matmul as bm
+from benchmark import report
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """The JSON of ``python -m benchmark.matmul --device cpu`` on one tiny layer (kernels built and timed)."""
+    path = tmp_path_factory.mktemp("bench") / "cpu.json"
+    argv = ["--device", "cpu", "--formats", "w4a16-g128", "--shapes", "tiny", "--m", "1,3", "--json", str(path),
+            "--no-progress"]
+    bm.main(argv)
+    return path, argv, json.loads(path.read_text())
+
+
+def test_cpu_run_json_records_the_run(cpu_run):
+    path, argv, data = cpu_run
+    assert data["command"] == "python -m benchmark.matmul " + " ".join(argv)
+    assert data["kind"] == "cpu" and data["device"] and data["date"].endswith("UTC")
+    assert data["copy_tbps"] > 0
+    ours = [r for r in data["rows"] if r["format"] == "w4a16-g128"]
+    base = [r for r in data["rows"] if r["format"] == "fp16(torch)"]
+    assert [r["m"] for r in ours] == [1, 3] and [r["m"] for r in base] == [1, 3]
+    for r, b in zip(ours, base):
+        assert r["rel_err"] < 1e-2                      # the benchmark checked our output
+        assert r["base_us"] == b["us"] and r["base"] == b["kernel"] == "torch-linear-fp16"
+        assert r["floor_us"] == pytest.approx(r["bytes"] / (data["copy_tbps"] * 1e6))
+
+
+def _table(text, fmt):
+    sec = text.split(f"## {fmt}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in sec.splitlines() if line.startswith("| ") and "---" not in line][1:]
+
+
+def test_report_tables_come_from_the_json(cpu_run, capsys):
+    path, argv, data = cpu_run
+    assert report.main([str(path), "--floor-rows", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(report.TITLE)
+    assert data["command"] in text and data["device"] in text and data["date"] in text
+    lines = _table(text, "w4a16-g128")
+    ours = [r for r in data["rows"] if r["format"] == "w4a16-g128"]
+    assert len(lines) == len(ours)
+    for line, r in zip(lines, ours):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1] == str(r["m"]) and cells[0] == f"tiny ({r['N']}×{r['K']})"
+        assert cells[3] == report._us(r["us"]) and cells[5] == report._us(r["base_us"])
+        assert cells[6] == f"{r['base_us'] / r['us']:.2f}×"
+        if r["m"] <= 1:
+            assert cells[7] == report._us(r["floor_us"]) and cells[8].endswith("%")
+        else:
+            assert cells[7] == cells[8] == ""           # above --floor-rows: no floor
+    assert "## fp16(torch)" not in text                  # baselines sit beside our rows, not in tables
+
+
+def test_report_merges_runs(cpu_run, capsys):
+    path = str(cpu_run[0])
+    assert report.main([path, path]) == 0
+    text = capsys.readouterr().out
+    assert "Run 1:" in text and "Run 2:" in text
+    assert all(line.rstrip().endswith("| 2 |") for line in _table(text, "w4a16-g128"))   # the later run's rows
+
+
+def test_report_rejects_other_json(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps([1, 2]))
+    assert report.main([str(bad)]) == 2
+    assert "x.json" in capsys.readouterr().err
+
+
+def test_host_overhead_cpu(tmp_path, capsys):
+    """benchmark/host_overhead.py on the CPU: every path timed, torch's F.linear beside ours."""
+    from benchmark import host_overhead
+    out = tmp_path / "host.json"
+    host_overhead.main(["--device", "cpu", "--no-zeros", "--iters", "20", "--repeats", "2", "--modes", "kernel,py-nop",
+                        "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    got = {(r["case"], r["mode"]) for r in rows}
+    for case in ("F.linear", "Linear()", "Linear.forward", "torch.ops (op)", "Matmul(...)", "bound(x)"):
+        assert (case, "kernel") in got
+    assert ("Linear()", "py-nop") in got and ("F.linear", "py-nop") not in got
+    assert all(r["host_us"] > 0 for r in rows)
+    assert "torch.ops (op)" in capsys.readouterr().out

@@ -1,0 +1,160 @@
+"""The fused mixed-input wgmma GEMM (``FusedWgmmaHint``, bitblas/schedule/fused_wgmma.py), CPU side:
+
+* nvcc code generation for sm_90a (marked nvcc) of every tile shape and weight family it takes,
+  with N and K off the tile and static row counts off the row tile: no spills, no local-memory
+  accumulators, no serialized wgmma (C7513), each compile under 60 s;
+* where it refuses a plan or a hint, with the argument named;
+* ``Matmul`` runs it for rows past the GEMV where a bucket's hint says so (the tuned-hint path),
+  and only there.
+
+The GPU checks are in test_gpu_fused_wgmma.py.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+import bitblas
+from bitblas import MatmulConfig
+from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
+from bitblas.dispatch import BucketTable
+from bitblas.plan import make_plan
+from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
+from bitblas.schedule.fused_wgmma import fused_wgmma_unsupported, schedule_fused_wgmma
+from kernel_helpers import TARGETS, choose
+
+SM90 = cuda_target(TARGETS["sm_90"])
+SM80 = cuda_target(TARGETS["sm_80"])
+
+FORMATS = {
+    "u4-g128": dict(W_dtype="uint4", group_size=128, with_scaling=True),
+    "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
+    "i4-g128": dict(W_dtype="int4", group_size=128, with_scaling=True),
+    "u2-g128": dict(W_dtype="uint2", group_size=128, with_scaling=True),
+    "u8-g128-bias": dict(W_dtype="uint8", group_size=128, with_scaling=True, with_bias=True),
+    "i8-chan-f32": dict(W_dtype="int8", with_scaling=True, out_dtype="float32"),
+    "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True,
+                           with_zeros=True, zeros_mode="quantized", out_dtype="bfloat16"),
+}
+
+
+def _cfg(name, N=1000, K=1536, M=None):
+    return MatmulConfig(M=M, N=N, K=K, **{"A_dtype": "float16", **FORMATS[name]})
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,m,tile", [
+    ("u4-g128", None, (128, 1, 1)), ("u4-g128", 100, (256, 1, 2)), ("u4-g128", 257, (128, 2, 1)),
+    ("u4-g128-zeros", None, (256, 1, 2)), ("i4-g128", None, (128, 2, 2)),
+    ("u2-g128", None, (128, 1, 1)), ("u2-g128", 257, (256, 1, 2)),
+    ("u8-g128-bias", None, (256, 1, 2)), ("i8-chan-f32", None, (64, 2, 2)), ("bf16-u4-qzeros", None, (128, 1, 2)),
+    ("u4-g128", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 2, "split_k")),
+    ("u4-g128-zeros", None, (256, 1, 2, "split_k")),
+])
+def test_fused_codegen(name, m, tile):
+    """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
+    with nvcc for sm_90a within 60 s: the main kernel with wgmma m64n{row_tile}k16, TMA boxes of
+    the permuted activations, no spills, no stack (accumulators in registers), no C7513; two
+    warpgroups side by side in N share one ring (``empty`` barriers), split over K each has its own."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *split = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=bool(split))
+    src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
+    assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
+    assert "permute_kernel" in src and "cp_async_bulk_tensor" in src
+    assert ("empty_ptr" in src) == (CW > 1 and not split)
+    t0 = time.perf_counter()
+    text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
+    wall = time.perf_counter() - t0
+    assert wall < 60, f"nvcc took {wall:.1f} s"
+    assert "C7513" not in text, text[-2000:]
+    props = re.search(r"Function properties for main_kernel\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+                      text)
+    assert props and props.groups() == ("0", "0"), text[-2000:]
+
+
+def test_fused_refusals_name_the_argument():
+    plan = make_plan(_cfg("u4-g128"), "cuda", None)
+    cases = [
+        (plan, FusedWgmmaHint(row_tile=96), "row_tile=96"),
+        (plan, FusedWgmmaHint(row_tile=256, channel_tiles=2), "channel_tiles=2"),
+        (plan, FusedWgmmaHint(channel_tiles=3), "channel_tiles=3"),
+        (plan, FusedWgmmaHint(warpgroups=4), "warpgroups=4"),
+        (plan, FusedWgmmaHint(stages=0), "stages=0"),
+        (make_plan(_cfg("u2-g128"), "cuda", None), FusedWgmmaHint(row_tile=128, channel_tiles=2), "spill"),
+        (plan, FusedWgmmaHint(row_tile=256, ring=1), "ring=1"),
+        (plan, FusedWgmmaHint(row_tile=256, ring=7), "ring=7"),
+        (plan, FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, ring=4), "ring=4"),
+        (make_plan(_cfg("u4-g128", K=1152), "cuda", None), FusedWgmmaHint(warpgroups=2, split_k=True), "K=1152"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=128,
+                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nf4'"),
+        (make_plan(MatmulConfig(N=1000, K=1088, A_dtype="float16", W_dtype="uint2", group_size=64,
+                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "K=1088"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4", with_scaling=True,
+                                with_act_scaling=True), "cuda", None), FusedWgmmaHint(), "A_dtype='int8'"),
+    ]
+    for p, h, word in cases:
+        why = fused_wgmma_unsupported(p, h)
+        assert why is not None and word in why, (h, why)
+    assert fused_wgmma_unsupported(plan, FusedWgmmaHint(row_tile=256, warpgroups=2)) is None
+    with pytest.raises(ValueError, match="sm_90"):
+        schedule_fused_wgmma(None, plan, FusedWgmmaHint(), SM80)
+    with pytest.raises(ValueError, match="row_tile=96"):
+        schedule_fused_wgmma(None, plan, FusedWgmmaHint(row_tile=96), SM90)
+
+
+def test_fused_hint_is_data():
+    h = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=3, ring=3, pdl=False)
+    assert hint_from_dict(hint_to_dict(h)) == h
+
+
+def test_fused_through_matmul_only_where_asked():
+    """A bucket whose hint is a FusedWgmmaHint serves its rows above the GEMV with the fused kernel
+    (one symbolic kernel); without it, or at GEMV row counts, the operator's choice is unchanged."""
+    cfg = MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
+                       with_scaling=True)
+    op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])
+    before = {r: choose(op, "cuda", r) for r in (17, 64, 65, 300, 5000)}
+    assert not any(isinstance(before[r][1], FusedWgmmaHint) for r in (17, 64, 5000))   # GEMV; decode-then-GEMM
+    fused = FusedWgmmaHint(row_tile=256, warpgroups=2)
+    op._buckets = BucketTable((64, 4096))
+    op._tuned["cuda"] = {4096: (None, fused)}
+    op._reset_dispatch("cuda")
+    for r in (65, 100, 300, 4096, 5000):
+        assert choose(op, "cuda", r) == (None, fused), r
+    assert choose(op, "cuda", 17) == before[17] and choose(op, "cuda", 64) == before[64]
+    src = op.get_source(m=300)
+    assert "wgmma.mma_async.sync.aligned.m64n256k16" in src and "permute_kernel" in src
+
+
+@pytest.mark.parametrize("hint", [FusedWgmmaHint(row_tile=128, raster_rows=512), FusedWgmmaHint(row_tile=64),
+                                  FusedWgmmaHint(row_tile=256, warpgroups=2, raster_rows=256)])
+def test_fused_raster_covers_every_tile(hint):
+    """The block -> (channel block, row tile) map of the generated kernel (its ``T.meta_var`` lines,
+    evaluated here) covers every tile once for row counts on and off the raster groups, and a
+    group's row tiles are adjacent block indices."""
+    import types
+    from bitblas.schedule.fused_wgmma import main_script
+    plan = make_plan(_cfg("u4-g128", N=1000), "cuda", None)
+    text = main_script(plan, hint)
+    grid = re.search(r"bx = T.cta_id\(\[(.*)\]\)", text).group(1)
+    metas = re.findall(r"^    (\w+) = T.meta_var\((.*)\)$", text, re.M)
+    T = types.SimpleNamespace(min=min)
+    ch = 64 * hint.channel_tiles * (1 if hint.split_k else hint.warpgroups)
+    for mv in (1, 65, hint.row_tile * 3 + 1, 1000, 4100):
+        env = {"T": T, "mv": mv, "tx": 0}
+        blocks = eval(grid, env)
+        tiles = []
+        for bx in range(blocks):
+            env["bx"] = bx
+            for name, expr in metas:
+                env[name] = eval(expr, env)
+            tiles.append((env["n0"] // ch, env["r0"] // hint.row_tile))
+        nrt = -(-mv // hint.row_tile)
+        assert sorted(tiles) == [(c, r) for c in range(-(-1000 // ch)) for r in range(nrt)], mv
+        gr = max(1, hint.raster_rows // hint.row_tile)
+        if nrt >= gr:
+            assert [r for _, r in tiles[:gr]] == list(range(gr)) and len({c for c, _ in tiles[:gr]}) == 1

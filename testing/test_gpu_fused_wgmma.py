@@ -1,0 +1,124 @@
+"""The fused mixed-input wgmma GEMM (``FusedWgmmaHint``, bitblas/schedule/fused_wgmma.py) on an
+sm_90 GPU: uint4 g128 (with and without float zeros), int4 g128, uint2 g128 and uint8 g128 weights
+x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile) x N=1000, K=1536
+(N off the channel tile), each tile shape (row tiles 64 / 128 / 256, 1 / 2 channel tiles, 1 / 2
+warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
+to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
+for rows past the GEMV. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
+the tolerance table.
+
+    python -m pytest testing/test_gpu_fused_wgmma.py -m gpu
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bitblas import MatmulConfig
+from bitblas.build import build_plan, cuda_target
+from bitblas.plan import make_plan
+from bitblas.schedule import FusedWgmmaHint
+from bitblas.schedule.fused_wgmma import fused_wgmma_unsupported
+from kernel_helpers import check_kernel
+
+_skip = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
+                           reason="needs an sm_90 GPU")
+
+
+def gpu(f):
+    return pytest.mark.gpu(_skip(f))
+
+
+FORMATS = {
+    "u4-g128": dict(W_dtype="uint4", group_size=128, with_scaling=True),
+    "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
+    "i4-g128": dict(W_dtype="int4", group_size=128, with_scaling=True),
+    "u2-g128": dict(W_dtype="uint2", group_size=128, with_scaling=True),
+    "u8-g128": dict(W_dtype="uint8", group_size=128, with_scaling=True),
+}
+HINTS = {
+    "t128": FusedWgmmaHint(row_tile=128, stages=4),
+    "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),
+    "t128c2": FusedWgmmaHint(row_tile=128, channel_tiles=2),
+    "t64c2w2": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, stages=1),
+    "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
+}
+ROWS = (65, 100, 128, 257, 1024)
+
+
+def _cfg(name, N, K, **kw):
+    return MatmulConfig(N=N, K=K, **{"A_dtype": "float16", **FORMATS[name], **kw})
+
+
+def _check(cfg, hint, rows):
+    plan = make_plan(cfg, "cuda", None)
+    why = fused_wgmma_unsupported(plan, hint)
+    assert why is None, why
+    fn = build_plan(plan, cuda_target(), hint)
+    return [e for e in (check_kernel(cfg, plan, fn, m) for m in rows) if e]
+
+
+# uint2 with 2 channel tiles of n128 would spill (refused: test_fused_wgmma.py)
+CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) != ("u2-g128", "t128c2")]
+
+
+@pytest.mark.parametrize("name,hk", CASES)
+@gpu
+def test_fused_formats(name, hk):
+    """N=1000, K=1536: one kernel (symbolic rows) per format x tile, run at 65..1024 rows."""
+    errors = _check(_cfg(name, 1000, 1536), HINTS[hk], ROWS)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("hk", ["t128", "t256w2", "t128w2k"])
+@pytest.mark.parametrize("name", list(FORMATS))
+@gpu
+def test_fused_8192(name, hk):
+    """N = K = 8192 at 128 rows (the issue's shape), the 128- and 256-row tiles."""
+    errors = _check(_cfg(name, 8192, 8192), HINTS[hk], (128,))
+    assert not errors, errors
+
+
+@gpu
+def test_fused_k_off_slab_falls_back():
+    """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose
+    bucket names it warns and serves the rows with its default kernel, correct."""
+    import bitblas
+    from bitblas.dispatch import BucketTable
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    for name in ("u4-g128", "u2-g128", "u8-g128"):
+        cfg = _cfg(name, 8192, 1000, M=None, group_size=-1)
+        hint = HINTS["t128"]
+        why = fused_wgmma_unsupported(make_plan(cfg, "cuda", None), hint)
+        assert why is not None and "K=1000" in why, why
+        op = bitblas.Matmul(cfg)
+        op._buckets = BucketTable((64, 4096))
+        op._tuned["cuda"] = {4096: (None, hint)}
+        for m in ROWS:
+            inp = random_inputs(cfg, m, device="cuda")
+            out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+            op(**inp, output=out)
+            err = relative_error(out, reference_matmul(cfg, **inp))
+            assert err <= tolerance(cfg), (name, m, err)
+
+
+@gpu
+def test_fused_through_matmul():
+    """A dynamic-M operator whose bucket above 64 rows names the fused kernel: correct at GEMV row
+    counts (its default kernels) and past them (one fused kernel, symbolic in the rows)."""
+    import bitblas
+    from bitblas.dispatch import BucketTable
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = _cfg("u4-g128-zeros", 1000, 1536, M=None)
+    op = bitblas.Matmul(cfg)
+    hint = HINTS["t256w2"]
+    op._buckets = BucketTable((64, 4096))
+    op._tuned["cuda"] = {4096: (None, hint)}
+    for m in (17, 64, 65, 100, 257, 1024, 4100):
+        inp = random_inputs(cfg, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(cfg, **inp))
+        assert err <= tolerance(cfg), (m, err)
+    fused = [k for k in op._kernels if len(k) == 3 and k[2] == hint]
+    assert fused == [("cuda", None, hint)], list(op._kernels)

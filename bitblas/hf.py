@@ -63,6 +63,11 @@ class BitBLASConfig(QuantizationConfigMixin):
                  modules_to_not_convert: Optional[List[str]] = None, skip_unsupported: bool = False,
                  method: str = "mse", **kwargs):
         kwargs.pop("quant_method", None)
+        calib = sorted(set(kwargs) & {"dataset", "calibration", "calibration_dataset"})
+        if calib:
+            raise ValueError(f"BitBLASConfig: {calib[0]!r} is not a field: quantizing on load reads one weight at a "
+                             "time and cannot run calibration data through the model; load the float model and "
+                             "call bitblas.quantize_model(model, config, calibration=...) (GPTQ-style)")
         if kwargs:
             raise ValueError(f"BitBLASConfig: unknown field(s) {sorted(kwargs)}; accepted: "
                              f"{sorted(_FIELDS + ('modules_to_not_convert', 'skip_unsupported'))}")

@@ -174,6 +174,8 @@ def gptq_quantize_weight(weight: torch.Tensor, H: torch.Tensor, W_dtype: str, gr
     perm = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order else None
     if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
+    Wt = W.t().contiguous()                  # [K, N]: a column is a contiguous row
+    del W
     pos = torch.empty(K, dtype=torch.long)   # position (processing order) of each original column
     pos[perm.cpu() if perm is not None else torch.arange(K)] = torch.arange(K)
     order = perm.cpu().tolist() if perm is not None else list(range(K))
@@ -182,14 +184,14 @@ def gptq_quantize_weight(weight: torch.Tensor, H: torch.Tensor, W_dtype: str, gr
 
     grid = _Grid(fmt, with_scaling, with_zeros, zeros_mode)
     groups = K // gs
-    scales = torch.zeros(N, groups, dtype=torch.float32, device=dev) if with_scaling else None
-    zeros = torch.zeros(N, groups, dtype=torch.float32, device=dev) if with_zeros else None
+    scales = torch.zeros(groups, N, dtype=torch.float32, device=dev) if with_scaling else None   # transposed
+    zeros = torch.zeros(groups, N, dtype=torch.float32, device=dev) if with_zeros else None
     have = [False] * groups
-    codes = torch.empty(N, K, dtype=grid.cast or torch.int16, device=dev)
+    codes = torch.empty(K, N, dtype=grid.cast or torch.int16, device=dev)       # transposed
     for i1 in range(0, K, block_size):
         i2 = min(i1 + block_size, K)
-        W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros(N, i2 - i1, dtype=torch.float32, device=dev)
+        W1 = Wt[i1:i2].clone()
+        Err1 = torch.zeros(i2 - i1, N, dtype=torch.float32, device=dev)
         U1 = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = order[i1 + i]
@@ -198,29 +200,31 @@ def gptq_quantize_weight(weight: torch.Tensor, H: torch.Tensor, W_dtype: str, gr
                 # the group's current values: columns in this block are up to date in W1; later
                 # blocks still owe this block's updates so far
                 p = pos[g * gs:(g + 1) * gs].to(dev)
-                cur = torch.empty(N, gs, dtype=torch.float32, device=dev)
+                cur = torch.empty(gs, N, dtype=torch.float32, device=dev)
                 inb = p < i2
                 if bool(inb.any()):
-                    cur[:, inb] = W1[:, p[inb] - i1]
+                    cur[inb] = W1[p[inb] - i1]
                 if bool((~inb).any()):
                     later = p[~inb]
-                    cur[:, ~inb] = W[:, later] - Err1[:, :i] @ U[i1:i1 + i][:, later]
-                qw = quantize_weight(cur, W_dtype, -1, with_scaling, with_zeros, zeros_mode, scale_dtype,
+                    cur[~inb] = Wt[later] - U[i1:i1 + i][:, later].t() @ Err1[:i]
+                qw = quantize_weight(cur.t().contiguous(), W_dtype, -1, with_scaling, with_zeros, zeros_mode, scale_dtype,
                                      method=method)
-                scales[:, g] = qw.scale[:, 0].to(torch.float32)
+                scales[g] = qw.scale[:, 0].to(torch.float32)
                 if with_zeros:
-                    zeros[:, g] = qw.zeros[:, 0].to(torch.float32)
+                    zeros[g] = qw.zeros[:, 0].to(torch.float32)
                 have[g] = True
-            w = W1[:, i]
-            c, q = grid.round(w, scales[:, g] if with_scaling else None, zeros[:, g] if with_zeros else None)
-            codes[:, col] = c
+            w = W1[i]
+            c, q = grid.round(w, scales[g] if with_scaling else None, zeros[g] if with_zeros else None)
+            codes[col] = c
             err = (w - q) / U1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-            Err1[:, i] = err
-        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+            W1[i:].addr_(U1[i, i:], err, alpha=-1)
+            Err1[i] = err
+        Wt[i2:].addmm_(U[i1:i2, i2:].t(), Err1, alpha=-1)
+    codes = codes.t().contiguous()
     if not with_scaling:
         return QuantizedWeight(codes)
     zq = None
     if with_zeros:
+        zeros = zeros.t().contiguous()
         zq = zeros.to(torch.int16) if zeros_mode == "quantized" else zeros.to(scale_dtype)
-    return QuantizedWeight(codes, scales.to(scale_dtype), zq)
+    return QuantizedWeight(codes, scales.t().contiguous().to(scale_dtype), zq)

@@ -18,6 +18,10 @@ float model is never materialized whole. Loading a saved bitblas model builds th
 skeletons first and hands each layer its tensors through the layer's own ``load_state_dict`` (format
 record checked, packed tensors taken as they are). A fresh process needs ``import bitblas.hf`` before
 ``from_pretrained`` of a saved folder, so that transformers knows the quant method.
+
+Quantizing on load sees one weight at a time, so it is weight-only (``method``); calibrated (GPTQ-style)
+quantization needs the float model and data: ``bitblas.quantize_model(model, config, calibration=ids)``
+(``BitBLASConfig(dataset=...)`` raises, saying so). The result saves and reloads like any bitblas model.
 """
 from __future__ import annotations
 

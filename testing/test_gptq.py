@@ -298,3 +298,34 @@ def test_layers_the_calibration_never_runs_are_quantized_plainly():
         bitblas.quantize_model(net, dict(W_dtype="int4", group_size=32, A_dtype="float32"), skip=["head"],
                                calibration=torch.randn(32, 64))
     assert isinstance(net.extra, bitblas.Linear)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gptq_on_cuda():
+    """On the weight's device: H = identity gives the plain quantizer's codes, a correlated H the
+    CPU's result up to float rounding, and quantize_model(calibration=...) on a CUDA model (float16,
+    CPU calibration ids moved to it) builds CUDA bitblas layers whose outputs track the float model."""
+    K, N = 256, 128
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    sample = _correlated(K, g)
+    w = torch.randn(N, K, generator=g) * 0.02
+    kw = dict(W_dtype="uint4", group_size=128, with_zeros=True)
+    a = quantize_weight(w.cuda(), method="rtn", **kw)
+    b = gptq_quantize_weight(w.cuda(), torch.eye(K), method="rtn", **kw)
+    assert b.codes.device.type == "cuda" and torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale)
+    x = sample(2048)
+    H = 2 * x.T @ x / len(x)
+    qc, qg = gptq_quantize_weight(w, H, **kw), gptq_quantize_weight(w.cuda(), H.cuda(), **kw)
+    assert (qc.codes == qg.codes.cpu()).float().mean() > 0.9
+    assert abs(_out_err(x, w, _decode(qc, 128, K)) - _out_err(x, w, _decode(qg, 128, K).cpu())) < 0.01
+    torch.manual_seed(random.randrange(1 << 30))
+    ref = _Net(K=K, hidden=K, out=128).half().cuda().eval()
+    net = _Net(K=K, hidden=K, out=128).half().cuda().eval()
+    net.load_state_dict(ref.state_dict())
+    bitblas.quantize_model(net, dict(W_dtype="uint4", group_size=128), skip=["head"], calibration=sample(1024).half())
+    assert isinstance(net.c, bitblas.Linear) and net.c.qweight.device.type == "cuda"
+    xe = sample(64).half().cuda()
+    with torch.no_grad():
+        out, want = net(xe).float(), ref(xe).float()
+    assert float((out - want).norm() / want.norm()) < 0.2

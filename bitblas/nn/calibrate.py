@@ -86,6 +86,11 @@ def calibration_runner(calibration) -> Tuple[Callable[[nn.Module, bool], None], 
     return run, True
 
 
+def _input(args, kwargs):
+    """The input of an nn.Linear call (positional, or the keyword ``input``)."""
+    return args[0] if args else kwargs.get("input")
+
+
 def _record(model: nn.Module, layers: Dict[str, nn.Linear], run) -> Tuple[List[List[str]], bool]:
     """Run the calibration once (float model): the stages, in order, and whether every forward pass
     calls each layer once in the same order (then a pass may stop after a stage)."""
@@ -94,14 +99,14 @@ def _record(model: nn.Module, layers: Dict[str, nn.Linear], run) -> Tuple[List[L
     prev = [None]
 
     def hook(name):
-        def pre(module, args):
-            x = args[0] if args else None
+        def pre(module, args, kwargs):
+            x = _input(args, kwargs)
             same.append(x is not None and x is prev[0])
             prev[0] = x
             calls.append(name)
         return pre
 
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in layers.items()]
+    handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in layers.items()]
     try:
         run(model, False)
     finally:
@@ -152,14 +157,14 @@ def quantize_calibrated(model: nn.Module, float_layers: Dict[str, nn.Linear], ne
             accs = {n: HessianAccumulator(todo[n].in_features, todo[n].weight.device) for n in stage}
 
             def collect(name):
-                def pre(module, args):
-                    accs[name].add(args[0])
+                def pre(module, args, kwargs):
+                    accs[name].add(_input(args, kwargs))
                 return pre
 
             def stop(module, args):
                 raise _Stop()
 
-            handles = [todo[n].register_forward_pre_hook(collect(n)) for n in stage]
+            handles = [todo[n].register_forward_pre_hook(collect(n), with_kwargs=True) for n in stage]
             if stoppable and si + 1 < len(stages):
                 handles.append(todo[stages[si + 1][0]].register_forward_pre_hook(stop))
             try:

@@ -72,7 +72,8 @@ class _Grid:
         if fmt.kind == "table" and self.cast is None:
             self.table = torch.tensor(fmt.table, dtype=torch.float32)
 
-    def round(self, w: torch.Tensor, s: Optional[torch.Tensor], z: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def round(self, w: torch.Tensor, s: Optional[torch.Tensor],
+              z: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """(codes, decoded float32 values) of column ``w`` [N] with scales ``s`` / zeros ``z`` [N] (float32)."""
         fmt = self.fmt
         if fmt.kind == "table":
@@ -96,6 +97,10 @@ class _Grid:
             return q.to(torch.int16), q * s - z
         q = (w / s + z).round().clamp(self.lo, self.hi)
         return q.to(torch.int16), (q - z) * s
+
+
+def _describe(t) -> str:
+    return f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def check_options(percdamp=0.01, block_size=128, act_order=False):
@@ -143,12 +148,10 @@ def gptq_quantize_weight(weight: torch.Tensor, H: torch.Tensor, W_dtype: str, gr
         raise ValueError(f"method={method!r} is invalid; accepted: {', '.join(map(repr, METHODS))}")
     fmt = get_format(W_dtype, "W")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
-        raise ValueError(f"weight: expected a float tensor [N, K], got "
-                         f"{type(weight).__name__ if not isinstance(weight, torch.Tensor) else f'{weight.dtype} {list(weight.shape)}'}")
+        raise ValueError(f"weight: expected a float tensor [N, K], got {_describe(weight)}")
     N, K = weight.shape
     if not isinstance(H, torch.Tensor) or not H.dtype.is_floating_point or list(H.shape) != [K, K]:
-        raise ValueError(f"H: expected a float tensor [K, K] = [{K}, {K}], got "
-                         f"{type(H).__name__ if not isinstance(H, torch.Tensor) else f'{H.dtype} {list(H.shape)}'}")
+        raise ValueError(f"H: expected a float tensor [K, K] = [{K}, {K}], got {_describe(H)}")
     if not bool(torch.isfinite(H).all()):
         raise ValueError("H: holds inf or nan")
     check_options(percdamp, block_size, act_order)
@@ -207,8 +210,8 @@ def gptq_quantize_weight(weight: torch.Tensor, H: torch.Tensor, W_dtype: str, gr
                 if bool((~inb).any()):
                     later = p[~inb]
                     cur[~inb] = Wt[later] - U[i1:i1 + i][:, later].t() @ Err1[:i]
-                qw = quantize_weight(cur.t().contiguous(), W_dtype, -1, with_scaling, with_zeros, zeros_mode, scale_dtype,
-                                     method=method)
+                qw = quantize_weight(cur.t().contiguous(), W_dtype, -1, with_scaling, with_zeros, zeros_mode,
+                                     scale_dtype, method=method)
                 scales[g] = qw.scale[:, 0].to(torch.float32)
                 if with_zeros:
                     zeros[g] = qw.zeros[:, 0].to(torch.float32)

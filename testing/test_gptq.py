@@ -329,3 +329,26 @@ def test_gptq_on_cuda():
     with torch.no_grad():
         out, want = net(xe).float(), ref(xe).float()
     assert float((out - want).norm() / want.norm()) < 0.2
+
+
+def test_prequantized_layers_compute_quantized_during_calibration(monkeypatch):
+    """A layer given in ``weights`` is not calibrated, but the layers after it see its quantized outputs."""
+    torch.manual_seed(random.randrange(1 << 30))
+    net = _Net().eval()
+    ref = _Net().eval()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(512, 64)
+    seen = []
+    real = calibrate.gptq_quantize_weight
+
+    def spy(weight, H, *args, **kw):
+        seen.append(H.clone())
+        return real(weight, H, *args, **kw)
+
+    monkeypatch.setattr(calibrate, "gptq_quantize_weight", spy)
+    qa = quantize_weight(net.a.weight, "int4", 32)
+    bitblas.quantize_model(net, dict(W_dtype="int4", group_size=32), skip=["head"], weights={"a": qa}, calibration=x)
+    assert len(seen) == 2                                   # b and c
+    hid = torch.relu(x @ net.a.dequantized_weight().T + ref.a.bias + x @ net.b.dequantized_weight().T)
+    assert torch.allclose(seen[1], 2 * hid.T @ hid / len(x), rtol=1e-3, atol=1e-4)
+    assert torch.equal(net.a.unpacked()["codes"].to(torch.int16), qa.codes)

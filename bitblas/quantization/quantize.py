@@ -101,7 +101,7 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
         raise ValueError("weight: expected a float tensor [N, K]")
     n, k = weight.shape
-    w = weight.detach().to(torch.float32)
+    w = weight.detach().to(torch.float32).contiguous()   # the search views its scratch buffers
     if fmt.kind == "float":
         return QuantizedWeight(w.to(TORCH_DTYPES[fmt.torch_dtype]))
     if fmt.group_size is not None:

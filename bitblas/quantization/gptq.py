@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..formats import get_format
-from .quantize import TORCH_DTYPES, QuantizedWeight, _nearest_code, _safe, quantize_weight
+from .quantize import TORCH_DTYPES, QuantizedWeight, nearest_code, safe_scale, quantize_weight
 from .search import METHODS
 
 __all__ = ["HessianAccumulator", "gptq_quantize_weight", "check_options"]
@@ -77,13 +77,13 @@ class _Grid:
         """(codes, decoded float32 values) of column ``w`` [N] with scales ``s`` / zeros ``z`` [N] (float32)."""
         fmt = self.fmt
         if fmt.kind == "table":
-            x = w / _safe(s) if s is not None else w
+            x = w / safe_scale(s) if s is not None else w
             if self.cast is not None:
                 lim = fmt.max_abs
                 c = x.clamp(-lim, lim).to(self.cast)
                 v = c.to(torch.float32)
             else:
-                c = _nearest_code(x, fmt)
+                c = nearest_code(x, fmt)
                 v = self.table.to(w.device)[c.long()]
             return c, (v * s if s is not None else v)
         if s is None:

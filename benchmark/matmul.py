@@ -464,6 +464,8 @@ def _cpu_name() -> str:
 
 
 def _commit():
+    if os.environ.get("BITBLAS_COMMIT"):      # a copy of the tree without its git history (the GPU host)
+        return os.environ["BITBLAS_COMMIT"]
     import subprocess
     try:
         here = os.path.dirname(os.path.abspath(__file__))

@@ -80,8 +80,8 @@ def _layer(args, device):
                          group_size=args.group_size, with_zeros=args.zeros, device=device)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(args.n, args.k, generator=g)
-    lin.load_and_transform_weight(w)            # quantized (default method)
-    return lin
+    lin.load_and_transform_weight(w)            # quantized (default method); the layer follows w to the CPU
+    return lin.to(device)
 
 
 def _cases(lin, args, device):
@@ -165,6 +165,8 @@ def _with_kernel(op, fake):
 
 
 def _commit():
+    if os.environ.get("BITBLAS_COMMIT"):      # a copy of the tree without its git history (the GPU host)
+        return os.environ["BITBLAS_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()

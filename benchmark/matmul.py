@@ -153,10 +153,11 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     elif fn is None:
         from bitblas.kernels import default_hint
         from bitblas.ops.dequant_gemm import DequantGemm
+        chosen = op._choose(device, m)[1]                  # the hint that served the call (None: the plan's default)
         if isinstance(kern[1], DequantGemm):
             kname = "Dequant+WGMMA"
         else:
-            dh = default_hint(kern[0], op.target)
+            dh = chosen if chosen is not None else default_hint(kern[0], op.target)
             kname = type(dh).__name__.replace("Hint", "") + (
                 "-wgmma" if getattr(dh, "wgmma", False) else "-mma" if getattr(dh, "mma", False) else "")
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
@@ -463,6 +464,8 @@ def _cpu_name() -> str:
 
 
 def _commit():
+    if os.environ.get("BITBLAS_COMMIT"):      # a copy of the tree without its git history (the GPU host)
+        return os.environ["BITBLAS_COMMIT"]
     import subprocess
     try:
         here = os.path.dirname(os.path.abspath(__file__))

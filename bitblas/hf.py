@@ -18,6 +18,10 @@ float model is never materialized whole. Loading a saved bitblas model builds th
 skeletons first and hands each layer its tensors through the layer's own ``load_state_dict`` (format
 record checked, packed tensors taken as they are). A fresh process needs ``import bitblas.hf`` before
 ``from_pretrained`` of a saved folder, so that transformers knows the quant method.
+
+Quantizing on load sees one weight at a time, so it is weight-only (``method``); calibrated (GPTQ-style)
+quantization needs the float model and data: ``bitblas.quantize_model(model, config, calibration=ids)``
+(``BitBLASConfig(dataset=...)`` raises, saying so). The result saves and reloads like any bitblas model.
 """
 from __future__ import annotations
 
@@ -63,6 +67,11 @@ class BitBLASConfig(QuantizationConfigMixin):
                  modules_to_not_convert: Optional[List[str]] = None, skip_unsupported: bool = False,
                  method: str = "mse", **kwargs):
         kwargs.pop("quant_method", None)
+        calib = sorted(set(kwargs) & {"dataset", "calibration", "calibration_dataset"})
+        if calib:
+            raise ValueError(f"BitBLASConfig: {calib[0]!r} is not a field: quantizing on load reads one weight at a "
+                             "time and cannot run calibration data through the model; load the float model and "
+                             "call bitblas.quantize_model(model, config, calibration=...) (GPTQ-style)")
         if kwargs:
             raise ValueError(f"BitBLASConfig: unknown field(s) {sorted(kwargs)}; accepted: "
                              f"{sorted(_FIELDS + ('modules_to_not_convert', 'skip_unsupported'))}")

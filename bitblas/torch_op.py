@@ -79,8 +79,7 @@ _LIB.define("matmul(Tensor A, Tensor W, Tensor? scale, Tensor? zeros, Tensor? bi
 
 def _matmul_impl(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = _OPERATORS.get(key) or operator_by_key(key)
-    return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": None,
-                          "a_scale": a_scale, "global_scale": global_scale})
+    return op.forward(A, W, scale=scale, zeros=zeros, bias=bias, a_scale=a_scale, global_scale=global_scale)
 
 
 _LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")

@@ -209,6 +209,8 @@ def test_config_round_trip_and_errors(naming):
     assert c.method == "rtn" and BitBLASConfig().method == "mse"
     with naming(ValueError, "method"):
         BitBLASConfig(method="gptq")
+    with pytest.raises(ValueError, match=r"'dataset' is not a field.*quantize_model\(model, config, calibration="):
+        BitBLASConfig(dataset=["some text"])
 
 
 def test_method_reaches_quantize_on_load(tmp_path):

@@ -311,6 +311,15 @@ def test_nvfp4_without_global_scale():
     assert ((deq - w.to(torch.float64)).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("name", ["nf4", "fp4_e2m1", "int4"])
+def test_non_contiguous_weight(name):
+    """A transposed view quantizes like its contiguous copy (the table search used to fail on it)."""
+    w = torch.randn(96, 64).t()
+    for gs in (-1, 32):
+        a, b = quantize_weight(w, name, gs), quantize_weight(w.contiguous(), name, gs)
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale)
+
+
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_float_weight_is_exact(name):
     config = bitblas.MatmulConfig(N=N, K=K, A_dtype=name, W_dtype=name)

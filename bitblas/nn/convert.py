@@ -192,7 +192,8 @@ def _load_prequantized(new: Linear, q, layer_bias):
 @torch.no_grad()
 def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_head",),
                    weights: Optional[Mapping[str, object]] = None, target=None,
-                   skip_unsupported: bool = False) -> nn.Module:
+                   skip_unsupported: bool = False, calibration=None, *, percdamp: float = 0.01,
+                   act_order: bool = False) -> nn.Module:
     """Replace every plain ``nn.Linear`` of ``model`` (in place) by a ``bitblas.Linear``; returns ``model``.
 
     ``config``: a :class:`QuantizationConfig` or a dict of its fields. ``skip``: layers left as they
@@ -208,10 +209,25 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
     ``group_size=128``) stay float; they are listed in a warning and in
     ``model.bitblas_skipped_layers`` (name -> reason). Otherwise such a layer raises, naming it.
     Nothing changes unless every (other) layer converts.
+
+    ``calibration``: quantize with GPTQ error compensation (:mod:`bitblas.nn.calibrate`) against the
+    inputs each layer sees when the model runs on it: input ids (a tensor, one forward), a list of
+    batches (tensors, dicts of keyword arguments or tuples of positional arguments), or a callable
+    ``f(model)`` that runs the model. Layer by layer in the order the model runs them, each seeing the
+    already quantized layers before it. ``percdamp`` (dampening, a fraction of the Hessian's mean
+    diagonal) and ``act_order`` (columns by decreasing input energy; the plain per-group layout is
+    kept) apply only with ``calibration``. Without it, each layer is quantized from its weights alone.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     cfg = _as_config(config)
+    if calibration is None and (act_order is not False or percdamp != 0.01):
+        raise ValueError("percdamp / act_order apply to calibrated quantization only; pass calibration=...")
+    if calibration is not None:
+        from ..quantization.gptq import check_options
+        from .calibrate import calibration_runner
+        check_options(percdamp, act_order=act_order)
+        calibration_runner(calibration)         # checks its type before any work
     skip = [skip] if isinstance(skip, str) else list(skip)
     layers = find_linear_layers(model, skip)
     weights = dict(weights or {})
@@ -221,6 +237,7 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
         raise ValueError(f"weights given for {unknown}, which are not nn.Linear layers of the model (or are skipped)")
     replacements: Dict[str, Linear] = {}
     skipped: Dict[str, str] = {}
+    calibrated: List[str] = []
     for name, layer in layers:
         try:
             new = new_linear(layer, cfg.linear_kwargs(layer), target)
@@ -232,11 +249,19 @@ def quantize_model(model: nn.Module, config=None, skip: Iterable[str] = ("lm_hea
         try:
             if name in weights:
                 _load_prequantized(new, weights[name], layer.bias)
+            elif calibration is not None:
+                if layer.weight.is_meta:
+                    raise ValueError("calibration needs the float weights, but this layer is on the meta device")
+                calibrated.append(name)
             elif not layer.weight.is_meta:
                 new.load_and_transform_weight(layer.weight, bias=layer.bias, method=cfg.method)
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"layer {name!r}: {e}") from e
         replacements[name] = new
+    if calibrated:
+        from .calibrate import quantize_calibrated
+        quantize_calibrated(model, dict(layers), replacements, calibrated,
+                            [n for n in replacements if n in weights], cfg, calibration, percdamp, act_order)
     swap_modules(model, replacements)
     if skipped:
         listed = "; ".join(f"{n} ({r})" for n, r in skipped.items())

@@ -64,7 +64,7 @@ def _table(fmt: Format, device) -> torch.Tensor:
     return torch.tensor(fmt.table, dtype=torch.float32, device=device)
 
 
-def _nearest_code(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+def nearest_code(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     """Index of the table entry nearest to each element (finite entries only)."""
     t = torch.tensor(fmt.table, dtype=torch.float64)
     codes = torch.arange(len(fmt.table))
@@ -77,7 +77,8 @@ def _nearest_code(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     return codes.to(x.device)[idx].to(torch.int16)
 
 
-def _safe(s: torch.Tensor) -> torch.Tensor:
+def safe_scale(s: torch.Tensor) -> torch.Tensor:
+    """``s`` with zero scales replaced by 1 (an all-zero group: any scale decodes it exactly)."""
     return torch.where(s == 0, torch.ones_like(s), s)
 
 
@@ -101,7 +102,7 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
         raise ValueError("weight: expected a float tensor [N, K]")
     n, k = weight.shape
-    w = weight.detach().to(torch.float32)
+    w = weight.detach().to(torch.float32).contiguous()   # the search views its scratch buffers
     if fmt.kind == "float":
         return QuantizedWeight(w.to(TORCH_DTYPES[fmt.torch_dtype]))
     if fmt.group_size is not None:
@@ -115,13 +116,13 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
         amax = wg.abs().amax(-1)
         gscale = None
         if global_scale is not False:
-            gscale = _safe(w.abs().amax().reshape(1) / (FORMATS["float8_e4m3"].max_abs * fmt.max_abs))
+            gscale = safe_scale(w.abs().amax().reshape(1) / (FORMATS["float8_e4m3"].max_abs * fmt.max_abs))
             sb = (amax / fmt.max_abs / gscale).clamp(max=FORMATS["float8_e4m3"].max_abs).to(torch.float8_e4m3fn)
             denom = sb.to(torch.float32) * gscale
         else:
             sb = (amax / fmt.max_abs).clamp(max=FORMATS["float8_e4m3"].max_abs).to(torch.float8_e4m3fn)
             denom = sb.to(torch.float32)
-        codes = _nearest_code(wg / _safe(denom).unsqueeze(-1), fmt)
+        codes = nearest_code(wg / safe_scale(denom).unsqueeze(-1), fmt)
         if method == "mse":
             e4m3 = FORMATS["float8_e4m3"].max_abs
             grid = Grid(fmt, None, lambda t: t.clamp(max=e4m3).to(torch.float8_e4m3fn).to(torch.float32), None,
@@ -140,7 +141,7 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
                             f"weights up to {float(w.abs().max()):g} are clamped (use with_scaling=True)")
             if fmt.torch_dtype:
                 return QuantizedWeight(w.clamp(-lim, lim).to(TORCH_DTYPES[fmt.torch_dtype]))
-            return QuantizedWeight(_nearest_code(w, fmt))
+            return QuantizedWeight(nearest_code(w, fmt))
         lo, hi = fmt.code_range
         r = w.round()
         if bool(((r < lo) | (r > hi)).any()):
@@ -153,13 +154,13 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
 
     if fmt.kind == "table":
         s = rounded(wg.abs().amax(-1) / fmt.max_abs)
-        x = wg / _safe(s).unsqueeze(-1)
+        x = wg / safe_scale(s).unsqueeze(-1)
         cast = TORCH_DTYPES[fmt.torch_dtype] if fmt.torch_dtype else None
         if cast is not None:
             lim = fmt.max_abs
             codes = x.clamp(-lim, lim).to(cast)
         else:
-            codes = _nearest_code(x, fmt)
+            codes = nearest_code(x, fmt)
         if method == "mse":
             s, _, c = search(Grid(fmt, None, rounded, None, cast=cast), wg, s, None,
                              codes.to(torch.float32))
@@ -178,15 +179,15 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
                             "with_zeros=True" + (f" or a signed format such as {'int' + str(fmt.bits)!r})"
                                                  if fmt.bits > 1 else ")"))
             s = wg.clamp(min=0).amax(-1) / hi
-        s = _safe(rounded(s))
+        s = safe_scale(rounded(s))
         q = (wg / s.unsqueeze(-1)).round().clamp(lo, hi)
         if method == "mse":
-            s, _, q = search(Grid(fmt, None, lambda t: _safe(rounded(t)), None), wg, s, None, q)
+            s, _, q = search(Grid(fmt, None, lambda t: safe_scale(rounded(t)), None), wg, s, None, q)
         return QuantizedWeight(q.reshape(n, k).to(torch.int16), s.to(scale_dtype))
 
     wmin = wg.amin(-1).clamp(max=0)
     wmax = wg.amax(-1).clamp(min=0)
-    s = _safe(rounded((wmax - wmin) / (hi - lo)))
+    s = safe_scale(rounded((wmax - wmin) / (hi - lo)))
     if zeros_mode == "rescale":
         z = rounded(lo * s - wmin)
         q = ((wg + z.unsqueeze(-1)) / s.unsqueeze(-1)).round().clamp(lo, hi)
@@ -197,7 +198,7 @@ def quantize_weight(weight: torch.Tensor, W_dtype: str, group_size: int = -1, wi
     else:
         raise ValueError(f"zeros_mode={zeros_mode!r} is invalid; accepted: original, rescale, quantized")
     if method == "mse":
-        grid = Grid(fmt, zeros_mode, lambda t: _safe(rounded(t)),
+        grid = Grid(fmt, zeros_mode, lambda t: safe_scale(rounded(t)),
                     (lambda t: t) if zeros_mode == "quantized" else rounded)
         s, z, q = search(grid, wg, s, z, q)
     zeros = z.to(torch.int16) if zeros_mode == "quantized" else z.to(scale_dtype)
@@ -397,10 +398,10 @@ def _quantize_nvfp4(x: torch.Tensor, global_scale: bool):
     xf = x.detach().to(torch.float32)
     xb = xf.reshape(*xf.shape[:-1], k // 16, 16)
     amax = xb.abs().amax(-1)
-    gs = _safe(xf.abs().amax().reshape(1) / (e4m3_max * e2m1_max)) if global_scale else None
+    gs = safe_scale(xf.abs().amax().reshape(1) / (e4m3_max * e2m1_max)) if global_scale else None
     sb = (amax / e2m1_max / (gs if gs is not None else 1.0)).clamp(max=e4m3_max).to(torch.float8_e4m3fn)
     denom = sb.to(torch.float32) * (gs if gs is not None else 1.0)
-    codes = e2m1_codes(xb / _safe(denom).unsqueeze(-1)).reshape(xf.shape)
+    codes = e2m1_codes(xb / safe_scale(denom).unsqueeze(-1)).reshape(xf.shape)
     return pack_codes(codes, FORMATS["nvfp4"], "plain"), sb, gs
 
 
@@ -442,7 +443,7 @@ def quantize_activation(x: torch.Tensor, dtype: str = "int8", global_scale: Opti
                          "nvfp4 (unsigned activations are passed as codes)")
     xf = x.detach().to(torch.float32)
     qmax = _ACT_QMAX.get(dtype, fmt.max_abs)
-    s = _safe(xf.abs().amax(-1) / qmax)
+    s = safe_scale(xf.abs().amax(-1) / qmax)
     y = xf / s.unsqueeze(-1)
     if fmt.kind == "table":
         return y.clamp(-qmax, qmax).to(TORCH_DTYPES[fmt.torch_dtype]), s

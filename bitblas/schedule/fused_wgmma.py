@@ -33,7 +33,7 @@ a multiple of the slab (as for the GEMV; otherwise the operator's default serves
 The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the GEMV), up to 1024
 rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
 Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
-tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 48 blocks, else
+tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks, else
 256-row tiles with two warpgroups side by side. Above that, decode-then-GEMM stays faster: each
 256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
@@ -203,7 +203,7 @@ def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
-    few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 48
+    few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
         if fused_wgmma_unsupported(plan, hint) is None:
             return hint

@@ -151,7 +151,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
         kname = "cpu-llvm"
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     elif fn is None:
-        from bitblas.schedule import default_hint
+        from bitblas.kernels import default_hint
         from bitblas.ops.dequant_gemm import DequantGemm
         chosen = op._choose(device, m)[1]                  # the hint that served the call (None: the plan's default)
         if isinstance(kern[1], DequantGemm):

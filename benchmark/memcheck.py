@@ -19,7 +19,8 @@ from bitblas.build import build_plan, cuda_target
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import FusedWgmmaHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
+from bitblas.kernels import default_hint
+from bitblas.schedule import FusedWgmmaHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
 
 G = 128
 S8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True)

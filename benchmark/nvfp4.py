@@ -91,7 +91,7 @@ def bench_gemv(M, K, L, sweep: bool, emit):
     base = _torch_baseline(x0)
     base_err = _err(base.permute(1, 2, 0), ref)
     base_us = time_graph([lambda x=x: _torch_baseline(x) for x in copies])
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     op = _gemv_op(M, K, "float16", x0["a"].device)
     dh = default_hint(op._nv.gemv_plan(1), op.target)
     emit(dict(kind="gemv", M=M, K=K, L=L, hint="default " + _hint_text(dh), us=us, floor_us=floor_us,

@@ -18,15 +18,14 @@ from typing import Optional, Union
 
 from . import env
 from ._tvm import tvm
-from .ir.matmul import emit_matmul
 from .plan import Plan
-from .schedule import default_hint, ir_options, schedule
+from .kernels import default_hint
 from .schedule.target import host_cpu_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads", "physical_cores",
-           "cpu_llc_bytes", "cuda_target", "build_plan",
+__all__ = ["target_arch", "cpu_target", "auto_detect_nvidia_target", "DEFAULT_ARCH", "set_cpu_threads",
+           "physical_cores", "cpu_llc_bytes", "cuda_target", "build_plan",
            "kernel_callable", "compile_plan", "lower_plan", "cuda_source",
            "nvcc_compile", "nvcc_resources", "find_nvcc", "PASS_CONFIG"]
 
@@ -112,13 +111,13 @@ def auto_detect_nvidia_target(gpu_id: int = 0):
     try:
         import torch
         if torch.cuda.is_available() and gpu_id < torch.cuda.device_count():
-            p = torch.cuda.get_device_properties(gpu_id)
-            info["arch"] = f"sm_{p.major}{p.minor}"
-            info["max_shared_memory_per_block"] = int(getattr(p, "shared_memory_per_block_optin", 49152) or 49152)
-            info["registers_per_block"] = int(getattr(p, "regs_per_multiprocessor", 65536) or 65536)
-            l2 = int(getattr(p, "L2_cache_size", 0) or 0)
-            if l2:
-                info["l2_cache_size_bytes"] = l2
+            from .arch import Arch
+            arch = Arch.from_device(gpu_id)          # bitblas.hardware.query_device's DeviceSpec
+            info["arch"] = f"sm_{arch.sm}"
+            info["max_shared_memory_per_block"] = arch.smem_per_block or 49152
+            info["registers_per_block"] = arch.regs_per_sm or 65536
+            if arch.l2_bytes:
+                info["l2_cache_size_bytes"] = arch.l2_bytes
             return tvm.target.Target(info)
     except Exception as e:  # a broken driver must not stop code generation
         logger.warning("could not query GPU %d (%s); using a generic %s target", gpu_id, e, DEFAULT_ARCH)
@@ -144,6 +143,8 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
             t = tvm.target.Target(target)
         except Exception as e:  # TVM raises several types here
             raise ValueError(f"target={target!r} is not a valid target: {e}") from None
+        if isinstance(target, str) and "/" in target and t.kind.name == "cuda":
+            t = _tag_target(t)                # "nvidia/nvidia-h100": the device's shared memory
     else:
         raise TypeError(f"target: expected None, a str, a dict or a tvm Target, got {type(target).__name__}")
     if t.kind.name != "cuda":
@@ -152,19 +153,46 @@ def cuda_target(target: Union[None, str, dict, "tvm.target.Target"] = None):
     return t
 
 
+def target_arch(target=None):
+    """The :class:`bitblas.arch.Arch` of any target spelling: None (BITBLAS_TARGET / TVM_TARGET, else
+    the local GPU, else a generic sm_80), "cuda", a tag ("nvidia/nvidia-h100"), "cuda -arch=sm_90a",
+    "sm_90a", a dict, a tvm Target; "llvm" / "cpu" / "c" (or an LLVM Target): the host CPU."""
+    from .arch import Arch, arch_of, cpu_arch
+    if isinstance(target, Arch):
+        return target
+    if isinstance(target, str) and target in ("llvm", "cpu", "c"):
+        return cpu_arch()
+    if isinstance(target, tvm.target.Target) and target.kind.name == "llvm":
+        return cpu_arch()
+    return arch_of(cuda_target(target))
+
+
+def _tag_target(t):
+    """A TVM tag's Target ("nvidia/nvidia-h100") with the shared memory a block of that device may
+    opt in to (the local GPU's when it is that arch, else the compute-capability family's, from
+    :class:`bitblas.arch.Arch`): TVM's tags give every GPU the 48 KB default, which would keep
+    the big-tile templates (wgmma, deep mma rings) off the device the tag names."""
+    from .arch import Arch
+    a = Arch.from_target(t)
+    optin = a.spec.smem_per_block if a.spec.source == "device" else a.optin_smem_per_block
+    cur = a.smem_per_block
+    if not optin or (cur is not None and cur >= optin):
+        return t
+    spec = {k: v for k, v in dict(t.export()).items() if k not in ("tag", "keys")}
+    spec["max_shared_memory_per_block"] = int(optin)
+    return tvm.target.Target(spec)
+
+
 def _arch_target(arch: str) -> dict:
     """A CUDA target dict for ``arch`` ("sm_90a"): the local GPU's limits when it is that arch,
     else generic ones (48 KB shared memory per block)."""
     info = {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152, "max_threads_per_block": 1024,
             "thread_warp_size": 32}
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    from .arch import Arch, local_cc
     try:
-        import torch
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(torch.cuda.current_device())
-            if f"{p.major}{p.minor}" == digits:
-                local = dict(auto_detect_nvidia_target().export())
-                info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
+        if Arch.parse(arch).sm == local_cc():
+            local = dict(auto_detect_nvidia_target().export())
+            info.update({k: v for k, v in local.items() if k not in ("tag", "keys", "kind", "arch")})
     except Exception:  # noqa: BLE001 - a broken driver: generic limits
         pass
     return info
@@ -194,12 +222,12 @@ def _cli_target(text: str) -> dict:
 
 
 def lower_plan(plan: Plan, hint=None, target=None):
-    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and ``target``)."""
+    """The scheduled IRModule of a plan (``hint`` None: the default for its target kind and
+    ``target``); the template builds it (:func:`bitblas.kernels.lower`: the TensorIR is emitted
+    only for templates that schedule it)."""
+    from .kernels import lower
     hint = hint or default_hint(plan, target)
-    if plan.nvfp4_acts:                 # NVFP4 x NVFP4: hand-written kernels (schedule/nvfp4.py), no TensorIR
-        from .schedule.nvfp4 import schedule_nvfp4
-        return schedule_nvfp4(plan, hint, target)
-    return schedule(emit_matmul(plan, **ir_options(plan, hint)), plan, hint, target)
+    return lower(plan, hint, target)
 
 
 def compile_module(mod, tgt):
@@ -207,7 +235,7 @@ def compile_module(mod, tgt):
     tirx pipeline, and the arch the wgmma kernels need (sm_90a)."""
     from .schedule.target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     attrs = mod.attrs
-    if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # sm_90a kernels (wgmma, setmaxnreg)
+    if attrs is not None and WGMMA_ARCH_ATTR in attrs:      # arch-specific kernels (wgmma, setmaxnreg)
         spec = dict(tgt.export())
         spec["arch"] = str(attrs[WGMMA_ARCH_ATTR])
         tgt = tvm.target.Target({k: v for k, v in spec.items() if k not in ("tag", "keys")})
@@ -232,19 +260,25 @@ def kernel_callable(mod):
     return main
 
 
-def compile_plan(plan: Plan, target=None, hint=None):
-    """Compile a plan; returns the tvm Executable (``ex["main"]``, ``ex.export_library(path)``)."""
+def compile_plan(plan: Plan, target=None, hint=None, fallback: Optional[bool] = None):
+    """Compile a plan; returns the tvm Executable (``ex["main"]``, ``ex.export_library(path)``).
+    ``fallback`` (default: ``hint`` is None, i.e. the default kernel): when the kernel fails to
+    build, build the registry's last-resort template instead (:func:`bitblas.kernels.fallback_hint`)."""
     tgt = cpu_target() if plan.target_kind == "cpu" else cuda_target(target)
+    if fallback is None:
+        fallback = hint is None
+    hint = hint or default_hint(plan, tgt)
     try:
         mod = lower_plan(plan, hint, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = compile_module(mod, tgt)
-    except Exception as e:  # noqa: BLE001 - a default tensor-core kernel that fails to build falls back
-        from .schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
-        if hint is not None or not isinstance(default_hint(plan, tgt), (MMAHint, GEMVHint, WGMMAHint)):
+    except Exception as e:  # noqa: BLE001 - a default kernel that fails to build falls back
+        from .kernels import fallback_hint
+        fb = fallback_hint(plan, hint) if fallback else None
+        if fb is None:
             raise
-        logger.warning("tensor-core/GEMV kernel failed to build (%s); using the simple CUDA schedule", e)
-        mod = lower_plan(plan, SimpleCUDAHint.default(plan), tgt)
+        logger.warning("%s kernel failed to build (%s); using %s", type(hint).__name__, e, type(fb).__name__)
+        mod = lower_plan(plan, fb, tgt)
         with tvm.transform.PassContext(config=PASS_CONFIG):
             ex = compile_module(mod, tgt)
     return ex
@@ -289,8 +323,10 @@ def nvcc_resources(source: str, arch: str = "sm_90", timeout: float = 300.0) -> 
 
 def _nvcc(source: str, arch: str, timeout: float, extra=()):
     """(cubin bytes, nvcc's stdout + stderr)."""
-    if arch == "sm_90" and ("wgmma." in source or "setmaxnreg." in source):
-        arch = "sm_90a"
+    from .arch import Arch
+    a = Arch.parse(arch) if arch.startswith("sm_") else None
+    if a is not None and a.wgmma and not a.suffix and ("wgmma." in source or "setmaxnreg." in source):
+        arch = a.wgmma_arch
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found: set CUDA_HOME to a CUDA toolkit")

@@ -8,6 +8,8 @@ reference all read it, so they cannot disagree.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -105,6 +107,17 @@ def nvfp4_args(c: MatmulConfig, rows, add) -> None:
 
 
 def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] = None) -> Plan:
+    """The plan of ``config`` for ``target_kind`` and ``m`` rows (None: symbolic in M). Plans are
+    frozen and built once per (config, kind, m) (a config whose M is a list is not hashable:
+    built each time)."""
+    try:
+        hash(config)
+    except TypeError:
+        return _build_plan(config, target_kind, m)
+    return _cached_plan(config, target_kind, m)
+
+
+def _build_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] = None) -> Plan:
     if target_kind not in ("cpu", "cuda"):
         raise ValueError(f"target_kind={target_kind!r} is invalid; accepted: 'cpu', 'cuda'")
     c = config
@@ -164,3 +177,6 @@ def make_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int] =
     add("output", (rows, c.N), c.out_dtype, role="output")
     return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args),
                 code_storage(w, "W", None if float_acts else a), code_storage(a, "A"))
+
+
+_cached_plan = functools.lru_cache(maxsize=4096)(_build_plan)

@@ -5,7 +5,7 @@ Issue 23 refactors kernel selection (one template registry, one selector) under 
 selection decides without a GPU or a compile:
 
 * ``cuda``: for (target, config, N x K, M mode, rows), the kernel an untuned ``Matmul`` runs for
-  ``rows`` rows (``Matmul._choose``): the path (``fused`` kernel, or ``dequant-gemm``: decode, then
+  ``rows`` rows (``Matmul.choice``, i.e. ``bitblas.kernels.select``): the path (``fused`` kernel, or ``dequant-gemm``: decode, then
   the dense GEMM), the rows its plan is built for (None: symbolic in M) and its hint (for the
   dequant-gemm path, the dense GEMM's hint); plus ``default_hint`` of the plan of exactly ``rows``
   rows. With ``rows`` = M for a static M.
@@ -19,16 +19,16 @@ selection decides without a GPU or a compile:
 * ``nvfp4``: NVFP4 x NVFP4 operators (``ops/nvfp4.NVFP4Matmul``): decode-then-GEMM or the GEMV, its
   rows per launch and the hints.
 
-The local GPU's SM count enters two defaults today (``schedule.target.num_sms``); it is pinned to 132
+The local GPU's SM count enters two defaults (``Arch.sm_count``); it is pinned to 132
 (its value without a GPU, and an H100's / H200's) while the table is computed, so the table is
 the same on every machine.
 
 What it calls today, and what a refactor that replaces these must re-point (the adapters here
-change, the table does not): ``Matmul._choose`` and ``ops.matmul._DequantGemmChoice``,
-``schedule.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
+change, the table does not): ``Matmul.choice`` (``bitblas.kernels.select``),
+``kernels.default_hint``, ``plan.make_plan``, ``tune.space.candidates`` (as ``tune.tuner``
 imports it), ``tune.tuner.tune_bucket`` / ``_compile_all`` / ``composite_serves``,
 ``ops.nvfp4.NVFP4Matmul`` (``uses_gemm``, ``_gemm_hint``, ``gemv_rows``, ``gemv_plan``) and
-``schedule.target._SMS``.
+``arch._LOCAL_SMS`` (the local GPU's SM count).
 
 ``python -m testing.choice_table --write`` (from the repository root) regenerates the table file;
 ``--show CASE`` prints one case in full (the whole candidate list for ``tune`` cases), for
@@ -147,7 +147,7 @@ TOPK = 20
 NVFP4_SHAPES = ((4096, 4096), (28672, 8192), (1024, 4096))
 NVFP4_ROWS = (1, 2, 7, 8, 9, 16, 17, 64, 1024)
 
-SMS = 132     # schedule.target.num_sms() while the table is computed
+SMS = 132     # the local GPU's SM count (bitblas.arch) while the table is computed
 
 
 def _case_id(*parts) -> str:
@@ -181,13 +181,13 @@ class _Hints:
 
 @contextlib.contextmanager
 def _pinned_sms():
-    from bitblas.schedule import target
-    saved = list(target._SMS)
-    target._SMS[:] = [SMS]
+    from bitblas import arch
+    saved = list(arch._LOCAL_SMS)
+    arch._LOCAL_SMS[:] = [SMS]
     try:
         yield
     finally:
-        target._SMS[:] = saved
+        arch._LOCAL_SMS[:] = saved
 
 
 class _Stop(Exception):
@@ -247,9 +247,8 @@ def _configs():
 def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
     from bitblas import Matmul
     from bitblas.build import cuda_target
-    from bitblas.ops.matmul import _DequantGemmChoice
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     from bitblas.tune.space import candidates
     targets = {name: cuda_target(t) for name, t in TARGETS.items()}
     for cid, N, K, M, cfg in _configs():
@@ -258,13 +257,9 @@ def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
             op = Matmul(cfg, target=tgt)
             kc = op._kc
             for rows in rows_list:
-                m, hint = op._choose("cuda", rows)
-                if isinstance(hint, _DequantGemmChoice):
-                    path, hint = "dequant-gemm", hint.gemm
-                else:
-                    path = "fused"
-                    if hint is None:
-                        hint = default_hint(make_plan(kc, "cuda", m), tgt)
+                c = op.choice("cuda", rows)
+                path = "dequant-gemm" if c.template == "dequant-gemm" else "fused"
+                m, hint = c.rows, c.hint
                 plan_default = default_hint(make_plan(kc, "cuda", rows), tgt)
                 out[_case_id(tname, cid, f"{N}x{K}", _mode(M), f"r{rows}")] = [path, m, hints(hint),
                                                                               hints(plan_default)]
@@ -272,9 +267,8 @@ def _cuda_cases(hints: _Hints, out: dict, cpu: dict) -> None:
         kc = op._kc
         base = _case_id("cpu", cid, f"{N}x{K}", _mode(M))
         for rows in rows_list:
-            m, hint = op._choose("cpu", rows)
-            cpu[_case_id(base, f"r{rows}")] = [m, hints(hint if hint is not None else
-                                                         default_hint(make_plan(kc, "cpu", m)))]
+            c = op.choice("cpu", rows)
+            cpu[_case_id(base, f"r{rows}")] = [c.rows, hints(c.hint)]
         cpu[_case_id(base, "candidates")] = _digest(candidates(kc, "cpu", rows_list[-1]))
 
 
@@ -315,7 +309,7 @@ def _nvfp4_cases(hints: _Hints, out: dict) -> None:
     from bitblas.build import cuda_target
     from bitblas.ops.nvfp4 import NVFP4Matmul
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     targets = {name: cuda_target(t) for name, t in TARGETS.items()}
     for N, K in NVFP4_SHAPES:
         cfg = MatmulConfig(M=None, N=N, K=K, A_dtype="nvfp4", W_dtype="nvfp4", with_scaling=True,

@@ -77,7 +77,7 @@ def ranked_candidates(cfg, bucket: int, spec):
     """The tuner's candidates for ``bucket`` of ``cfg`` on ``spec`` with a finite cost estimate, cheapest first."""
     import math
     from bitblas.plan import make_plan
-    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import estimate
     from bitblas.tune.space import Candidate, candidates
     out = []
     for c in candidates(cfg, "cuda", bucket, spec):
@@ -93,3 +93,26 @@ def elf_bytes(n: int) -> bytes:
     head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 56, 0, 64, 0, 0)
     assert len(head) == 64
     return head + os.urandom(n)
+
+
+def choose(op, kind: str, rows: int):
+    """``op.choice(kind, rows)`` as (plan rows, hint): the hint None for the plain default of the
+    plan (the registry's first template), ("dequant-gemm", dense GEMM hint) for decode-then-GEMM;
+    a tuned hint or a row-class hint (the wgmma tiles of a symbolic kernel) as it is."""
+    from bitblas.plan import make_plan
+    from bitblas.kernels import default_hint
+    c = op.choice(kind, rows)
+    if c.template == "dequant-gemm":
+        return c.rows, ("dequant-gemm", c.hint)
+    if c.template == "wgmma" and c.rows is None:       # the tile class of the rows, always explicit
+        return c.rows, c.hint
+    if not c.tuned and c.hint == default_hint(make_plan(op._kc, kind, c.rows), op.arch if kind == "cuda" else None):
+        return c.rows, None
+    return c.rows, c.hint
+
+
+def past_gemv(choice) -> bool:
+    """Whether a :func:`choose` hint is the path for quantized weights past the GEMV on sm_90:
+    decode-then-GEMM, or the fused wgmma GEMM where it is the default (schedule/fused_wgmma.py)."""
+    from bitblas.schedule import FusedWgmmaHint
+    return isinstance(choice, FusedWgmmaHint) or (isinstance(choice, tuple) and choice[0] == "dequant-gemm")

@@ -345,7 +345,7 @@ def test_cuda_kernel_faults_are_repaired(db_path, fault, m, caplog, monkeypatch)
     km.get_kernel(plan)
     db = bitblas.cache.get_database()
     from bitblas.build import cuda_target
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     hint = default_hint(plan, cuda_target(None))
     key = km.kernel_key(plan, hint, km.target_desc("cuda", cuda_target(None)))
     rec = db.get("kernel", key)

@@ -65,8 +65,8 @@ def test_get_source_without_gpu():
 @pytest.mark.nvcc
 def test_get_source_is_the_kernel_the_call_runs():
     """get_source(m=...) gives what a call with m rows runs: the GEMV rows kernel at 1 row, the
-    tensor-core GEMV of the row class (its run-time row count), the tuned hint of the bucket, the
-    decode kernel plus the dense wgmma GEMM past the GEMV's rows (Hopper); the symbolic kernel
+    tensor-core GEMV of the row class (its run-time row count), the tuned hint of the bucket, past
+    the GEMV's rows the fused wgmma GEMM, then the decode kernel plus the dense wgmma GEMM (Hopper); the symbolic kernel
     without m for a dynamic M; a bad m is refused by name."""
     from bitblas.dispatch import BucketTable
     from bitblas.schedule import GEMVHint
@@ -78,7 +78,9 @@ def test_get_source_is_the_kernel_the_call_runs():
     assert "bb_dec_" in rows1 and "mma.sync" not in rows1
     mma5 = op.get_source(m=5)
     assert "mma.sync" in mma5 and "int mv" in mma5 and mma5 == op.get_source(m=8)
-    big = op.get_source(m=200)
+    fused = op.get_source(m=200)                             # the fused wgmma GEMM (its default rows)
+    assert "wgmma" in fused and "dense GEMM" not in fused
+    big = op.get_source(m=2000)                              # past them (N < 8192): decode + dense GEMM
     assert "dense GEMM on the decoded weights" in big and "wgmma" in big
     assert "dense GEMM" not in op.get_source()              # no m: the symbolic-M kernel
     h = GEMVHint(rows_per_warp=2, warps=4, unroll=2)

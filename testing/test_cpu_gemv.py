@@ -15,7 +15,8 @@ from bitblas.build import compile_plan, cpu_target
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import CPUGemvHint, CPUHint, cpu_gemv_unsupported, default_hint, schedule_cpu_gemv
+from bitblas.schedule import CPUGemvHint, CPUHint, cpu_gemv_unsupported, schedule_cpu_gemv
+from bitblas.kernels import default_hint
 from bitblas.tune.tuner import kernel_args
 
 

@@ -10,13 +10,13 @@ import torch
 
 import bitblas
 from bitblas import MatmulConfig
-from bitblas.ops.dequant_gemm import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_gemm_reason
+from bitblas.kernels.select import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_gemm_reason, gemv_serves
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
 from bitblas.schedule.gemv import GEMV_MMA_MAX_ROWS
 from bitblas.schedule.gemv.mma import row_class
-from kernel_helpers import TARGETS
+from kernel_helpers import TARGETS, choose, past_gemv
 
 C = MatmulConfig
 G = 128
@@ -53,23 +53,23 @@ def test_dense_config_keeps_shape_bias_output():
 def test_dispatch_on_sm90(fmt):
     op = bitblas.Matmul(C(N=1024, K=1024, **FORMATS[fmt]), target=TARGETS["sm_90"])
     assert dequant_gemm_reason(op._base_plan("cuda"), op.target) is None
-    m, choice = op._choose("cuda", 4096)
-    assert m is None and choice[0] == "dequant-gemm" and isinstance(choice.gemm, WGMMAHint)
-    assert op._choose("cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1] is None       # fewer rows: the fused kernels
+    m, choice = choose(op, "cuda", 4096)
+    assert m is None and choice[0] == "dequant-gemm" and isinstance(choice[1], WGMMAHint)
+    assert choose(op, "cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1] is None       # fewer rows: the fused kernels
     # 17..64 rows: the tensor-core GEMV (the kernel of the rows' class) where it takes the plan, else this path
     for rows in (DEQUANT_GEMM_MIN_ROWS, GEMV_MMA_MAX_ROWS):
-        expect = (row_class(rows), None) if op._gemv_serves(rows) else None
-        got = op._choose("cuda", rows)
-        assert got == expect if expect else got[1][0] == "dequant-gemm", (rows, got)
-    m, choice = op._choose("cuda", GEMV_MMA_MAX_ROWS + 1)
-    assert m is None and choice[0] == "dequant-gemm"
+        expect = (row_class(rows), None) if gemv_serves(op._kc, "cuda", rows, op.arch) else None
+        got = choose(op, "cuda", rows)
+        assert got == expect if expect else past_gemv(got[1]), (rows, got)
+    m, choice = choose(op, "cuda", GEMV_MMA_MAX_ROWS + 1)
+    assert m is None and past_gemv(choice)            # the fused wgmma GEMM where it is the default
 
 
 @pytest.mark.parametrize("target", [TARGETS["sm_80"], TARGETS["sm_89"], "sm_90"], ids=["sm80", "sm89", "sm90-48KB"])
 def test_not_without_wgmma(target):
     op = bitblas.Matmul(C(N=1024, K=1024, **FORMATS["uint4-g128-zeros"]), target=target)
     assert "wgmma" in dequant_gemm_reason(op._base_plan("cuda"), op.target)
-    assert op._choose("cuda", 4096) == (None, None)
+    assert choose(op, "cuda", 4096) == (None, None)
 
 
 def test_reasons():
@@ -131,7 +131,7 @@ def test_gpu_matmul(fmt, NK):
         inputs = random_inputs(cfg, rows, device="cuda", seed=rows)
         out = torch.full((rows, N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
         op(**inputs, output=out)
-        assert op._choose("cuda", rows)[1][0] == "dequant-gemm"
+        assert past_gemv(choose(op, "cuda", rows)[1])
         torch.cuda.synchronize()
         err = relative_error(out.cpu(), reference_matmul(cfg, **inputs))
         assert err <= tolerance(cfg), f"{fmt} rows={rows}: rel. err {err:.3e} > {tolerance(cfg):.1e}"
@@ -143,12 +143,12 @@ def test_static_m_takes_the_path_too():
     from bitblas.tune.tuner import composite_serves
     cfg = C(M=4096, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])
     op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])
-    m, choice = op._choose("cuda", 4096)
+    m, choice = choose(op, "cuda", 4096)
     assert m == 4096 and choice[0] == "dequant-gemm"
     assert composite_serves(cfg, "cuda", 4096, TARGETS["sm_90"]) is not None
     small = C(M=8, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])
-    assert bitblas.Matmul(small, target=TARGETS["sm_90"])._choose("cuda", 8) == (8, None)      # GEMV
+    assert choose(bitblas.Matmul(small, target=TARGETS["sm_90"]), "cuda", 8) == (8, None)      # GEMV
     assert composite_serves(small, "cuda", 8, TARGETS["sm_90"]) is None
     mid = C(M=48, N=1024, K=1024, **FORMATS["uint4-g128-zeros"])       # 17..64 rows: the tensor-core GEMV
-    assert bitblas.Matmul(mid, target=TARGETS["sm_90"])._choose("cuda", 48) == (48, None)
+    assert choose(bitblas.Matmul(mid, target=TARGETS["sm_90"]), "cuda", 48) == (48, None)
     assert composite_serves(mid, "cuda", 48, TARGETS["sm_90"]) is None

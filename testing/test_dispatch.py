@@ -9,10 +9,12 @@ import torch
 
 import bitblas
 from bitblas import MatmulConfig
-from bitblas.dispatch import DEFAULT_BUCKETS, BucketTable, buckets_of, default_rows
+from bitblas.dispatch import DEFAULT_BUCKETS, BucketTable, buckets_of
+from bitblas.kernels.select import kernel_rows as default_rows, row_class as gemv_kernel_rows
 from bitblas.build import cuda_target
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import GEMVHint
+from kernel_helpers import choose
 
 
 @pytest.fixture
@@ -87,7 +89,7 @@ def test_every_bucket_reached_and_every_m_correct(db_path):
         out = op(**inp)
         assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg), m
         b = op._buckets.bucket_of(m)
-        assert op._choose("cpu", m) == tuned[b]        # the bucket's tuned kernel serves m
+        assert choose(op, "cpu", m) == tuned[b]        # the bucket's tuned kernel serves m
         served.setdefault(b, set()).add(m)
     assert set(served) == set(buckets)                 # every bucket reached
     assert served[4] == {2, 3, 4} and served[48] >= {17, 48, 49, 100, 257}
@@ -105,16 +107,16 @@ def test_gemv_bucket_dispatch_rule(db_path):
     h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
     op._buckets = BucketTable((1, 8))
     op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
-    assert op._choose("cuda", 1) == (1, h)
-    assert op._choose("cuda", 5) == (5, h)             # rows 2..8: static rows kernels, tuned hint
-    assert op._choose("cuda", 8) == (8, h)
-    assert op._choose("cuda", 9) == (16, None)         # beyond the last bucket: the default (tensor-core GEMV, 9..16)
-    assert op._choose("cuda", 40) == (48, None)        # the default GEMV (tensor cores, chunks of 16 rows)
+    assert choose(op, "cuda", 1) == (1, h)
+    assert choose(op, "cuda", 5) == (5, h)             # rows 2..8: static rows kernels, tuned hint
+    assert choose(op, "cuda", 8) == (8, h)
+    assert choose(op, "cuda", 9) == (16, None)         # beyond the last bucket: the default (tensor-core GEMV, 9..16)
+    assert choose(op, "cuda", 40) == (48, None)        # the default GEMV (tensor cores, chunks of 16 rows)
     hm8 = GEMVHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
     op._tuned["cuda"] = {1: (1, h), 8: (8, hm8)}       # a tuned tensor-core hint: one kernel for rows 2..8
-    assert op._choose("cuda", 2) == (8, hm8) and op._choose("cuda", 8) == (8, hm8)
+    assert choose(op, "cuda", 2) == (8, hm8) and choose(op, "cuda", 8) == (8, hm8)
     op._tuned["cuda"] = {1: (1, h), 8: (8, h)}
-    assert op._choose("cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
+    assert choose(op, "cuda", 65) == (None, None)      # default tensor-core kernel, symbolic
     # a tuned tensor-core GEMV serves its bucket's rows where the untuned default is no GEMV
     # (group-scaled int8 x int8 at 33..48 rows: wgmma); a rows-kernel hint cannot take > 16 rows
     i8 = MatmulConfig(M=[16, 48], N=256, K=256, A_dtype="int8", W_dtype="int8", with_scaling=True,
@@ -123,11 +125,11 @@ def test_gemv_bucket_dispatch_rule(db_path):
     hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
     op8._buckets = BucketTable((16, 48))
     op8._tuned["cuda"] = {16: (16, h), 48: (48, hm)}
-    assert op8._choose("cuda", 40) == (48, hm) and op8._choose("cuda", 48) == (48, hm)
-    assert op8._choose("cuda", 12) == (12, h)
+    assert choose(op8, "cuda", 40) == (48, hm) and choose(op8, "cuda", 48) == (48, hm)
+    assert choose(op8, "cuda", 12) == (12, h)
     op8._tuned["cuda"] = {16: (16, h), 48: (48, h)}
-    assert op8._choose("cuda", 40)[0] is None         # the default kernel (wgmma, symbolic)
-    assert op8._choose("cuda", 20) == (32, None)      # 17..32 rows: the default GEMV (the chunk loop)
+    assert choose(op8, "cuda", 40)[0] is None         # the default kernel (wgmma, symbolic)
+    assert choose(op8, "cuda", 20) == (32, None)      # 17..32 rows: the default GEMV (the chunk loop)
 
 
 def test_gemv_bucket_rows_are_built_ahead():
@@ -152,7 +154,6 @@ def test_gemv_kernel_rows_per_class():
     """Tensor-core GEMV hints: one kernel per class of row counts (the tuner builds only the class
     tops of a bucket's range); rows-kernel hints: one per row count; the tuner's kernel arguments
     take fewer rows than the plan's."""
-    from bitblas.dispatch import gemv_kernel_rows
     from bitblas.plan import make_plan
     from bitblas.reference import random_inputs
     from bitblas.tune.tuner import kernel_args
@@ -174,10 +175,10 @@ def test_gemv_kernel_rows_per_class():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_default_gemv_tile_constant_per_class(arch):
-    """dispatch.default_rows serves a row count with its class top's untuned kernel: that holds
+    """kernels.select.kernel_rows serves a row count with its class top's untuned kernel: that holds
     because the default tensor-core GEMV hint is the same for every row count of a class."""
     from bitblas.plan import make_plan
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     from bitblas.schedule.gemv.mma import row_class
     from bitblas.schedule.gemv.wgmma import wgmma_rows
     t = cuda_target(arch)
@@ -244,6 +245,6 @@ def test_untuned_dynamic_operator_unchanged(db_path):
     for m in (1, 7, 300):
         inp = random_inputs(cfg, m)
         assert relative_error(op(**inp), reference_matmul(cfg, **inp)) <= tolerance(cfg)
-    assert list(op._kernels) == [("cpu", None)]
+    assert [c.rows for _, c in op._kernels] == [None]
     assert isinstance(op(torch.randn(0, 128).half(), random_inputs(cfg, 1)["W"],
                          scale=random_inputs(cfg, 1)["scale"]), torch.Tensor)

@@ -23,7 +23,7 @@ from bitblas.dispatch import BucketTable
 from bitblas.plan import make_plan
 from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
 from bitblas.schedule.fused_wgmma import fused_wgmma_unsupported, schedule_fused_wgmma
-from kernel_helpers import TARGETS
+from kernel_helpers import TARGETS, choose
 
 SM90 = cuda_target(TARGETS["sm_90"])
 SM80 = cuda_target(TARGETS["sm_80"])
@@ -117,15 +117,15 @@ def test_fused_through_matmul_only_where_asked():
     cfg = MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
                        with_scaling=True)
     op = bitblas.Matmul(cfg, target=TARGETS["sm_90"])
-    before = {r: op._choose("cuda", r) for r in (17, 64, 65, 300, 5000)}
-    assert not any(isinstance(h, FusedWgmmaHint) for _, h in before.values())
+    before = {r: choose(op, "cuda", r) for r in (17, 64, 65, 300, 5000)}
+    assert not any(isinstance(before[r][1], FusedWgmmaHint) for r in (17, 64, 5000))   # GEMV; decode-then-GEMM
     fused = FusedWgmmaHint(row_tile=256, warpgroups=2)
     op._buckets = BucketTable((64, 4096))
     op._tuned["cuda"] = {4096: (None, fused)}
     op._reset_dispatch("cuda")
     for r in (65, 100, 300, 4096, 5000):
-        assert op._choose("cuda", r) == (None, fused), r
-    assert op._choose("cuda", 17) == before[17] and op._choose("cuda", 64) == before[64]
+        assert choose(op, "cuda", r) == (None, fused), r
+    assert choose(op, "cuda", 17) == before[17] and choose(op, "cuda", 64) == before[64]
     src = op.get_source(m=300)
     assert "wgmma.mma_async.sync.aligned.m64n256k16" in src and "permute_kernel" in src
 

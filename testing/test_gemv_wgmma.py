@@ -18,9 +18,10 @@ import pytest
 
 from bitblas import MatmulConfig
 from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
-from bitblas.dispatch import gemv_kernel_rows
+from bitblas.kernels.select import row_class as gemv_kernel_rows
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint, default_hint
+from bitblas.kernels import default_hint
+from bitblas.schedule import GEMVHint
 from bitblas.schedule.gemv import gemv_hint_unsupported, schedule_cuda_gemv
 from bitblas.schedule.gemv.emit import format_helpers
 from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows

@@ -15,7 +15,8 @@ from bitblas import MatmulConfig
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, default_hint, gemv_unsupported
+from bitblas.schedule import GEMVHint, gemv_unsupported
+from bitblas.kernels import default_hint
 
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -82,7 +83,7 @@ def _err(cfg, m, fn=None, plan=None, seed=None, drop=()):
         op(**inputs, output=out)
         kplan = op._kernel("cuda", m)[0]
         # the rows kernel for m rows, or the tensor-core one for the top of m's class
-        assert kplan.m == op._kernel_m("cuda", m) and isinstance(default_hint(kplan), GEMVHint), \
+        assert kplan.m == op.plan("cuda", m).m and isinstance(default_hint(kplan), GEMVHint), \
             "GEMV kernel not selected"
     else:
         _run(fn, plan, inputs, out)
@@ -305,18 +306,18 @@ def test_gemv_selection():
     assert "mma=True" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
     op = bitblas.Matmul(cfg)
     # the rows kernel is built per row count (m=1), the tensor-core one for the top of each class
-    assert op._kernel_m("cuda", 1) == 1 and op._kernel_m("cuda", 2) == 8 and op._kernel_m("cuda", 7) == 8
-    assert op._kernel_m("cuda", 9) == 16 and op._kernel_m("cuda", 17) == 32 and op._kernel_m("cuda", 49) == 64
-    assert op._kernel_m("cpu", 7) is None
-    assert op._kernel_m("cuda", 65) is None
+    assert op.plan("cuda", 1).m == 1 and op.plan("cuda", 2).m == 8 and op.plan("cuda", 7).m == 8
+    assert op.plan("cuda", 9).m == 16 and op.plan("cuda", 17).m == 32 and op.plan("cuda", 49).m == 64
+    assert op.plan("cpu", 7).m is None
+    assert op.plan("cuda", 65).m is None
     for kw in TABLE_FORMATS.values():                 # table formats: GEMV at 1..16 rows as well
         tcfg = MatmulConfig(N=1000, K=1536, **kw)
         assert gemv_unsupported(make_plan(tcfg, "cuda", 1)) is None, kw
         assert isinstance(default_hint(make_plan(tcfg, "cuda", 16)), GEMVHint)
-        assert bitblas.Matmul(tcfg)._kernel_m("cuda", 1) == 1
+        assert bitblas.Matmul(tcfg).plan("cuda", 1).m == 1
     f8 = MatmulConfig(N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True)
     assert "activations" in gemv_unsupported(make_plan(f8, "cuda", 1))
-    assert bitblas.Matmul(f8)._kernel_m("cuda", 1) is None
+    assert bitblas.Matmul(f8).plan("cuda", 1).m is None
 
 
 @pytest.mark.nvcc
@@ -359,9 +360,9 @@ def test_gemv_staged_row_defaults(monkeypatch):
     """Which m=1 plans stage the activation row (GEMVHint._staged_row), and the checks of
     ``act_smem``: one row, the rows kernel, a row that fits 48 KB of shared memory. The 8-bit
     rule reads the SM count: an H200's 132 here, whatever GPU runs the test."""
-    from bitblas.schedule import target
+    from bitblas import arch
     from bitblas.schedule.gemv import gemv_hint_unsupported
-    monkeypatch.setattr(target, "_SMS", [132])
+    monkeypatch.setattr(arch, "_LOCAL_SMS", [132])
 
     def hint(n=8192, k=8192, m=1, **kw):
         return default_hint(make_plan(MatmulConfig(N=n, K=k, **kw), "cuda", m))

@@ -27,7 +27,8 @@ from bitblas.formats import FORMATS
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES, pack_weight
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint, gemv_unsupported
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported
+from bitblas.kernels import default_hint
 from kernel_helpers import H200_SPEC, TARGETS
 
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -88,7 +89,7 @@ def _check(cfg, m, fn=None, plan=None):
         op = bitblas.Matmul(cfg)
         op(**inputs, output=out)
         kplan = op._kernel("cuda", m)[0]
-        assert kplan.m == op._kernel_m("cuda", m) and isinstance(default_hint(kplan, op.target), GEMVHint), \
+        assert kplan.m == op.plan("cuda", m).m and isinstance(default_hint(kplan, op.target), GEMVHint), \
             "GEMV kernel not selected"      # the rows kernel for m rows, or the tensor-core one of m's class
     else:
         fn(*kernel_args(plan, inputs, out))
@@ -264,7 +265,7 @@ def test_gemv_int8_selection(w, arch):
             first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
             assert isinstance(hint, GEMVHint) and hint.mma == (m >= first), (w, kw, m, hint)   # m16n8k32
         op = bitblas.Matmul(cfg)     # the rows kernel per row count, the tensor-core one per class (8: 1..8)
-        assert op._kernel_m("cuda", 1) == 1 and op._kernel_m("cuda", 7) == 8
+        assert op.plan("cuda", 1).m == 1 and op.plan("cuda", 7).m == 8
         for m in (17, 33, 64):                # the m16n8k32 GEMV in chunks of 16 rows (8-bit codes up to 32)
             plan = make_plan(cfg, "cuda", m)
             hint = default_hint(plan, target)
@@ -325,7 +326,7 @@ def test_gemv_int8_refused(naming):
 def test_gemv_int8_tuner_candidates():
     """The tuner offers the rows and tensor-core kernels for int8 activations (no k-split), and the
     cost model refuses the k-split."""
-    from bitblas.tune.cost import estimate
+    from bitblas.tune.space import estimate
     from bitblas.tune.space import candidates
     cfg = _cfg("i4-chan-as-bias-f16")
     cands = candidates(cfg, "cuda", 4, H200_SPEC)

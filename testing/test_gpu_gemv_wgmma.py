@@ -97,5 +97,5 @@ def test_gemv_wgmma_through_matmul():
         op(**inp, output=out)
         err = relative_error(out, reference_matmul(op.config, **inp))
         assert err <= tolerance(op.config), (m, err)
-    rows = sorted(m for kind, m, *_ in op._kernels)
+    rows = sorted(c.rows for kind, c in op._kernels)
     assert rows == [16, 24, 32, 48, 56, 64], rows

@@ -22,7 +22,8 @@ from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from kernel_helpers import TARGETS
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
+from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
+from bitblas.kernels import default_hint
 
 C = MatmulConfig
 G = 128

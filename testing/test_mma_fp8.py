@@ -17,7 +17,8 @@ from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, lower
 from bitblas.ir.matmul import emit_matmul
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
+from bitblas.schedule import MMAHint, SimpleCUDAHint, WGMMAHint
+from bitblas.kernels import default_hint
 from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS, check_kernel, fp8_mma_tolerance
 from bitblas.schedule.cuda_mma import mma_fp8_unsupported_reason, mma_reason
 
@@ -254,8 +255,8 @@ def test_fp8_matmul_operator_uses_mma():
 
 
 def test_fp8_schedule_needs_fp8_values_ir():
-    from bitblas.schedule import schedule
+    from bitblas.schedule import schedule_cuda_mma
     plan = _plan(DISPATCH["e4m3xe4m3-dyn-bf16"])
     target = cuda_target(TARGETS["sm_90"])
     with pytest.raises(ValueError, match="ir_options"):
-        schedule(emit_matmul(plan), plan, MMAHint.default(plan, target), target)
+        schedule_cuda_mma(emit_matmul(plan), plan, MMAHint.default(plan, target), target)

@@ -15,7 +15,8 @@ import torch
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
-from bitblas.schedule import MMAHint, SimpleCUDAHint, default_hint
+from bitblas.schedule import MMAHint, SimpleCUDAHint
+from bitblas.kernels import default_hint
 from kernel_helpers import TARGETS, check_kernel
 from bitblas.schedule.cuda_mma import mma_int8_unsupported_reason
 

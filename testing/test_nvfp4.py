@@ -97,7 +97,7 @@ _UNCHANGED = {
 def test_existing_configs_unchanged(name):
     from bitblas.build import cuda_source, cuda_target
     from bitblas.cache.kernels import kernel_key
-    from bitblas.schedule import default_hint
+    from bitblas.kernels import default_hint
     kw, key_hash, src_hash = _UNCHANGED[name]
     c = MatmulConfig(**kw)
     p = make_plan(c, "cuda", kw["M"])

@@ -92,7 +92,8 @@ def _cuda_kernels(cfg):
     without scales: the GEMV's dp4a rows kernel and m16n8k32 kernel, the wgmma GEMM (int8 x int8),
     the mma.sync GEMM (sm_80) and the simple kernel."""
     from bitblas.build import cuda_target
-    from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, default_hint
+    from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
+    from bitblas.kernels import default_hint
     out = []
     for m in (1, 16):
         plan = make_plan(cfg, "cuda", m)

@@ -14,12 +14,11 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.dispatch import DEFAULT_BUCKETS
 from bitblas.hardware import DeviceSpec
-from bitblas.ops.matmul import _DequantGemmChoice
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint
 from bitblas.schedule.cuda_wgmma import _S8_N
 from bitblas.tune import candidates, estimate, select_topk, tuner
-from kernel_helpers import ranked_candidates, A100_SPEC, H200_SPEC, TARGETS
+from kernel_helpers import ranked_candidates, A100_SPEC, H200_SPEC, TARGETS, choose, past_gemv
 
 H200 = H200_SPEC
 L40S = DeviceSpec(name="test sm_89", arch="sm_89", sm_count=142, smem_per_sm=102400, smem_per_block=101376,
@@ -185,7 +184,7 @@ def test_tune_bucket_default_is_the_rows_tile_class(monkeypatch):
     for bucket in (128, 4096):
         with pytest.raises(Stop):
             tuner.tune_bucket(F16, "cuda", bucket, target=tgt, spec=H200, topk=4, parallel=False)
-        untuned = op._choose("cuda", bucket)
+        untuned = choose(op, "cuda", bucket)
         assert untuned[0] is None and isinstance(untuned[1], WGMMAHint)
         assert any(c.hint == untuned[1] and c.plan_m is None for c in seen["cands"]), (bucket, untuned)
 
@@ -201,8 +200,8 @@ def test_composite_buckets_match_untuned_dispatch(target, fmt):
     op = bitblas.Matmul(cfg, target=TARGETS[target])
     for b in DEFAULT_BUCKETS:
         skip = tuner.composite_serves(cfg, "cuda", b, op.target)
-        composite = op._choose("cuda", b)[1]
-        assert (skip is not None) == isinstance(composite, _DequantGemmChoice), (b, skip, composite)
+        composite = choose(op, "cuda", b)[1]
+        assert (skip is not None) == past_gemv(composite), (b, skip, composite)
         assert (skip is not None) == (target == "sm_90" and fmt != "f16" and b > 64), b   # <= 64: the GEMV
     # a static M above the GEMV's rows takes the same path (test_dequant_gemm), so is skipped alike
     static = cfg.replace(M=256)
@@ -239,14 +238,14 @@ def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypa
     assert res[256].latency_ms is None and res[256].speedup is None
     assert res[1].skipped is None and res[16].skipped is None and res[48].skipped is None
     assert set(op._tuned["cuda"]) == {1, 16, 48}
-    assert op._choose("cuda", 16) == (16, h) and op._choose("cuda", 5) == (5, h)
+    assert choose(op, "cuda", 16) == (16, h) and choose(op, "cuda", 5) == (5, h)
     # the tensor-core GEMV takes its row count at run time: one kernel per class (17..32, 33..48)
-    assert op._choose("cuda", 17) == (32, hm) and op._choose("cuda", 33) == (48, hm)
-    assert op._choose("cuda", 48) == (48, hm)
-    assert op._choose("cuda", 64) == (64, None)          # past the last GEMV bucket: the default GEMV
+    assert choose(op, "cuda", 17) == (32, hm) and choose(op, "cuda", 33) == (48, hm)
+    assert choose(op, "cuda", 48) == (48, hm)
+    assert choose(op, "cuda", 64) == (64, None)          # past the last GEMV bucket: the default GEMV
     for rows in (65, 100, 256, 5000):
-        m, choice = op._choose("cuda", rows)
-        assert m is None and isinstance(choice, _DequantGemmChoice), rows
+        m, choice = choose(op, "cuda", rows)
+        assert m is None and past_gemv(choice), rows
     # on an A100 nothing is skipped (no wgmma)
     tuned_buckets.clear()
     monkeypatch.setattr(bitblas.hardware, "query_device", lambda *a: A100_SPEC)

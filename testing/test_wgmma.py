@@ -13,8 +13,9 @@ import torch
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, wgmma_unsupported
-from kernel_helpers import TARGETS, check_kernel, fp8_mma_tolerance
+from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, wgmma_unsupported
+from bitblas.kernels import default_hint
+from kernel_helpers import TARGETS, check_kernel, choose, fp8_mma_tolerance, past_gemv
 
 C = MatmulConfig
 E4, E5 = "float8_e4m3", "float8_e5m2"
@@ -81,8 +82,8 @@ def test_not_below_sm90(arch):
 @pytest.mark.parametrize("M,expect", [(1, (64, 64)), (128, (64, 64)), (256, (64, 128)), (512, (128, 128)), (1024, (128, 256)),
                                       (None, (128, 256))])
 def test_tiles_fill_the_sms(M, expect, monkeypatch):
-    import bitblas.schedule.target as g
-    monkeypatch.setattr(g, "_SMS", [132])
+    import bitblas.arch as g
+    monkeypatch.setattr(g, "_LOCAL_SMS", [132])
     h = WGMMAHint.default(_plan(C(M=M, N=4096, K=4096, **FAMILIES["f16"])), _h200())
     assert (h.BM, h.BN) == expect
 
@@ -277,15 +278,15 @@ def test_dynamic_m_picks_tiles_per_row_count(monkeypatch):
     """A symbolic-M operator on sm_90 serves each row count with the tile class that fills the SMs
     (one symbolic kernel per class), not with the 128 x 256 tiles of large M."""
     import bitblas
-    import bitblas.schedule.target as g
-    monkeypatch.setattr(g, "_SMS", [132])
+    import bitblas.arch as g
+    monkeypatch.setattr(g, "_LOCAL_SMS", [132])
     op = bitblas.Matmul(C(N=4096, K=4096, **FAMILIES["f16"]), target=TARGETS["sm_90"])
-    got = {r: op._choose("cuda", r) for r in (1, 100, 256, 600, 4096)}
+    got = {r: choose(op, "cuda", r) for r in (1, 100, 256, 600, 4096)}
     assert all(m is None for m, _ in got.values())
     assert [(h.BM, h.BN) for _, h in got.values()] == [(64, 64), (64, 64), (64, 128), (128, 128), (128, 256)]
     quant = bitblas.Matmul(C(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
                            target=TARGETS["sm_90"])
-    assert quant._choose("cuda", 300)[1][0] == "dequant-gemm"      # decoded weights: test_dequant_gemm
+    assert past_gemv(choose(quant, "cuda", 300)[1])      # decoded weights: test_dequant_gemm
 
 
 @pytest.mark.gpu

@@ -106,14 +106,16 @@ def _from_disk(db, key) -> Optional[Tuple[object, object]]:
         return None
 
 
-def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = None):
+def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = None,
+               default: Optional[bool] = None):
     """(runtime function, hint used) of ``plan`` built with ``hint`` (None: the default hint).
 
     Looked up in memory, then on disk; else compiled and, when ``persist`` (default yes, CUDA and
-    CPU alike), written to the database.
+    CPU alike), written to the database. ``default`` (default: ``hint`` is None): ``hint`` is the
+    untuned choice, so a failed build falls back to the last-resort template (build.compile_plan).
     """
     from ..build import compile_plan, cpu_target, cuda_target, kernel_callable
-    from ..schedule import default_hint
+    from ..kernels import default_hint
     kind = plan.target_kind
     tgt = cpu_target() if kind == "cpu" else cuda_target(target)
     used = hint if hint is not None else default_hint(plan, tgt)
@@ -129,7 +131,7 @@ def get_kernel(plan: Plan, hint=None, target=None, persist: Optional[bool] = Non
     db = _database()
     entry = _from_disk(db, key) if db is not None else None
     if entry is None:
-        ex = compile_plan(plan, tgt, hint)
+        ex = compile_plan(plan, tgt, used, fallback=hint is None if default is None else default)
         entry = (ex, kernel_callable(ex))
         if persist and db is not None:
             store_built(plan, used, tdesc, ex)

@@ -30,7 +30,7 @@ from typing import Dict
 
 import torch
 
-from ..dequant_choice import dense_config
+from ..kernels.select import dense_config
 from ..plan import Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES
 

@@ -17,9 +17,8 @@ from ..config import MatmulConfig
 from ..formats import FORMATS
 from ..plan import M_VAR, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
-from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_gemm_reason
-from ..dispatch import default_rows, gemv_hint_takes, gemv_kernel_rows
-from ..schedule.gemv import GEMV_MMA_MAX_ROWS, GEMVHint
+from ..kernels import KernelChoice
+from ..kernels.select import DEQUANT_GEMM, kernel_rows, select
 from .checks import check_tensor, why_not
 from .compat import BitBLASOperatorAPI, kernel_config
 
@@ -57,7 +56,8 @@ class Matmul(BitBLASOperatorAPI):
         self._cuda_target = None
         if self._target_arg is not None:
             self._resolve_cuda_target()            # reject a bad target now, not at the first call
-        self._kernels: Dict[Tuple[str, Optional[int]], Tuple[Plan, object]] = {}
+        self._arch = None                         # bitblas.arch.Arch of the CUDA target, made once
+        self._kernels: Dict[Tuple[str, KernelChoice], Tuple[Plan, object]] = {}   # (kind, choice) -> kernel
         self._consts: Dict[Tuple[str, torch.device], torch.Tensor] = {}
         self._base: Dict[str, Plan] = {}          # kind -> plan with symbolic M (argument names, A's width)
         self._argchecks: Dict[int, tuple] = {}    # id(plan) -> (plan, precomputed per-argument checks)
@@ -71,7 +71,6 @@ class Matmul(BitBLASOperatorAPI):
         # (device, A's shape) -> the unbound call's plan, pre-checked (see :meth:`_call_entry`)
         self._calls: Dict[tuple, Optional[tuple]] = {}
         self._buckets = None                      # BucketTable of the tuned buckets
-        self._dequant_gemm_why: Optional[str] = None      # why decode-then-GEMM does not apply ("" : it does)
         self.tuning_results: Dict[str, dict] = {}  # kind -> {bucket: TuneResult}
         self._nv = None                           # NVFP4 x NVFP4 (A_dtype="nvfp4"): its own operator, ops/nvfp4.py
         if config.A_dtype == "nvfp4":
@@ -92,115 +91,62 @@ class Matmul(BitBLASOperatorAPI):
         """The CUDA target CUDA tensors are compiled for (None for a CPU-only operator)."""
         return None if self._cpu_only else self._resolve_cuda_target()
 
+    @property
+    def arch(self):
+        """The :class:`bitblas.arch.Arch` CUDA tensors are compiled for (made once from the target)."""
+        if self._arch is None:
+            from ..arch import arch_of
+            self._arch = arch_of(self._resolve_cuda_target())
+        return self._arch
+
     def _static_m(self, rows: Optional[int]) -> Optional[int]:
         M = self._kc.M
         return M if isinstance(M, int) and rows == M else None
 
-    def _kernel_m(self, kind: str, rows: Optional[int]) -> Optional[int]:
-        """Row count the untuned kernel for ``rows`` is built for (None: symbolic). CUDA calls with
-        1..64 rows get a GEMV kernel where the template serves them (bitblas.dispatch.gemv_rows):
-        the rows kernel for exactly that many rows, a tensor-core one for the top of their class."""
-        if kind != "cuda" or rows is None or not 1 <= rows <= GEMV_MMA_MAX_ROWS:
-            return self._static_m(rows)
-        return default_rows(self._kc, kind, rows, self._resolve_cuda_target())
-
-    def _choose(self, kind: str, rows: int) -> Tuple[Optional[int], object]:
-        """(plan rows, hint or None for the default) of the kernel that serves ``rows``: the tuned
-        kernel of rows' bucket where it can (see bitblas.dispatch), else the default kernel."""
-        default_m = self._kernel_m(kind, rows)
+    def choice(self, kind: str, rows: int) -> KernelChoice:
+        """The kernel that serves ``rows`` rows on ``kind`` ("cuda" / "cpu"): the tuned kernel of
+        rows' bucket where it serves them, else the untuned one (:func:`bitblas.kernels.select.select`)."""
         tuned = self._tuned.get(kind)
-        bucket = self._buckets.bucket_of(rows) if tuned else None
-        choice = tuned.get(bucket) if tuned else None       # None: not tuned (or the bucket was skipped)
-        if choice is not None:
-            m, hint = choice
-            if isinstance(hint, GEMVHint):
-                if rows <= bucket and gemv_hint_takes(self._kc, kind, rows, hint):   # the rows kernel, or rows' class
-                    return gemv_kernel_rows(self._kc, kind, rows, hint), hint
-            elif m is None or m == rows:
-                return m, hint
-        if kind == "cuda" and default_m is None:
-            hint = self._wgmma_for_rows(rows)
-            if hint is not None:
-                return None, hint
-            if rows >= DEQUANT_GEMM_MIN_ROWS:
-                choice = self._dequant_gemm_for_rows(rows)
-                if choice is not None:
-                    return None, self._fused_for_rows(rows) or choice
-        elif kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS and not self._gemv_serves(rows):
-            choice = self._dequant_gemm_for_rows(rows)     # a static M (the config's int) past the GEMV
-            if choice is not None:
-                return default_m, self._fused_for_rows(rows) or choice
-        return default_m, None
-
-    def _fused_for_rows(self, rows: int):
-        """Where decode-then-GEMM would serve ``rows``: the fused wgmma GEMM's tile if it serves them
-        by default (bitblas.schedule.fused_wgmma.fused_default), else None."""
-        from ..schedule.fused_wgmma import fused_default
-        return fused_default(self._base_plan("cuda"), rows)
-
-    def _gemv_serves(self, rows: int) -> bool:
-        """Whether the untuned CUDA kernel for ``rows`` is a GEMV kernel (bitblas.dispatch.gemv_rows)."""
-        from ..dispatch import gemv_rows
-        return gemv_rows(self._kc, "cuda", rows, self._resolve_cuda_target())
-
-    def _dequant_gemm_for_rows(self, rows: int):
-        """Quantized weights with many rows on Hopper: decode once, then the dense wgmma GEMM
-        (see :mod:`bitblas.ops.dequant_gemm`); None where that path does not apply."""
-        why = self._dequant_gemm_why
-        if why is None:
-            why = self._dequant_gemm_why = dequant_gemm_reason(self._base_plan("cuda"), self._resolve_cuda_target()) or ""
-        if why:
-            return None
-        from ..schedule import WGMMAHint
-        return _DequantGemmChoice(WGMMAHint.default(make_plan(dense_config(self._kc), "cuda", rows),
-                                                    self._resolve_cuda_target()))
-
-    def _wgmma_for_rows(self, rows: int):
-        """The Hopper template's tiles for ``rows`` on the symbolic-M kernel (None where the default
-        kernel is not wgmma): one kernel per tile class (at most four), so few rows get small tiles
-        that fill the SMs instead of the 128 x 256 tiles of large M."""
-        from ..schedule import WGMMAHint, default_hint
-        target = self._resolve_cuda_target()
-        if not isinstance(default_hint(self._base_plan("cuda"), target), WGMMAHint):
-            return None
-        return WGMMAHint.default(make_plan(self._kc, "cuda", rows), target)
+        return select(self._kc, kind, rows, self.arch if kind == "cuda" else None,
+                      (self._buckets, tuned) if tuned else None)
 
     def plan(self, kind: str = "cpu", rows: Optional[int] = None) -> Plan:
-        return make_plan(self._kc, kind, self._kernel_m(kind, rows))
+        """The plan of the untuned kernel that serves ``rows`` rows (None: the symbolic one)."""
+        return make_plan(self._kc, kind, kernel_rows(self._kc, kind, rows, self.arch if kind == "cuda" else None))
 
     def _kernel(self, kind: str, rows: int):
+        """(plan, kernel) that serves ``rows`` rows, built on first use; then one dict lookup."""
         entry = self._by_rows.get((kind, rows))
         if entry is not None:
             return entry
-        m, hint = self._choose(kind, rows)
-        key = (kind, m) if hint is None else (kind, m, hint)
-        entry = self._kernels.get(key)
-        if entry is None and isinstance(hint, _DequantGemmChoice):
-            from .dequant_gemm import DequantGemm
-            plan = make_plan(self._kc, kind, m)
-            t0 = time.perf_counter()
-            fn = DequantGemm(plan, self._resolve_cuda_target(), hint=hint.gemm)
-            logger.info("cuda kernel (m=%s, %s) ready in %.2f s", m or M_VAR, fn, time.perf_counter() - t0)
-            entry = self._kernels[key] = (plan, fn)
+        c = self.choice(kind, rows)
+        entry = self._kernels.get((kind, c))
         if entry is None:
-            from ..cache.kernels import get_kernel
-            target = self._resolve_cuda_target() if kind == "cuda" else None
-            plan = make_plan(self._kc, kind, m)
-            t0 = time.perf_counter()
-            try:
-                fn, used = get_kernel(plan, hint, target=target)
-            except Exception as e:  # noqa: BLE001 - a tuned hint that does not build for these rows
-                if hint is None:
-                    raise
-                logger.warning("tuned %s does not build for %d rows (%s); using the default kernel", hint, rows, e)
-                m = self._kernel_m(kind, rows)
-                plan = make_plan(self._kc, kind, m)
-                fn, used = get_kernel(plan, None, target=target)
-            logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, m or M_VAR, used, time.perf_counter() - t0)
-            entry = self._kernels[key] = (plan, fn)
+            entry = self._kernels[(kind, c)] = self._build(kind, rows, c)
         if len(self._by_rows) < 65536:
             self._by_rows[(kind, rows)] = entry
         return entry
+
+    def _build(self, kind: str, rows: int, c: KernelChoice) -> Tuple[Plan, object]:
+        plan = make_plan(self._kc, kind, c.rows)
+        t0 = time.perf_counter()
+        if c.template == DEQUANT_GEMM:
+            from .dequant_gemm import DequantGemm
+            fn = DequantGemm(plan, self._resolve_cuda_target(), hint=c.hint)
+            logger.info("cuda kernel (m=%s, %s) ready in %.2f s", c.rows or M_VAR, fn, time.perf_counter() - t0)
+            return plan, fn
+        from ..cache.kernels import get_kernel
+        target = self._resolve_cuda_target() if kind == "cuda" else None
+        try:
+            fn, used = get_kernel(plan, c.hint, target=target, default=not c.tuned)
+        except Exception as e:  # noqa: BLE001 - a tuned hint that does not build for these rows
+            if not c.tuned:
+                raise
+            logger.warning("tuned %s does not build for %d rows (%s); using the default kernel", c.hint, rows, e)
+            plan = self.plan(kind, rows)
+            fn, used = get_kernel(plan, None, target=target)
+        logger.info("%s kernel (m=%s, %s) ready in %.2f s", kind, plan.m or M_VAR, used, time.perf_counter() - t0)
+        return plan, fn
 
     def _fast_rows(self, device: torch.device) -> Dict[int, tuple]:
         """The per-row-count dispatch table of ``device`` (see :meth:`_fast_entry`)."""
@@ -566,13 +512,14 @@ class Matmul(BitBLASOperatorAPI):
         target = self._resolve_cuda_target()
         if rows is None:
             return cuda_source(make_plan(self._kc, kind, None), target)
-        pm, hint = self._choose(kind, rows)
-        if isinstance(hint, _DequantGemmChoice):
+        c = self.choice(kind, rows)
+        if c.template == DEQUANT_GEMM:
+            from ..kernels.select import dense_config
             from ..schedule.cuda_dequant import compile_dequant
             decode = compile_dequant(make_plan(self._kc, "cuda", None), target).mod.imports[0].inspect_source()
-            dense = make_plan(dense_config(self._kc), "cuda", pm)
-            return decode + "\n// ---- dense GEMM on the decoded weights ----\n" + cuda_source(dense, target, hint.gemm)
-        return cuda_source(make_plan(self._kc, kind, pm), target, hint)
+            dense = make_plan(dense_config(self._kc), "cuda", c.rows)
+            return decode + "\n// ---- dense GEMM on the decoded weights ----\n" + cuda_source(dense, target, c.hint)
+        return cuda_source(make_plan(self._kc, kind, c.rows), target, c.hint)
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
                         device=None, flush_l2: bool = True) -> float:
@@ -631,7 +578,7 @@ class Matmul(BitBLASOperatorAPI):
         results = tune(self._kc, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
                        topk=topk, parallel=parallel_build, force=force, progress=progress, **bounds)
         self._buckets = BucketTable(buckets)
-        # a skipped bucket (served by decode-then-GEMM, see bitblas.tune.tuner.composite_serves)
+        # a skipped bucket (served by decode-then-GEMM, see bitblas.kernels.select.composite_serves)
         # has no entry: its rows keep the untuned choice
         self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items() if r.skipped is None}
         self._reset_dispatch(kind)
@@ -712,14 +659,3 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
     call.append(o)
     fn(*call)
     return output
-
-
-class _DequantGemmChoice(tuple):
-    """The kernel choice "decode, then the dense wgmma GEMM with tiles ``gemm``" (hashable key part)."""
-
-    def __new__(cls, gemm):
-        return super().__new__(cls, ("dequant-gemm", gemm))
-
-    @property
-    def gemm(self):
-        return self[1]

@@ -84,9 +84,9 @@ class NVFP4Matmul:
     def gemv_rows(self) -> int:
         """Activation rows of one GEMV launch: up to NVFP4_GEMV_MAX_ROWS, as many as the staged rows'
         shared memory allows."""
-        from ..schedule.target import target_info
+        from ..arch import arch_of
         from ..schedule.nvfp4 import gemv_smem_cap
-        cap = gemv_smem_cap(target_info(self._target())[0])
+        cap = gemv_smem_cap(arch_of(self._target()))
         m = NVFP4_GEMV_MAX_ROWS
         while m > 1 and gemv_smem_bytes(self.config.K, m) > cap:
             m -= 1
@@ -94,7 +94,8 @@ class NVFP4Matmul:
 
     def _gemm_hint(self, rows: int):
         """The dense wgmma GEMM's tiles for ``rows`` (None: this target has no wgmma GEMM)."""
-        from ..schedule import WGMMAHint, default_hint
+        from ..kernels import default_hint
+        from ..schedule import WGMMAHint
         key = ("gemm-hint", rows)
         if key not in self._fns:
             dense = self._dense_config("float16")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
-from .target import target_info
+from ..arch import arch_of, as_arch
 
 __all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
            "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 # Static row counts up to this are left to the GEMV / simple schedules.
 MIN_ROWS = 16
 # mma.sync with e4m3 / e5m2 operands: sm_89 (Ada) and later.
-FP8_MIN_SM = 89
+FP8_MIN_SM = 89                   # for messages; the check is Arch.fp8_mma
 _THREADS_PER_WARP = 32
 
 
@@ -114,14 +114,15 @@ class MMAHint:
         and stages / tiles shrink until the shared memory fits its ``max_shared_memory_per_block``.
         Every path (fp16/bf16, int8, float8; see the module docstring) uses the same rule.
         """
-        if mma_reason(plan, target_info(target)[0]) is not None:
+        if mma_reason(plan, arch_of(target)) is not None:
             return None
         return cls._pick(plan, target)
 
     @classmethod
     def _pick(cls, plan, target) -> Optional["MMAHint"]:
-        sm, smem_limit = target_info(target)
-        if sm is not None and sm < 80:
+        arch = arch_of(target)
+        smem_limit = arch.smem_per_block
+        if not arch.mma:
             return None                      # cp.async and mma.m16n8k16 need sm_80
         m, N = plan.m, plan.config.N
         # (BM, BN, WM, WN, BK, stages), preferred first
@@ -160,9 +161,10 @@ class MMAHint:
         return max(ring, self.BM * self.BN * 4) + static
 
 
-def mma_reason(plan, sm: Optional[int] = None) -> Optional[str]:
+def mma_reason(plan, sm=None) -> Optional[str]:
     """Why no tensor-core path takes this plan (None: the one for its activation dtype does).
-    ``sm``: the target's compute capability (90 for sm_90), which the float8 path needs (sm_89+)."""
+    ``sm``: the target's :class:`bitblas.arch.Arch` (or compute capability, 90 for sm_90; None:
+    unknown), which the float8 path needs (``Arch.fp8_mma``)."""
     if _int8(plan):
         return mma_int8_unsupported_reason(plan)
     if is_fp8(plan):
@@ -214,8 +216,9 @@ def mma_int8_unsupported_reason(plan) -> Optional[str]:
 PTX_FP8 = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
-def mma_fp8_unsupported_reason(plan, sm: Optional[int] = None) -> Optional[str]:
-    """Why the float8 tensor-core path cannot take this plan on compute capability ``sm`` (None: it can)."""
+def mma_fp8_unsupported_reason(plan, sm=None) -> Optional[str]:
+    """Why the float8 tensor-core path cannot take this plan on ``sm`` (an Arch or a compute
+    capability; None: unknown) (None: it can)."""
     c = plan.config
     if plan.a.torch_dtype not in PTX_FP8:
         return f"A_dtype={c.A_dtype} (float8 tensor-core path: float8 activations)"
@@ -223,10 +226,11 @@ def mma_fp8_unsupported_reason(plan, sm: Optional[int] = None) -> Optional[str]:
         return f"W_dtype={c.W_dtype} (float8 tensor-core path: float8_e4m3 / float8_e5m2 weights)"
     if c.with_scaling and not plan.scale_in_epilogue:
         return "group-scaled weights need per-group partial sums (not implemented)"
-    if sm is None:
+    arch = as_arch(sm)
+    if not arch.known:
         return f"float8 mma needs sm_{FP8_MIN_SM}+ (the target's arch is not known)"
-    if sm < FP8_MIN_SM:
-        return f"sm_{sm} < sm_{FP8_MIN_SM} (float8 mma needs sm_{FP8_MIN_SM}+)"
+    if not arch.fp8_mma:
+        return f"sm_{arch.sm} < sm_{FP8_MIN_SM} (float8 mma needs sm_{FP8_MIN_SM}+)"
     return _shared_reason(plan, 32, "the k32 float8 mma")
 
 
@@ -537,7 +541,7 @@ def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
     """``func``: ``emit_matmul(plan, **ir_options(plan, hint))``; ``target``: the CUDA Target (the
     float8 path needs sm_89+)."""
     int8, eight_bit = _int8(plan), is_eight_bit(plan)
-    reason = mma_reason(plan, target_info(target)[0])
+    reason = mma_reason(plan, arch_of(target))
     if reason is not None:
         raise ValueError(f"tensor-core schedule does not apply: {reason}")
     hint.check()

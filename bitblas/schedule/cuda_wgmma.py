@@ -33,14 +33,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
+from ..arch import Arch, arch_of, as_arch
 from .cuda_mma import PTX_FP8
 from .epilogue import scaled_sum
-from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
+from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 
 __all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma"]
 
 ROW_BYTES = 128                         # one swizzled tile row (BK * element bytes)
-_SMEM_LIMIT = 232448                    # sm_90 opt-in shared memory per block
+HOPPER = Arch.from_sm(90)               # the arch this template is written for (wgmma, TMA)
+_SMEM_LIMIT = HOPPER.optin_smem_per_block      # its opt-in shared memory per block
 _TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 # wgmma N of s8 inputs in TVM 0.27's PTX table (the ISA also has 240 and 256; the table omits them)
 _S8_N = (8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224)
@@ -116,16 +118,17 @@ class WGMMAHint:
         return 0
 
     @classmethod
-    def default(cls, plan, target=None) -> Optional["WGMMAHint"]:
+    def default(cls, plan, target=None, rows: Optional[int] = None) -> Optional["WGMMAHint"]:
         """The default tile, or None where the template does not apply (see :func:`wgmma_unsupported`).
 
         128 x 256 tiles (2 consumer warpgroups), 4 stages, persistent; int8: 128 x 128, 6 stages
         (TVM's s8 wgmma stops at N=224; 128 measured as fast as 224 on the H200); N <= 128: BN=128.
         With few rows, the first of 128 x 256, 128 x 128, 64 x 128, 64 x 64 tiles whose count reaches 90% of
         the SMs (else the smallest). Only rings that fit the target's ``max_shared_memory_per_block``;
-        None below 128 KB."""
-        sm, smem = target_info(target)
-        if wgmma_unsupported(plan, sm) is not None:
+        None below 128 KB. ``rows``: size the tiles for this row count instead of the plan's."""
+        arch = arch_of(target)
+        smem = arch.smem_per_block
+        if wgmma_unsupported(plan, arch) is not None:
             return None
         c = plan.config
         big = [] if c.A_dtype == "int8" or c.N <= 128 or _group_tiles(plan) else [cls()]
@@ -137,11 +140,12 @@ class WGMMAHint:
         fits = [h for h in tiles if smem is None or h.smem_bytes(plan) <= smem]
         if not fits:
             return None
-        if plan.m is None:
+        m = plan.m if rows is None else rows     # rows: a call's row count on a symbolic plan
+        if m is None:
             return fits[0]
-        want = 0.9 * num_sms()
+        want = 0.9 * arch.sm_count
         for h in fits:
-            if -(-plan.m // h.BM) * -(-c.N // h.BN) >= want:
+            if -(-m // h.BM) * -(-c.N // h.BN) >= want:
                 return h
         return fits[-1]
 
@@ -160,13 +164,15 @@ def _group_tiles(plan) -> int:
     return plan.config.group_size // _bk(plan) if plan.config.with_scaling and plan.groups > 1 else 0
 
 
-def wgmma_unsupported(plan, sm: Optional[int] = None) -> Optional[str]:
-    """Why the wgmma template cannot take this plan on compute capability ``sm`` (None: it can)."""
+def wgmma_unsupported(plan, sm=None) -> Optional[str]:
+    """Why the wgmma template cannot take this plan on ``sm`` (an :class:`bitblas.arch.Arch` or a
+    compute capability; None: unknown) (None: it can)."""
     c, a, w = plan.config, plan.a, plan.w
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
-    if sm != 90:
-        return f"wgmma needs sm_90 (the target's arch is {'unknown' if sm is None else f'sm_{sm}'})"
+    arch = as_arch(sm)
+    if not arch.wgmma:
+        return f"wgmma needs sm_90 (the target's arch is {'unknown' if arch.sm is None else f'sm_{arch.sm}'})"
     if c.layout != "nt":
         return "layout='nn'"
     if c.A_dtype in ("float16", "bfloat16"):
@@ -439,12 +445,12 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
 def schedule_cuda_wgmma(func, plan, hint: Optional[WGMMAHint] = None, target=None):
     """IRModule of the wgmma kernel for ``plan`` (``func``, the plan's TensorIR, is not used: the
     kernel is written directly). Carries the tirx-pipeline and sm_90a attributes for the build."""
-    why = wgmma_unsupported(plan, 90)
+    why = wgmma_unsupported(plan, HOPPER)
     if why:
         raise ValueError(f"wgmma template does not take this plan: {why}")
     hint = (hint or WGMMAHint.default(plan, target) or WGMMAHint()).check(plan)
     from tvm.script import tirx as T
-    text = _kernel_script(plan, hint, num_sms())
+    text = _kernel_script(plan, hint, arch_of(target).sm_count)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
     mod = tvm.IRModule({"main": prim})
-    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, HOPPER.wgmma_arch)

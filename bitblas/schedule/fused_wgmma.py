@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
-from .target import target_info
+from ..arch import arch_of
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
            "ring_slots", "register_words", "slab_k"]
@@ -421,10 +421,9 @@ def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, targ
     from .gemv.wgmma import permute_script
     from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
     hint = hint or FusedWgmmaHint.default(plan, target)
-    sm = target_info(target)[0]
-    if sm is None or sm < 90:
-        raise ValueError(f"FusedWgmmaHint needs an sm_90 target (wgmma, TMA); target arch is "
-                         f"{f'sm_{sm}' if sm else 'unknown'}")
+    arch = arch_of(target)
+    if not arch.wgmma:
+        raise ValueError(f"FusedWgmmaHint needs an sm_90 target (wgmma, TMA); target arch is {arch.name()}")
     why = fused_wgmma_unsupported(plan, hint)
     if why:
         raise ValueError(f"{hint}: {why}")
@@ -435,4 +434,4 @@ def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, targ
         prim = prim.with_attr("tirx.kernel_launch_params", tags + ["tirx.use_dyn_shared_memory"])
         perm = perm.with_attr("tirx.kernel_launch_params", tags)
     mod = tvm.IRModule({"main": prim, "permute": perm})
-    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
+    return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)

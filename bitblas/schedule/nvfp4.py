@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
+from ..arch import arch_of, as_arch
 from .gemv.emit import LDS4, load_helpers, pdl_trigger, split_steps, step_loop
-from .target import TIRX_PIPELINE_ATTR, target_info
+from .target import TIRX_PIPELINE_ATTR
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
            "cpu_script", "decode_script", "schedule_nvfp4", "nvfp4_gemv_unsupported", "gemv_smem_bytes",
@@ -77,8 +78,7 @@ class NVFP4GemvHint:
         """2 rows per warp in 8-warp blocks with 2 steps in flight (~4 KB of weights per warp on
         the way); PDL on sm_90+. Not measured yet: the GPU benchmark (benchmark/nvfp4.py) sweeps
         the alternatives beside it."""
-        sm = target_info(target)[0]
-        return cls(pdl=sm is not None and sm >= 90)
+        return cls(pdl=arch_of(target).pdl)
 
 
 @dataclass(frozen=True)
@@ -104,20 +104,23 @@ def gemv_smem_bytes(K: int, m: int) -> int:
     return m * _positions(K)[1] * 32 * (8 + 2) * 4
 
 
-def gemv_smem_cap(sm: Optional[int]) -> int:
-    """Shared memory the GEMV may stage activation rows in on sm ``sm`` (None: sm_90)."""
-    return _SMEM_MAX_SM80 if sm is not None and sm < 90 else GEMV_SMEM_MAX
+def gemv_smem_cap(sm=None) -> int:
+    """Shared memory the GEMV may stage activation rows in on ``sm`` (an Arch or a compute
+    capability; None: unknown, taken as Hopper's 227 KB)."""
+    arch = as_arch(sm)
+    return GEMV_SMEM_MAX if not arch.known or arch.tma else _SMEM_MAX_SM80
 
 
-def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) -> Optional[str]:
-    """None when the GEMV takes ``plan`` with ``hint`` on sm ``sm``, else why not."""
+def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:
+    """None when the GEMV takes ``plan`` with ``hint`` on ``sm`` (an Arch or a compute capability),
+    else why not."""
     if plan.target_kind != "cuda" or not plan.nvfp4_acts:
         return "not a CUDA plan with nvfp4 activations"
     m = plan.m
     if m is None or not 1 <= m <= NVFP4_GEMV_MAX_ROWS:
         return f"the GEMV kernel takes a static row count 1..{NVFP4_GEMV_MAX_ROWS} (plan: {m})"
-    if sm is not None and sm < 61:
-        return f"sm_{sm}: dp4a needs sm_61+"
+    if not as_arch(sm).dp4a:
+        return f"sm_{as_arch(sm).sm}: dp4a needs sm_61+"
     for name in ("rows_per_warp", "warps", "unroll", "stages"):
         v = getattr(hint, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -138,12 +141,12 @@ def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) 
 # CUDA helpers. TVM emits each helper once per name (func_call's source_code), so every helper is
 # self-contained; the e4m3 pair conversion is generated into each that needs it.
 # --------------------------------------------------------------------------------------------
-def _e4m3x2_lines(sm: Optional[int], src: str, dst) -> list:
+def _e4m3x2_lines(sm, src: str, dst) -> list:
     """C lines: the two float8_e4m3 bytes in the low 16 bits of ``src`` -> floats ``dst(0)``,
     ``dst(1)`` (the low byte first), exact: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16`` on sm_89+,
     else the exponent rebiased in the bit pattern (normal) or m * 2**-9 (subnormal). NaN bytes
     (0x7f / 0xff, never written by the quantizers) give NaN on sm_89+, +-480 below."""
-    if sm is None or sm >= 89:
+    if as_arch(sm).fp8_cvt:
         return ["  { unsigned h_; unsigned short l_, u_;",
                 f"    asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h_) : \"h\"((unsigned short)(({src}) & 0xFFFFu)));",
                 "    l_ = (unsigned short)(h_ & 0xFFFFu); u_ = (unsigned short)(h_ >> 16);",
@@ -172,8 +175,9 @@ def _mag_lines(src: str, tag: str, out) -> list:
             f"  {out(2)} = bb_prmt_({t}, {n});", f"  {out(3)} = bb_prmt_({t}, {n} >> 16);"]
 
 
-def cuda_helpers(sm: Optional[int]) -> dict:
-    """name -> CUDA source of the GEMV's helpers for sm ``sm`` (None: sm_89+). ``bb_nv_mag``,
+def cuda_helpers(sm=None) -> dict:
+    """name -> CUDA source of the GEMV's helpers for ``sm`` (an Arch or a compute capability;
+    None: unknown, taken as sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
     h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
     h["bb_nv_ldsc"] = r"""
@@ -260,7 +264,7 @@ def _signature(add, plan, m_text: str):
     add(f"    output = T.match_buffer(output_ptr, (L, {m_text}, {c.N}), {c.out_dtype!r}, strides=(sO0, sO1, sO2))")
 
 
-def gemv_script(plan, hint: NVFP4GemvHint, sm: Optional[int] = None) -> str:
+def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     why = nvfp4_gemv_unsupported(plan, hint, sm)
     if why:
         raise ValueError(f"{hint}: {why}")
@@ -424,7 +428,7 @@ def _e4m3_text(b: str) -> str:
     return f"T.if_then_else(({u} & 128) != 0, T.float32(0) - {v}, {v})"
 
 
-def decode_script(K: int, sm: Optional[int] = None, threads: int = 256) -> str:
+def decode_script(K: int, sm=None, threads: int = 256) -> str:
     """The decode kernel: codes [L, R, K/2] and block scales [L, R, K/16] (strided, R and L at run
     time) -> float16 values [L, R, K] (compact). One thread per 8 codes (a 4-byte load, a 16-byte
     store)."""
@@ -498,17 +502,15 @@ def schedule_nvfp4(plan, hint, target=None):
         return tvm.IRModule({"main": prim})
     if not isinstance(hint, NVFP4GemvHint):
         raise ValueError(f"hint={hint!r}: the CUDA kernel of nvfp4 activations takes an NVFP4GemvHint")
-    sm = target_info(target)[0]
-    if hint.pdl and (sm is None or sm < 90):
-        raise ValueError(f"NVFP4GemvHint.pdl=True needs an sm_90+ target; target arch is "
-                         f"{f'sm_{sm}' if sm else 'unknown'}")
-    prim = tvm.script.from_source(gemv_script(plan, hint, sm), extra_vars={"T": T})
+    arch = arch_of(target)
+    if hint.pdl and not arch.pdl:
+        raise ValueError(f"NVFP4GemvHint.pdl=True needs an sm_90+ target; target arch is {arch.name()}")
+    prim = tvm.script.from_source(gemv_script(plan, hint, arch), extra_vars={"T": T})
     return tvm.IRModule({"main": _pdl_attr(prim, hint)}).with_attr(TIRX_PIPELINE_ATTR, "tirx")
 
 
 def decode_module(K: int, target=None):
     """IRModule of the decode kernel (:func:`decode_script`) for ``target``."""
     from tvm.script import tirx as T
-    sm = target_info(target)[0]
-    prim = tvm.script.from_source(decode_script(K, sm), extra_vars={"T": T})
+    prim = tvm.script.from_source(decode_script(K, arch_of(target)), extra_vars={"T": T})
     return tvm.IRModule({"main": prim}).with_attr(TIRX_PIPELINE_ATTR, "tirx")

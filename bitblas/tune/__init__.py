@@ -1,5 +1,5 @@
 """Hardware-aware tuning (Roller-style): see :mod:`bitblas.tune.tuner` for the flow."""
-from .cost import estimate
+from .space import estimate
 from .space import Candidate, candidates
 from .tuner import TuneResult, select_topk, tune, tune_bucket
 

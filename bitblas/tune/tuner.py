@@ -3,7 +3,7 @@
 For each M bucket of an operator (see :mod:`bitblas.dispatch`):
 
 1. every valid candidate of the templates that apply (:mod:`bitblas.tune.space`) is scored by the
-   cost model (:mod:`bitblas.tune.cost`) on the device's :class:`~bitblas.hardware.DeviceSpec`;
+   cost model (:mod:`bitblas.kernels.costmodel`, through each template) on the device's :class:`~bitblas.hardware.DeviceSpec`;
 2. the ``topk`` best are kept, at most two per tile shape (so knobs such as stages and vector
    widths do not crowd out other tiles) and at least a quarter from each template when several
    apply (GEMV, mma.sync, wgmma); the default kernel of the bucket (the one an untuned operator
@@ -51,11 +51,13 @@ from ..cache import database as _dbmod
 from ..cache import get_database
 from ..cache import kernels as _kernels
 from ..config import MatmulConfig
-from ..dispatch import BucketTable, default_rows, gemv_kernel_rows, gemv_rows
+from ..dispatch import BucketTable
 from ..formats import FORMATS
 from ..plan import make_plan
-from ..schedule import GEMVHint, MMAHint, WGMMAHint, default_hint, hint_from_dict, hint_to_dict
-from .cost import estimate
+from ..kernels import template_of
+from ..kernels.select import composite_serves as _composite_serves, row_class, select
+from ..schedule import hint_from_dict, hint_to_dict
+from .space import estimate
 from .measure import time_kernel
 from .space import Candidate, candidates
 
@@ -116,12 +118,10 @@ def tuning_key(config: MatmulConfig, kind: str, bucket: int, ddesc: dict) -> dic
 
 # -- ranking -------------------------------------------------------------------------------------
 def _shape_key(hint):
-    if isinstance(hint, MMAHint):
-        return ("mma", hint.BM, hint.BN, hint.BK, hint.WM, hint.WN)
-    if isinstance(hint, WGMMAHint):
-        return ("wgmma", hint.BM, hint.BN)
-    if isinstance(hint, GEMVHint):
-        return ("gemv", hint.mma, hint.wgmma, hint.act_smem, hint.rows_per_warp, hint.warps, hint.k_warps)
+    """The tile shape of a hint (its template's ``shape_key``; else the class and first field)."""
+    t = template_of(hint)
+    if hasattr(t, "shape_key"):
+        return t.shape_key(hint)
     d = hint_to_dict(hint)
     return (d.pop("class"),) + tuple(sorted(d.items()))[:1]
 
@@ -299,13 +299,13 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
             ranked.append(Candidate(c.plan_m, c.hint, cost))
     ranked.sort(key=lambda c: c.cost)
     chosen = select_topk(ranked, topk) if ranked else []
-    d_rows = default_rows(config, kind, bucket, tgt if cuda else None)
+    # what an untuned operator runs for these rows (bitblas.kernels.select, without the
+    # decode-then-GEMM path, whose buckets are not tuned): e.g. a symbolic wgmma kernel with the
+    # tile class of the row count, not the 128 x 256 tile of a symbolic plan
+    from ..arch import arch_of
+    d_choice = select(config, kind, bucket, arch_of(tgt) if cuda else None, composite=False)
+    d_rows, d_hint = d_choice.rows, d_choice.hint
     d_plan = make_plan(config, kind, d_rows)
-    d_hint = default_hint(d_plan, tgt)
-    if isinstance(d_hint, WGMMAHint) and d_rows is None:
-        # what an untuned operator runs for these rows (Matmul._wgmma_for_rows): the symbolic
-        # kernel with the tile class of the row count, not the 128 x 256 tile of a symbolic plan
-        d_hint = WGMMAHint.default(make_plan(config, kind, bucket), tgt) or d_hint
     default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, rows, spec, cores) if (spec or not cuda) else 0.0)
     chosen = [c for c in chosen if (c.plan_m, c.hint) != (default.plan_m, default.hint)]
     chosen.insert(0, default)                     # measured first: a budget never leaves it out
@@ -407,24 +407,12 @@ def _tune_workers() -> int:
 
 # -- an operator ---------------------------------------------------------------------------------
 def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) -> Optional[str]:
-    """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
-
-    An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
-    kernel symbolic in M for them) as decode + dense wgmma GEMM, which is several times faster than
-    the fused kernels this tuner can pick from (measured on the H200). A tuned entry takes priority in dispatch, so tuning such a bucket would replace the
-    fast path with a slower kernel: the tuner leaves it untuned (Matmul._choose's rule)."""
-    from ..build import cuda_target
-    from ..dequant_choice import DEQUANT_GEMM_MIN_ROWS, dequant_gemm_reason
-    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
+    """Why ``bucket`` is left to the decode-then-GEMM path, or None (:func:`bitblas.kernels.select.composite_serves`;
+    ``target``: any target spelling, None: the local GPU / BITBLAS_TARGET)."""
+    if kind != "cuda":
         return None
-    tgt = cuda_target(target)
-    if gemv_rows(config, kind, bucket, tgt):  # the GEMV serves these rows (up to 64)
-        return None
-    m = default_rows(config, kind, bucket, tgt)
-    if dequant_gemm_reason(make_plan(config, kind, m), tgt) is not None:
-        return None
-    return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
-            "fused kernels the tuner searches; left untuned")
+    from ..build import target_arch
+    return _composite_serves(config, kind, bucket, target_arch(target))
 
 
 def _load_cached(config, kind, rec, target) -> TuneResult:
@@ -561,9 +549,9 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
                             by_rows[rows] = res
                         _store(config, kind, res, key, target, db)
             results[b] = res
-            if isinstance(res.hint, GEMVHint) and config.dynamic:
+            if hasattr(template_of(res.hint), "kernel_rows") and config.dynamic:   # kernels per row class
                 lo = table.range_of(b)[0]
-                tops = {gemv_kernel_rows(config, kind, r, res.hint) for r in range(lo, b)}
+                tops = {row_class(config, kind, r, res.hint) for r in range(lo, b)}
                 _gemv_rows(config, kind, sorted(tops - {res.plan_m}), res.hint, target, parallel, db)
     finally:
         if bar is not None:

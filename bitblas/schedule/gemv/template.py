@@ -47,7 +47,8 @@ from typing import Optional
 
 from ..._tvm import tvm
 from ..epilogue import scaled_sum
-from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR, num_sms, target_info
+from ...arch import arch_of
+from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import ACT, decoder, e4m3_consts
 from .emit import (act_smem_bytes, f8_scales, fmt_float, format_helpers, mma_decodable, prep_words, span_vectors,
                    uses_f32_path, vec_bytes)
@@ -90,8 +91,7 @@ class GEMVHint:
         """The default kernel shape (:meth:`_default_shape`); on sm_90+ targets with programmatic
         dependent launch (the launch and ramp of one kernel overlap the previous one's tail)."""
         hint = cls._default_shape(plan, target)
-        sm = target_info(target)[0]
-        return dataclasses.replace(hint, pdl=True) if sm is not None and sm >= 90 else hint
+        return dataclasses.replace(hint, pdl=True) if arch_of(target).pdl else hint
 
     @classmethod
     def _default_shape(cls, plan, target=None) -> "GEMVHint":
@@ -106,13 +106,13 @@ class GEMVHint:
         holding 4 weight vectors), else the rows kernel. Above 16 rows :meth:`_chunk_tile`; on
         sm_90 :meth:`_wgmma_tile` first, where it applies."""
         m = plan.m or 1
-        sm = target_info(target)[0]
-        wg = cls._wgmma_tile(plan) if sm is not None and sm >= 90 else None
+        arch = arch_of(target)
+        wg = cls._wgmma_tile(plan) if arch.wgmma else None
         if wg:
             return wg
         if m > GEMV_MAX_ROWS:
             return cls._chunk_tile(plan)
-        if m >= 2 and (sm is None or sm >= 80):
+        if m >= 2 and arch.mma:
             mma = cls._mma_base(plan, m)
             if plan.float_acts and mma_decodable(plan.w):
                 return cls._float_mma_tile(plan, m, mma)
@@ -127,7 +127,7 @@ class GEMVHint:
                 tile = cls._int8_mma_tile(plan, m, mma)
                 if mma_int8_unsupported(plan, tile) is None:
                     return tile
-        staged = cls._staged_row(plan) if m == 1 else None
+        staged = cls._staged_row(plan, arch.sm_count) if m == 1 else None
         if staged:
             return staged
         if m <= 2 and decoder(plan.w) != "lut4":
@@ -148,7 +148,7 @@ class GEMVHint:
         return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
 
     @classmethod
-    def _staged_row(cls, plan) -> Optional["GEMVHint"]:
+    def _staged_row(cls, plan, sm_count: int) -> Optional["GEMVHint"]:
         """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
         rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
         registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
@@ -162,7 +162,7 @@ class GEMVHint:
         elif b <= 2:
             hint = _ROWS_STAGED_8 if N >= 8192 else None
         elif b == 8:
-            blocks, slots = -(-N // 16), 4 * num_sms()
+            blocks, slots = -(-N // 16), 4 * sm_count
             hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
         elif dec == "lut4":
             hint = _ROWS_STAGED if plan.config.K <= 8192 else None
@@ -307,8 +307,7 @@ def gemv_default_takes(plan, target=None) -> bool:
         return False
     if plan.m <= GEMV_MAX_ROWS:
         return True
-    sm = target_info(target)[0]
-    if sm is not None and sm < 80:
+    if not arch_of(target).mma:
         return False
     return plan.float_acts or plan.w.bits < 8 or plan.m <= 32
 
@@ -595,13 +594,11 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if why:
         raise ValueError(f"GEMV template does not take this plan: {why}")
     hint = hint or GEMVHint.default(plan, target)
-    sm = target_info(target)[0]
-    if hint.pdl and (sm is None or sm < 90):
-        raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); "
-                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
-    if hint.wgmma and (sm is None or sm < 90):
-        raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); "
-                         f"target arch is {f'sm_{sm}' if sm else 'unknown'}")
+    arch = arch_of(target)
+    if hint.pdl and not arch.pdl:
+        raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); target arch is {arch.name()}")
+    if hint.wgmma and not arch.wgmma:
+        raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); target arch is {arch.name()}")
     from tvm.script import tirx as T
     text = kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
@@ -615,6 +612,6 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if hint.wgmma:   # the main kernel (dynamic shared memory) launches while the permute kernel runs
         perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
         mod = tvm.IRModule({"main": pdl(prim, dyn_smem=True), "permute": perm})
-        return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, "sm_90a")
+        return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)
     mod = tvm.IRModule({"main": pdl(prim)})
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx")

@@ -17,13 +17,15 @@ The model here does the same for the bitblas templates, from the :class:`~bitbla
   ``stages``-deep ring keeps too few bytes in flight per SM to cover DRAM latency (Little's law);
 * Hopper wgmma (:class:`WGMMAHint`, one CTA per SM: its ring fills most of shared memory):
   ``waves = ceil(tiles / SMs)`` of per-tile time ``max(tensor-core time, A and W tile bytes over
-  the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`_wgmma_cost` for the
+  the SM's L2 bandwidth)`` plus a fixed per-tile epilogue; see :func:`wgmma_cost` for the
   constants, fitted to an H200 tile table (the MEASURED table of testing/test_tune_wgmma.py);
 * GEMV: weight bytes over DRAM bandwidth, scaled by bytes in flight per SM (warps x lanes x
   vector x unroll x rows) against latency, SM imbalance for few blocks, and ALU cycles for decode
   and the m-row dot products.
 
-Estimates only rank candidates; the tuner measures the top-k on the device.
+Estimates only rank candidates; the tuner measures the top-k on the device. Each template's
+``cost`` (``bitblas/kernels/<family>.py``) calls its function here; ``bitblas.tune.space.estimate``
+asks the hint's template.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from ..schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, 
 from ..schedule import cuda_mma, cuda_wgmma, gemv
 from ..schedule.gemv import chunk_loop
 
-__all__ = ["estimate", "DRAM_LATENCY_S"]
+__all__ = ["mma_cost", "wgmma_cost", "gemv_cost", "simple_cost", "cpu_cost", "cpu_gemv_cost", "DRAM_LATENCY_S"]
 
 DRAM_LATENCY_S = 1.0e-6      # loaded DRAM latency the in-flight bytes must cover
 L1_WAVEFRONTS_PER_CLK = 1.0  # L1 load wavefronts per SM and clock (one 128-byte line of one load each)
@@ -75,7 +77,7 @@ def _decode_ops(plan) -> float:
     return ops
 
 
-def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
+def mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     BM, BN, BK, WM, WN = hint.BM, hint.BN, hint.BK, hint.WM, hint.WN
@@ -130,7 +132,7 @@ def _mma_cost(plan, hint: MMAHint, m: int, spec) -> float:
     return parts[2] + 0.1 * (parts[0] + parts[1]) + _LAUNCH_S
 
 
-def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
+def wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
     """Seconds of the wgmma kernel: one CTA per SM (the persistent grid has one per SM; the ring
     and the setmaxnreg split, 232 registers per consumer thread, are sized for a whole SM),
     ``ceil(tiles / SMs)`` tiles on the busiest SM, each ``max(tensor, memory) + epilogue``:
@@ -183,7 +185,7 @@ def _wgmma_cost(plan, hint: WGMMAHint, m: int, spec) -> float:
     return max(t, t_dram) + _LAUNCH_S
 
 
-def _gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
+def gemv_cost(plan, hint: GEMVHint, m: int, spec) -> float:
     c, w = plan.config, plan.w
     N, K = c.N, c.K
     vb = gemv.vec_bytes(plan, hint.vec_bytes)
@@ -315,14 +317,14 @@ def _mma_l1_wavefronts(plan, hint, vb, vals, vectors, chunks, tt) -> float:
     return math.ceil(plan.config.N / hint.rows_per_warp) * chunks * math.ceil(vectors / 4) * per
 
 
-def _simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:
+def simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:
     c = plan.config
     work = 2.0 * m * c.N * c.K
     occupancy = min(1.0, spec.max_threads_per_sm / hint.threads / spec.max_blocks_per_sm * 4)
     return work / (spec.sm_count * spec.clock_hz * 64 * occupancy) + _LAUNCH_S
 
 
-def _cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
+def cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
     c = plan.config
     tiles = math.ceil(c.N / hint.n_tile)
     waves = math.ceil(tiles / cores)
@@ -334,7 +336,7 @@ def _cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
     return (flops / simd_eff + decode) * cache_pen / (par_eff * cores * 8e9)
 
 
-def _cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
+def cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
     """schedule/cpu_gemv.py: per step (``lanes`` weight bytes of a channel) a micro-kernel of nc
     channels x R rows decodes nc x cpb vectors (~3 SIMD ops each: shift/mask, widen, convert) and
     issues nc x cpb x R FMAs and cpb x R activation loads; ~2 SIMD ops, 1 FMA and 2 loads per
@@ -361,22 +363,3 @@ def _cpu_gemv_cost(plan, hint: CPUGemvHint, m: int, cores: int) -> float:
     wbytes = c.N * c.K / cpb * (full + (1 if rest else 0))
     bw = 12e9 if hint.prefetch else 6e9
     return max(cycles / 3e9, wbytes / bw) / (par_eff * cores) + 5e-6 * waves
-
-
-def estimate(plan, hint, m: int, spec=None, cores: int = 1) -> float:
-    """Estimated seconds of ``hint`` on ``plan`` at ``m`` rows (``spec``: DeviceSpec for CUDA plans)."""
-    if isinstance(hint, CPUHint):
-        return _cpu_cost(plan, hint, m, cores)
-    if isinstance(hint, CPUGemvHint):
-        return _cpu_gemv_cost(plan, hint, m, cores)
-    if spec is None:
-        raise ValueError("estimate: a DeviceSpec is needed for CUDA hints")
-    if isinstance(hint, MMAHint):
-        return _mma_cost(plan, hint, m, spec)
-    if isinstance(hint, WGMMAHint):
-        return _wgmma_cost(plan, hint, m, spec)
-    if isinstance(hint, GEMVHint):
-        return _gemv_cost(plan, hint, m, spec)
-    if isinstance(hint, SimpleCUDAHint):
-        return _simple_cost(plan, hint, m, spec)
-    raise TypeError(f"estimate: unknown hint type {type(hint).__name__}")

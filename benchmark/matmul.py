@@ -153,7 +153,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     elif fn is None:
         from bitblas.kernels import default_hint
         from bitblas.ops.dequant_gemm import DequantGemm
-        chosen = op._choose(device, m)[1]                  # the hint that served the call (None: the plan's default)
+        chosen = op.choice(device, m).hint                # the hint that served the call (None: the plan's default)
         if isinstance(kern[1], DequantGemm):
             kname = "Dequant+WGMMA"
         else:

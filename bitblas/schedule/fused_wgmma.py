@@ -37,28 +37,11 @@ tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 
 256-row tiles with two warpgroups side by side. Above that, decode-then-GEMM stays faster: each
 256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
-Expected, W4A16 g128, N = K = 8192 on the H200 (cuBLAS fp16 from the issue 24 table: 40.2 / 62.1 /
-214.8 / 842 µs at 128 / 256 / 1024 / 4096 rows; not measured yet). Tensor rate: an SM does 4096
-dense fp16 FLOP per cycle, m64nNk16 = 2048 N FLOP: ~N / 2 cycles (64 at n128, 128 at n256). Decode
-per slab and 64-channel tile: 2 vectors x 32 codes per lane, ~1 lop3 + 1 hsub2 + 1 scale hfma2
-per pair plus loads = ~110 instructions per warp for 8 wgmma (~14 per wgmma: ~20% of an n128
-wgmma's 64 cycles, ~10% of an n256's 128); hidden only where another warpgroup's wgmma run
-meanwhile (two one-warpgroup blocks per SM, or ``warpgroups=2``).
-
-* 128 rows (``row_tile=128``: 128 blocks of 64 channels on 132 SMs, one per SM): 17.2 GFLOP;
-  per block 512 wgmma n128 x 64 cycles = 33k cycles = 17 µs at 1.98 GHz, plus the decode not
-  hidden (+~20%) and the ring's first fill: ~22-26 µs (goal 25, cuBLAS 40). DRAM: 34 MB of
-  weights and scales + 2 MB of activations = 8 µs, not the bound.
-* 256 rows (``row_tile=128``: 256 blocks, two per SM, one's decode under the other's wgmma):
-  twice the tensor work: ~38-45 µs (goal 45, cuBLAS 62).
-* 1024 rows (``row_tile=256, warpgroups=2``: 64 x 4 = 256 blocks of 128 channels): 137 GFLOP
-  at ~75% of the 990 TFLOP/s peak (2 waves on 132 SMs, the second half empty: 256 / 264):
-  ~185 µs (1.15x cuBLAS); L2 reads: activations 16 MB x 64 channel blocks = 1 GB, weights
-  34 MB x 4 row tiles.
-* 4096 rows (same tile, 1024 blocks, 7.8 waves): 550 GFLOP: ~700-760 µs (1.1-1.2x cuBLAS) if
-  the L2 serves 4.3 GB of activation reads (64 MB x 64 channel blocks) + 0.5 GB of weights in
-  that time, ~6.5 TB/s (cuBLAS's 128 x 256 tiles read ~6 GB). The scattered 2-byte output stores
-  (64 MB, half-used sectors) and the permute pass (64 MB read + written) cost ~30 µs more.
+What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
+warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128
+wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the L2 reads of the
+activations (every channel block reads every row tile) and the permute pass. Measured times:
+docs/performance.md.
 
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
@@ -99,7 +82,7 @@ class FusedWgmmaHint:
         blocks at N=8192 and 128 rows keep 132 SMs busy; two blocks per SM from 256 rows), 256
         rows x 2 warpgroups of 64 channels above (half the activation reads per FLOP)."""
         m = plan.m or 4096
-        if m <= 512:                  # a slab is ~0.3 µs of wgmma here: 3 slabs of weights in flight
+        if m <= 512:                  # 3 slabs of weights in flight cover a slab's wgmma here
             return cls(row_tile=128, stages=4)
         return cls(row_tile=256, warpgroups=2)
 

@@ -157,7 +157,9 @@ def test_unbound_fast_path_matches(unbound):
     op, Wq, scale, zeros, bias, ref = unbound
     for shape in [(1,), (3,), (1,), (2, 5), (16,), (3,)]:
         x = _x(*shape, seed=sum(shape) + 11)
-        _close(op(x, Wq, scale=scale, zeros=zeros, bias=bias), ref(x))
+        y = op(x, Wq, scale=scale, zeros=zeros, bias=bias)
+        assert y.shape == (*shape, N) and y.is_contiguous() and y.stride()[-1] == 1
+        _close(y, ref(x))
         out = torch.full((*shape, N), float("nan"), dtype=torch.float16)
         assert op(x, Wq, scale, zeros, bias, out) is out          # BitBLAS's positional order
         _close(out, ref(x))

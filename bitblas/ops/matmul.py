@@ -206,7 +206,12 @@ class Matmul(BitBLASOperatorAPI):
                         specs.append((-1, None, None, None, False, self._const(spec.name, plan, device)))
                         continue
                     if spec.role == "output":
-                        out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None)
+                        # a stride-0 view of one element: torch.empty_like(tmpl) allocates the fresh
+                        # contiguous output without parsing a size, dtype and device per call
+                        tmpl = torch.empty((1,) * (len(lead) + 1), dtype=want, device=device).expand(*lead, c.N)
+                        if not torch.empty_like(tmpl).is_contiguous():     # pragma: no cover - torch changed
+                            tmpl = None
+                        out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None, tmpl)
                         continue
                     idx = _CALL_SLOTS.index(spec.name)
                     accepted[idx] = True
@@ -622,7 +627,7 @@ _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a
 def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
     take the general path, which then accepts the other legal forms or raises naming the argument."""
-    fn, accepted, specs, (out_want, out_shape, out_view), device, dev_index, cuda, _ = entry
+    fn, accepted, specs, (out_want, out_shape, out_view, tmpl), device, dev_index, cuda, _ = entry
     for i, v in enumerate(vals):
         if v is not None and not accepted[i]:
             return None
@@ -648,7 +653,7 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
             return None
         call.append(t)
     if output is None:
-        output = torch.empty(out_shape, dtype=out_want, device=device)
+        output = torch.empty_like(tmpl) if tmpl is not None else torch.empty(out_shape, dtype=out_want, device=device)
     elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.get_device() == dev_index
               and (output.is_cuda if cuda else output.is_cpu) and output.shape == out_shape
               and output.is_contiguous()):

@@ -207,3 +207,26 @@ def test_unbound_bad_input_after_good_call(unbound, call, exc, names):
     for n in names:
         assert n in str(e.value)
     _close(op(x, Wq, scale, zeros, bias), ref(x))
+
+
+def test_unbound_fast_path_takes_bitblas_layout_flags():
+    """A config in BitBLAS's spelling whose only difference is a layout flag (propagate_a / _b, as the
+    integration examples pass) takes the hot path too; one with zero points but no scales (run with
+    unit scales) and one with out_dtype="int8" (run as int32 and cast) keep the general path."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, K, generator=g).to(torch.float16)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(torch.float16)
+    op = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="float16", W_dtype="float16", propagate_a=False,
+                                     propagate_b=False), target="llvm")
+    out = torch.full((2, N), float("nan"), dtype=torch.float16)
+    assert op(x, w, out) is out
+    _close(out, (x.double() @ w.double().T).to(torch.float16))
+    assert op._calls[(x.device, x.shape)] is not None
+    xi = torch.randint(-8, 8, (2, K), generator=g, dtype=torch.int8)
+    wi = torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8)
+    op8 = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="int8", W_dtype="int8", accum_dtype="int32",
+                                      out_dtype="int8"), target="llvm")
+    y = op8(xi, wi)
+    assert y.dtype == torch.int8
+    assert torch.equal(y, (xi.int() @ wi.int().T).to(torch.int8))
+    assert op8._calls[(xi.device, xi.shape)] is None

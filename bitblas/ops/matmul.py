@@ -190,7 +190,9 @@ class Matmul(BitBLASOperatorAPI):
         entry = None
         kind = device.type
         c = self._kc
-        if (self._nv is None and self._kc is self.config and kind in ("cpu", "cuda")
+        kc, uc = self._kc, self.config      # BitBLAS spellings that only drop layout flags run as they are
+        plain = kc is uc or (kc.with_scaling == uc.with_scaling and kc.out_dtype == uc.out_dtype)
+        if (self._nv is None and plain and kind in ("cpu", "cuda")
                 and not (kind == "cuda" and self._cpu_only) and A.dim() >= 1):
             plan0 = self._base_plan(kind)
             lead = tuple(A.shape[:-1])

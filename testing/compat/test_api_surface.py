@@ -253,6 +253,7 @@ def test_linear_zeros_without_scaling():
     ref = x.double() @ (q.double() - z.double().repeat_interleave(64, 1)).T
     torch.testing.assert_close(lin(x).double(), ref, rtol=1e-2, atol=0.5)
     # the custom op (torch.compile's path) runs the same computation
-    from bitblas.torch_op import _matmul_op
-    torch.testing.assert_close(_matmul_op(x, lin.qweight, None, lin.zeros, None, None, None, lin._key).double(),
+    from bitblas import torch_op  # noqa: F401 - registers torch.ops.bitblas.matmul
+    torch.testing.assert_close(torch.ops.bitblas.matmul(x, lin.qweight, None, lin.zeros, None, None, None,
+                                                        lin._key).double(),
                                ref, rtol=1e-2, atol=0.5)

@@ -55,13 +55,12 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import arch_of
+from .gemv.wgmma import BOX, TMA_2D, slab_codes
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
-           "ring_slots", "register_words", "slab_k"]
+           "ring_slots", "register_words"]
 
-_BOX = 64                          # K values per TMA box (128 bytes: 128-byte swizzle)
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
-_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
 @dataclass(frozen=True)
@@ -87,19 +86,14 @@ class FusedWgmmaHint:
         return cls(row_tile=256, warpgroups=2)
 
 
-def slab_k(bits: int) -> int:
-    """K values per slab: the 4 16-byte weight vectors of a lane quad, as in the wgmma GEMV."""
-    return 4 * 16 * 8 // bits
-
-
 def ring_slots(plan, hint: FusedWgmmaHint) -> int:
     """Activation box slots of the ring: ``hint.ring``, or as many as fit in FUSED_SMEM_MAX per
     warpgroup over 2 (one-warpgroup blocks: two per SM, so that one decodes while the other's wgmma
     run), at most 8, at least one slab's boxes."""
     if hint.ring:
         return hint.ring
-    box = hint.row_tile * _BOX * 2
-    ups = slab_k(plan.w.bits) // _BOX
+    box = hint.row_tile * BOX * 2
+    ups = slab_codes(plan.w.bits) // BOX
     if hint.split_k:                          # a ring per warpgroup, one block per SM
         return max(ups, min(8, FUSED_SMEM_MAX // hint.warpgroups // box))
     return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
@@ -161,15 +155,15 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
     kw = hint.warpgroups if hint.split_k else 1
-    if c.K % (slab_k(w.bits) * kw):
-        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_k(w.bits) * kw} (one slab"
+    if c.K % (slab_codes(w.bits) * kw):
+        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_codes(w.bits) * kw} (one slab"
                 f"{f' per warpgroup, split_k=True' if kw > 1 else ''})")
-    ups = slab_k(w.bits) // _BOX
+    ups = slab_codes(w.bits) // BOX
     slots = ring_slots(plan, hint)
-    box = hint.row_tile * _BOX * 2
+    box = hint.row_tile * BOX * 2
     if slots < ups or kw * slots * box > FUSED_SMEM_MAX:
         return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
-                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_k(w.bits)} K values"
+                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_codes(w.bits)} K values"
                 f"{', per warpgroup' if kw > 1 else ''})")
     return None
 
@@ -212,15 +206,15 @@ def _body(plan, hint: FusedWgmmaHint):
         R, RT = hint.channel_tiles, hint.row_tile
         KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
         CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
-        SL = slab_k(plan.w.bits)
-        UPS = SL // _BOX                        # boxes per slab
+        SL = slab_codes(plan.w.bits)
+        UPS = SL // BOX                        # boxes per slab
         NS = K // SL // KW                      # slabs per warpgroup
         NU = NS * UPS                           # boxes per warpgroup
         STG = ring_slots(plan, hint)            # box slots per ring
         PROD = "t4 == 0" if KW > 1 else "tx == 0"       # the thread that issues a ring's TMA
         STW = max(1, min(hint.stages, NS))
         NACC = RT // 2
-        BOXB = RT * _BOX * 2                    # bytes per box slot
+        BOXB = RT * BOX * 2                    # bytes per box slot
         SW = BOXB // 4                          # float32 words per box slot
         CH = 64 * R * CW                        # channels per block
         NBLK = -(-N // CH)
@@ -236,7 +230,7 @@ def _body(plan, hint: FusedWgmmaHint):
 
         add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
         add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
-            f"{K}, mv, {K * 2}, {_BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
+            f"{K}, mv, {K * 2}, {BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
         add("    T.device_entry()")
         add(f"    bx = T.cta_id([{NBLK} * {NRT}])")
         add(f"    tx = T.thread_id([{128 * CW * KW}])")
@@ -295,8 +289,8 @@ def _body(plan, hint: FusedWgmmaHint):
             """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
             sl = slot(u)
             add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
-            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
-                f"({kbox(u)}) * {_BOX}, r0, full.ptr_to([{sl}]))")
+            add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
+                f"({kbox(u)}) * {BOX}, r0, full.ptr_to([{sl}]))")
 
         nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
 

@@ -44,11 +44,11 @@ from .decode import decoder
 from .emit import device_entry, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
 from .mma import mma_helpers
 
-__all__ = ["slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
+__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
            "wgmma_helper"]
 
-_TMA = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-_BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
+TMA_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
 _SMEM_MAX = 200 * 1024                   # activation slots of a block (and the K-split reduction) within sm_90's 227 KB
 
 
@@ -240,13 +240,13 @@ def body(plan, hint, add, e):
     SL = slab_codes(plan.w.bits)              # K per slab
     V = SL // 4                               # codes per vector
     NSW = K // SL // KW                       # slabs per warpgroup
-    BOXES = SL // _BOX
+    BOXES = SL // BOX
     STEPS = V // 4                            # k16 steps per slab
     STG = _stages(plan, hint)
     STW = max(1, min(hint.stages, NSW))       # weight register slots
     NACC = NT // 2
-    box_bytes = NT * _BOX * 2
-    slot_el = BOXES * NT * _BOX
+    box_bytes = NT * BOX * 2
+    slot_el = BOXES * NT * BOX
     NBLK = -(-N // (64 * R))
     sdt, zdt = e["sdt"], e["zdt"]
     at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
@@ -259,7 +259,7 @@ def body(plan, hint, add, e):
     # L2 promotion 128 B, out-of-bounds rows read as zeros)
     add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
     add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
-        f"{K}, mv, {K * 2}, {_BOX}, {NT}, 1, 1, 0, 3, 2, 0)")
+        f"{K}, mv, {K * 2}, {BOX}, {NT}, 1, 1, 0, 3, 2, 0)")
     # programmatic dependent launch: the weights (and scales) of the first steps are loaded before
     # waiting for the permute kernel; no kernel of this stream writes them while it runs
     device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else sdt, zdt, wait=False)
@@ -300,8 +300,8 @@ def body(plan, hint, add, e):
         add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{slot(step)}]), "
             f"T.uint32({BOXES * box_bytes}))")
         for b in range(BOXES):
-            add(f"{ind}T.ptx[{_TMA!r}](Sm.ptr_to([({slot(step)}) * {SW} + {b * NT * _BOX // 2}]), T.address_of(A_map), "
-                f"(({step}) * {KW} + kw) * {SL} + {b * _BOX}, 0, full.ptr_to([{slot(step)}]))")
+            add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({slot(step)}) * {SW} + {b * NT * BOX // 2}]), T.address_of(A_map), "
+                f"(({step}) * {KW} + kw) * {SL} + {b * BOX}, 0, full.ptr_to([{slot(step)}]))")
 
     nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
 

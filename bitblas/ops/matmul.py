@@ -163,20 +163,24 @@ class Matmul(BitBLASOperatorAPI):
         kind = device.type
         plan, fn = self._kernel(kind, rows)
         align = kind == "cuda"      # GEMV: 16-byte vector loads; wgmma: TMA needs 16-byte aligned bases
-        N = self._kc.N
-        base = self._out_base.get(device)
-        if base is None:
-            base = self._out_base[device] = torch.empty((1, 1), dtype=TORCH_DTYPES[self._kc.out_dtype],
-                                                         device=device)
-        tmpl = base.expand(rows, N)
-        probe = torch.empty_like(tmpl)
-        if probe.stride() != (N, 1) or not probe.is_contiguous():   # pragma: no cover - torch changed empty_like
-            tmpl = None
-        entry = (fn, align, tmpl)
+        entry = (fn, align, self._out_template(device, (rows,)))
         d = self._fast_rows(device)
         if len(d) < 4096:
             d[rows] = entry
         return entry
+
+    def _out_template(self, device: torch.device, lead: tuple) -> Optional[torch.Tensor]:
+        """A [*lead, N] view of one output element (stride 0): ``torch.empty_like`` of it allocates a
+        fresh contiguous output without parsing a size, dtype and device per call (None if torch's
+        empty_like stops giving a contiguous tensor for it)."""
+        base = self._out_base.get(device)
+        if base is None:
+            base = self._out_base[device] = torch.empty((1,), dtype=TORCH_DTYPES[self._kc.out_dtype], device=device)
+        tmpl = base.expand(*lead, self._kc.N)
+        probe = torch.empty_like(tmpl)
+        if not probe.is_contiguous() or probe.stride()[-1] != 1:   # pragma: no cover - torch changed empty_like
+            return None
+        return tmpl
 
     def _call_entry(self, A: torch.Tensor) -> Optional[tuple]:
         """The unbound call's hot path for A's device and shape, computed once: the kernel and, per
@@ -208,12 +212,8 @@ class Matmul(BitBLASOperatorAPI):
                         specs.append((-1, None, None, None, False, self._const(spec.name, plan, device)))
                         continue
                     if spec.role == "output":
-                        # a stride-0 view of one element: torch.empty_like(tmpl) allocates the fresh
-                        # contiguous output without parsing a size, dtype and device per call
-                        tmpl = torch.empty((1,) * (len(lead) + 1), dtype=want, device=device).expand(*lead, c.N)
-                        if not torch.empty_like(tmpl).is_contiguous():     # pragma: no cover - torch changed
-                            tmpl = None
-                        out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None, tmpl)
+                        out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None,
+                               self._out_template(device, lead))
                         continue
                     idx = _CALL_SLOTS.index(spec.name)
                     accepted[idx] = True

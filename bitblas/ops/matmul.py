@@ -224,8 +224,11 @@ class Matmul(BitBLASOperatorAPI):
                 if out is not None:
                     taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
                              "a_scale": c.with_act_scaling, "output": True}
-                    slots = tuple(s for s in _POSITIONAL if taken[s])
-                    entry = (fn, tuple(accepted), tuple(specs), out, device, dev_index, kind == "cuda", slots)
+                    # BitBLAS's positional tensors, as indices into _fast_call's vals (output last)
+                    slots = tuple(_CALL_SLOTS.index(s) if s != "output" else len(_CALL_SLOTS)
+                                  for s in _POSITIONAL if taken[s])
+                    rejected = tuple(i for i, a in enumerate(accepted) if not a)
+                    entry = (fn, rejected, tuple(specs), out, dev_index, kind == "cuda", slots, device)
         if len(self._calls) >= 4096:
             self._calls.clear()
         self._calls[key] = entry
@@ -267,18 +270,20 @@ class Matmul(BitBLASOperatorAPI):
             if entry is False:
                 entry = self._call_entry(A)
             if entry is not None:
+                vals = [A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output]
                 if args:        # BitBLAS's positional form op(A, W, [scale, zeros, bias,] output)
-                    kw = {"scale": scale, "zeros": zeros, "bias": bias, "a_scale": a_scale, "output": output}
-                    slots = entry[-1]
-                    if len(args) <= len(slots) and all(kw[k] is None for k in slots[:len(args)]):
-                        kw.update(zip(slots, args))
-                        out = _fast_call(entry, (A, W, kw["scale"], kw["zeros"], kw["bias"], kw["a_scale"],
-                                                 global_scale, a_global_scale), kw["output"])
-                        if out is not None:
-                            return out
+                    pos = entry[6]
+                    if len(args) <= len(pos):
+                        for i, t in zip(pos, args):
+                            if vals[i] is not None:
+                                break       # given twice: the general path says so
+                            vals[i] = t
+                        else:
+                            out = _fast_call(entry, vals)
+                            if out is not None:
+                                return out
                 else:
-                    out = _fast_call(entry, (A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale),
-                                     output)
+                    out = _fast_call(entry, vals)
                     if out is not None:
                         return out
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
@@ -626,12 +631,13 @@ def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 
 
-def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
+def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
-    take the general path, which then accepts the other legal forms or raises naming the argument."""
-    fn, accepted, specs, (out_want, out_shape, out_view, tmpl), device, dev_index, cuda, _ = entry
-    for i, v in enumerate(vals):
-        if v is not None and not accepted[i]:
+    take the general path, which then accepts the other legal forms or raises naming the argument.
+    ``vals``: the tensors of _CALL_SLOTS, then the output (None: allocate it)."""
+    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda, _, _ = entry
+    for i in rejected:
+        if vals[i] is not None:
             return None
     call = []
     for idx, want, shape, view, bits_view, const in specs:
@@ -644,8 +650,8 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
                 return None
             call.append(const)
             continue
-        if not (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
-                and (t.is_cuda if cuda else t.is_cpu) and t.shape == shape and t.is_contiguous()):
+        if not (isinstance(t, torch.Tensor) and t.dtype is want and t.shape == shape and t.get_device() == dev_index
+                and (t.is_cuda if cuda else t.is_cpu) and t.is_contiguous()):
             return None
         if view is not None:
             t = t.view(view)
@@ -654,10 +660,12 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
         if cuda and idx < 2 and t.data_ptr() % 16:
             return None
         call.append(t)
+    output = vals[8]
     if output is None:
-        output = torch.empty_like(tmpl) if tmpl is not None else torch.empty(out_shape, dtype=out_want, device=device)
-    elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.get_device() == dev_index
-              and (output.is_cuda if cuda else output.is_cpu) and output.shape == out_shape
+        output = torch.empty_like(tmpl) if tmpl is not None else torch.empty(out_shape, dtype=out_want,
+                                                                             device=entry[7])
+    elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.shape == out_shape
+              and output.get_device() == dev_index and (output.is_cuda if cuda else output.is_cpu)
               and output.is_contiguous()):
         return None
     o = output if out_view is None else output.view(out_view)

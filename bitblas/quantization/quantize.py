@@ -405,6 +405,19 @@ def _quantize_nvfp4(x: torch.Tensor, global_scale: bool):
     return pack_codes(codes, FORMATS["nvfp4"], "plain"), sb, gs
 
 
+_NVFP4_TABLES: dict = {}
+
+
+def _nvfp4_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The e2m1 value table on ``device``, made once per (dtype, device): no host-to-device copy per
+    call, so :func:`nvfp4_decode` can be captured in a CUDA graph after its first call."""
+    key = (dtype, device)
+    t = _NVFP4_TABLES.get(key)
+    if t is None:
+        t = _NVFP4_TABLES[key] = torch.tensor(FORMATS["nvfp4"].table, dtype=dtype, device=device)
+    return t
+
+
 def nvfp4_decode(codes: torch.Tensor, scales: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values [..., K] of NVFP4 data along its last dimension: codes [..., K/2] (two e2m1 codes per
@@ -412,7 +425,7 @@ def nvfp4_decode(codes: torch.Tensor, scales: torch.Tensor, global_scale: Option
     block scales [..., K/16] times ``global_scale`` (float32 [1]) if given, computed in ``dtype``.
     The decoded values are exact in float16, bfloat16 and wider (an e2m1 x e4m3 product has at most
     6 significant bits and lies within 2**-10 .. 2688); a global scale rounds once in ``dtype``."""
-    t = torch.tensor(FORMATS["nvfp4"].table, dtype=dtype, device=codes.device)
+    t = _nvfp4_table(dtype, codes.device)
     b = codes.view(torch.uint8).to(torch.int64)
     v = torch.stack((t[b & 15], t[b >> 4]), dim=-1).flatten(-2)
     s = scales.view(torch.float8_e4m3fn) if scales.dtype.itemsize == 1 else scales

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import bitblas
-from bitblas.quantization import dequantize_activation, quantize_activation
+from bitblas.quantization import dequantize_activation, interleave_weight, quantize_activation
 from bitblas.reference import tolerance
 from nn_helpers import rel_err
 
@@ -178,8 +178,12 @@ def test_v1_signed_codes_migrated(bits):
     x = torch.randn(3, K, generator=g).half()
     assert rel_err(lin(x), x.double() @ (q.double() * scales.double().repeat_interleave(32, 1)).T) <= 4e-3
     new = lin.state_dict()
-    assert b'"format": "bitblas.Linear/2"' in bytes(new["_extra_state"].numpy())
-    assert torch.equal(new["qweight"], _twos_packed(q + (1 << (bits - 1)), bits))      # offset-binary
+    assert b'"format": "bitblas.Linear/3"' in bytes(new["_extra_state"].numpy())
+    plain = _twos_packed(q + (1 << (bits - 1)), bits)                                # offset-binary
+    # saved as Microsoft BitBLAS's Linear saves it: lop3-interleaved for float16 activations (1-bit
+    # codes: BitBLAS's bytes lose codes, the kernels' order is kept; testing/test_fast_decoding.py)
+    expect = plain if bits == 1 else interleave_weight(plain, bits, "float16")
+    assert torch.equal(new["qweight"], expect)
     fresh = bitblas.Linear(K, N, W_dtype=f"int{bits}", group_size=32, opt_M=1)
     fresh.load_state_dict(new)
     assert torch.equal(fresh.qweight, lin.qweight)

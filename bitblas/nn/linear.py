@@ -25,7 +25,7 @@ from ..formats import FORMATS, get_format
 from ..plan import make_plan
 from ..quantization.quantize import (TORCH_DTYPES, pack_weight, pack_zeros, quantize_activation, quantize_weight,
                                      unpack_zeros)
-from ..quantization.utils import unpack_codes
+from ..quantization.utils import bitblas_weight_order, from_bitblas_weight, to_bitblas_weight, unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
 __all__ = ["Linear"]
@@ -37,8 +37,12 @@ logger = logging.getLogger(__name__)
 
 # The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
 # quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
-# quantized zero points [groups, N * bits / 8]). /1 checkpoints are migrated on load.
-_FORMAT_TAG = "bitblas.Linear/2"
+# quantized zero points [groups, N * bits / 8]) but qweight in the kernels' code order; /3: qweight
+# as Microsoft BitBLAS's Linear saves it too (lop3-interleaved where its fast decoding is on,
+# quantization.bitblas_weight_order). The buffer in memory keeps the kernels' order: state_dict()
+# writes BitBLAS's bytes, a load converts once. /1 and /2 checkpoints are migrated on load.
+_FORMAT_TAG = "bitblas.Linear/3"
+_FORMAT_V2 = "bitblas.Linear/2"
 _FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
 _BUFFERS = {"scale": "scales", "zeros": "zeros", "bias": "bias", "global_scale": "global_scale"}
@@ -108,6 +112,10 @@ class Linear(nn.Module):
         self.bitblas_matmul, self._key = torch_op.get_operator(self.config, target)
         plan = self._plan = make_plan(self.config, "cpu")
         self._weight_name = "weight" if w.kind == "float" else "qweight"
+        try:        # how Microsoft BitBLAS's bytes of this weight differ (None: not at all; str: unreadable)
+            self._bitblas_order = bitblas_weight_order(self.config)
+        except NotImplementedError as e:
+            self._bitblas_order = str(e)
         self._a = a
         self._a_dtype = TORCH_DTYPES[a.torch_dtype] if a.torch_dtype else torch.int8
         self._a_cols = plan.arg("A").shape[1]
@@ -451,30 +459,48 @@ class Linear(nn.Module):
             raise ValueError(f"{prefix or 'state_dict'}: the checkpoint was saved from a layer with "
                              f"{', '.join(bad)}; build the layer with the checkpoint's settings")
 
-    def _convert_foreign(self, state_dict, prefix):
-        """Hook for subclasses that accept other checkpoint layouts (QuantLinear: GPTQ)."""
+    def _convert_foreign(self, state_dict, prefix) -> bool:
+        """Hook for subclasses that accept other checkpoint layouts (QuantLinear: GPTQ): True when it
+        replaced the tensors with ones in the kernels' layout."""
+        return False
 
-    def _migrate(self, state_dict, prefix):
-        """Bring a checkpoint saved by an earlier bitblas to this version's byte layouts (in
-        ``state_dict``, new tensors; the caller's are not changed). A record of format
-        ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement -> offset-binary (each field's
-        top bit flipped), quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8].
-        A checkpoint without a record is taken as this version's (and BitBLAS's) layout; an unknown
-        format is refused naming it."""
+    def _migrate(self, state_dict, prefix, foreign: bool = False):
+        """Bring a checkpoint to the tensors this layer holds (in ``state_dict``, new tensors; the
+        caller's are not changed). Format ``bitblas.Linear/3`` and a checkpoint without a record
+        (Microsoft BitBLAS's Linear): qweight in BitBLAS's code order -> the kernels' (once, here).
+        ``bitblas.Linear/2``: qweight already in the kernels' order. ``bitblas.Linear/1``: besides,
+        signed 1/2/4-bit codes two's complement -> offset-binary (each field's top bit flipped),
+        quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8]. ``foreign``: the
+        tensors were converted from another layout (QuantLinear: GPTQ) into the kernels' already.
+        An unknown format is refused naming it."""
         key = prefix + "_extra_state"
         state = state_dict.get(key)
-        if state is None:
-            return
-        rec = self._record(state, prefix)
-        fmt = rec.get("format")
-        if fmt == _FORMAT_TAG:
-            return
-        if fmt != _FORMAT_V1:
-            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r} "
-                             f"(migrated) and {_FORMAT_TAG!r}; load it with the bitblas version that wrote it")
+        rec = None if state is None else self._record(state, prefix)
+        fmt = None if rec is None else rec.get("format")
+        if fmt not in (None, _FORMAT_TAG, _FORMAT_V2, _FORMAT_V1):
+            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r}, "
+                             f"{_FORMAT_V2!r} (migrated) and {_FORMAT_TAG!r}; load it with the bitblas version "
+                             "that wrote it")
         mine = self._state_fields()
-        if any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
+        if rec is not None and any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
             return                            # another layer's checkpoint: _check_extra refuses it
+        if fmt == _FORMAT_V1:
+            self._migrate_v1(state_dict, prefix)
+        wkey = prefix + self._weight_name
+        t = state_dict.get(wkey)
+        order = self._bitblas_order
+        if fmt in (None, _FORMAT_TAG) and not foreign and order is not None and isinstance(t, torch.Tensor) \
+                and t.shape == self._buffers[self._weight_name].shape and t.dtype.itemsize == 1 and not t.is_meta:
+            if isinstance(order, str):
+                if fmt is None:       # ours (/3) are saved in the kernels' order for this case
+                    raise NotImplementedError(f"{wkey}: {order}")
+            else:
+                state_dict[wkey] = from_bitblas_weight(self.config, t)
+        if fmt in (_FORMAT_V1, _FORMAT_V2):
+            state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
+                                                         .encode()), dtype=torch.uint8)
+
+    def _migrate_v1(self, state_dict, prefix):
         c, plan = self.config, self._plan
         w = FORMATS[c.W_dtype]
         wkey = prefix + self._weight_name
@@ -492,15 +518,22 @@ class Linear(nn.Module):
                                  f"got {z.dtype} {list(z.shape)}")
             codes = unpack_codes(z.view(torch.int8).cpu(), w, "plain")[:, :plan.groups]    # [N, groups]
             state_dict[zkey] = pack_zeros(c, codes).to(z.device)
-        state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
-                                                     .encode()), dtype=torch.uint8)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # qweight in Microsoft BitBLAS's bytes (see _FORMAT_TAG): a new tensor where they differ from
+        # the buffer's, also with keep_vars
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        key = prefix + self._weight_name
+        t = destination.get(key)
+        if isinstance(self._bitblas_order, list) and isinstance(t, torch.Tensor) and not t.is_meta:
+            destination[key] = to_bitblas_weight(self.config, t.detach())
 
     def check_state_dict(self, state_dict, prefix: str = ""):
         """Raise ValueError / TypeError naming the key if ``state_dict`` (this layer's tensors under
         ``prefix``) cannot be loaded into this layer; changes nothing."""
         state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
-        self._convert_foreign(state_dict, prefix)
-        self._migrate(state_dict, prefix)
+        foreign = bool(self._convert_foreign(state_dict, prefix))
+        self._migrate(state_dict, prefix, foreign)
         self._check_state(state_dict, prefix)
 
     def _check_state(self, state_dict, prefix):
@@ -529,13 +562,13 @@ class Linear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # everything is checked before any tensor is copied
-        self._convert_foreign(state_dict, prefix)
+        foreign = bool(self._convert_foreign(state_dict, prefix))
         for name in ("scales", "zeros"):
             # Microsoft BitBLAS's Linear saves both for every quantized layer; its kernel ignores the
             # ones its config does not take, and so does this layer
             if prefix + name in state_dict and name not in self._buffers:
                 state_dict.pop(prefix + name)
-        self._migrate(state_dict, prefix)
+        self._migrate(state_dict, prefix, foreign)
         self._check_state(state_dict, prefix)
         extra_key = prefix + "_extra_state"
         if extra_key not in state_dict:
@@ -558,6 +591,11 @@ class Linear(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        if "_bitblas_order" not in self.__dict__:      # pickled by an earlier bitblas
+            try:
+                self._bitblas_order = bitblas_weight_order(self.config)
+            except NotImplementedError as e:
+                self._bitblas_order = str(e)
         self.bitblas_matmul = torch_op.operator_by_key(self._key)
 
     # -- devices and dtypes -------------------------------------------------------------------

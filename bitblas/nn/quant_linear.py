@@ -118,7 +118,7 @@ class QuantLinear(Linear):
     def _convert_foreign(self, state_dict, prefix):
         qw, qz = state_dict.get(prefix + "qweight"), state_dict.get(prefix + "qzeros")
         if qz is None or not isinstance(qw, torch.Tensor) or qw.dtype != torch.int32:
-            return
+            return False
         scales = state_dict.get(prefix + "scales")
         g_idx = state_dict.pop(prefix + "g_idx", None)
         imp = from_gptq(qw, qz, scales, g_idx, bits=self.bits, in_features=self.in_features,
@@ -130,6 +130,7 @@ class QuantLinear(Linear):
         state_dict.update({prefix + k: v for k, v in new.items()})
         if imp.perm is not None:
             state_dict[prefix + "perm"] = imp.perm
+        return True
 
 
 def _alias(name, value, alias, alias_value):

@@ -9,8 +9,8 @@ BitBLAS users and integrations (vLLM, GPTQModel, BitBLAS's own modules) reach fo
 Layouts: bitblas's kernels take weights in one plain packed layout (see the README's format
 table). ``weight_transform`` maps BitBLAS's unpacked storage codes (signed integers stored
 offset-binary, ``code = q + 2**(bits-1)``) to that layout; ``propagate_a`` / ``propagate_b``
-report ``TransformKind.NonTransform`` because no ladder permutation is ever applied (the config
-keeps what was asked for).
+report ``TransformKind.NonTransform`` because no ladder permutation is ever applied, and
+``fast_decoding`` False because no lop3 interleave is (the config keeps what was asked for).
 """
 from __future__ import annotations
 
@@ -140,14 +140,11 @@ class BitBLASOperatorAPI:
 
     @property
     def fast_decoding(self) -> bool:
-        """The config's value; None resolved as BitBLAS does (True for int/uint weights below 8 bits,
-        except int4/uint4 with int8 activations and bfloat16 activations)."""
-        c = self.config
-        if c.fast_decoding is not None:
-            return c.fast_decoding
-        w = FORMATS[c.W_dtype]
-        return (w.kind in ("int", "uint") and w.bits < 8 and c.W_dtype != c.A_dtype and c.A_dtype != "bfloat16"
-                and not (w.bits == 4 and c.A_dtype == "int8"))
+        """False: the weights this operator takes are never lop3-interleaved (the config keeps what was
+        asked for, as with ``propagate_b``). Microsoft BitBLAS's value for the same config is
+        :func:`bitblas.quantization.bitblas_fast_decoding`; a weight it packed converts once with
+        :func:`bitblas.quantization.from_bitblas_weight` (README, "BitBLAS's weight bytes")."""
+        return False
 
     @property
     def source_format(self) -> str:

@@ -3,8 +3,8 @@
 * ``QuantCompress`` (``bitblas.ops.quant_compress``): pack unsigned low-bit codes into int8 bytes
   along the last axis, as :func:`bitblas.quantization.general_compress`.
 * ``LOP3Permutate`` (``bitblas.ops.lop3_permutate``): BitBLAS's fast-decoding interleave of the
-  codes inside each 32-bit word, as :func:`bitblas.quantization.interleave_weight` (float16 /
-  bfloat16 / int8 decode targets).
+  codes inside each 32-bit word (:func:`bitblas.quantization.utils.lop3_permute`: float16 / int8 as
+  :func:`bitblas.quantization.interleave_weight`, bfloat16 the lane order alone, as BitBLAS's).
 * ``LadderPermutate`` (``bitblas.ops.ladder_permutate``): BitBLAS's tensor-core tile permutation
   of weights (``propagate_b``). bitblas's kernels never take permuted weights, so constructing one
   raises NotImplementedError naming the alternative.
@@ -129,7 +129,7 @@ class LOP3Permutate(_CPUOp):
     """``LOP3Permutate(config)(qweight)``: packed weight [M, N * bits / 8 bytes] -> the same bytes
     with the codes of each 32-bit word interleaved for fast decoding (BitBLAS's order)."""
 
-    _TARGETS = {"float16": "float16", "bfloat16": "float16", "int8": "int8"}
+    _TARGETS = ("float16", "bfloat16", "int8")     # bfloat16: the lane order alone, as BitBLAS's kernel
 
     def __init__(self, config: LOP3PermutateConfig, name: str = "lop3_permutate", target=None,
                  enable_tuning: bool = False, from_database: bool = False):
@@ -141,7 +141,7 @@ class LOP3Permutate(_CPUOp):
         self.config, self.name, self.target = config, name, target
 
     def forward(self, weight: torch.Tensor, output: Optional[torch.Tensor] = None) -> torch.Tensor:
-        from ..quantization.utils import interleave_weight
+        from ..quantization.utils import lop3_permute
         c = self.config
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
@@ -149,8 +149,7 @@ class LOP3Permutate(_CPUOp):
         if raw.numel() != c.M * c.N * c.dequantize_bits // 8:
             raise ValueError(f"weight: expected {c.M} x {c.N} {c.dequantize_bits}-bit codes "
                              f"({c.M * c.N * c.dequantize_bits // 8} bytes), got {raw.numel()} bytes")
-        out = interleave_weight(raw.reshape(c.M, -1), nbits=c.dequantize_bits,
-                                target_dtype=self._TARGETS[c.datatype]).view(weight.dtype).reshape(weight.shape)
+        out = lop3_permute(raw.reshape(c.M, -1), c.dequantize_bits, c.datatype).view(weight.dtype).reshape(weight.shape)
         if output is not None:
             output.copy_(out)
             return output

@@ -9,7 +9,8 @@ import torch
 from ..formats import FORMATS, STORAGES, Format
 
 __all__ = ["pack_codes", "unpack_codes", "unpack_fields", "general_compress", "interleave_weight",
-           "deinterleave_weight"]
+           "deinterleave_weight", "lop3_permute", "bitblas_fast_decoding", "bitblas_weight_order", "from_bitblas_weight",
+           "to_bitblas_weight"]
 
 
 def _fmt(fmt) -> Format:
@@ -111,36 +112,41 @@ def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np
     return packed.numpy().view(np.dtype(storage_dtype))
 
 
+# bits per decoded lane of each decode target BitBLAS's LOP3Permutate takes (its ``datatype``, the
+# activation dtype: ``DataType(datatype).bits``), under BitBLAS's and our spellings
+_TARGET_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "int8": 8, "uint8": 8, "int4": 4, "uint4": 4,
+                "float8_e4m3": 8, "float8_e5m2": 8, "e4m3_float8": 8, "e5m2_float8": 8}
+# BitBLAS's further moves of whole 4-code units after the lane order, per (bits, target): 2-bit codes
+# for float16 swap bytes 1 and 2, 1-bit codes for int8 swap nibbles 1 <-> 4 and 3 <-> 6
+_UNIT_SWAPS = {(2, "float16"): {1: 2, 2: 1}, (1, "int8"): {1: 4, 4: 1, 3: 6, 6: 3}}
+
+
 def _interleave_positions(nbits: int, target_dtype: str):
-    """Where each of the codes of one 32-bit word moves: BitBLAS's fast-decoding order (its numpy
-    ``interleave_weight``): code j goes to lane ``j % lanes``, slot ``j // lanes`` of that lane's
-    bits; then 2-bit codes for float16 swap bytes 1 and 2 of the word, and 1-bit codes for int8
-    swap nibbles 1 <-> 4 and 3 <-> 6 (1-bit codes for float16: BitBLAS computes a further move
-    and returns the word without it, so the base order stands)."""
-    if target_dtype not in ("float16", "int8"):
-        raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: 'float16', 'int8'")
+    """Where each code of one 32-bit word moves in BitBLAS's fast-decoding order: code j goes to
+    lane ``j % lanes``, slot ``j // lanes`` of that lane's bits (a lane: the bits of one decoded
+    ``target_dtype`` value), then the unit swaps above. 1-bit codes for float16: BitBLAS's numpy
+    ``interleave_weight`` computes a further move and returns the word without it, so the lane order
+    stands here (its LOP3Permutate applies a move that writes two nibbles to one place:
+    :func:`bitblas_weight_order` refuses that case)."""
+    if target_dtype not in _TARGET_BITS:
+        raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: {', '.join(_TARGET_BITS)}")
     if nbits not in (1, 2, 4):
         raise ValueError(f"nbits={nbits} is invalid; accepted: 1, 2, 4")
-    stride = 16 if target_dtype == "float16" else 8      # bits per lane the decoder produces
-    lanes, per_lane = 32 // stride, stride // nbits
-    n = 32 // nbits
-    base = [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(n)][: lanes * per_lane]
-    if nbits == 2 and target_dtype == "float16":
-        unit, swap = 4, {1: 2, 2: 1}                         # bytes (4 codes each)
-    elif nbits == 1 and target_dtype == "int8":
-        unit, swap = 4, {1: 4, 4: 1, 3: 6, 6: 3}             # nibbles (4 codes each)
-    else:
+    stride = _TARGET_BITS[target_dtype]
+    lanes = 32 // stride
+    base = [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(32 // nbits)]
+    swap = _UNIT_SWAPS.get((nbits, target_dtype))
+    if swap is None:
         return base
-    return [swap.get(p // unit, p // unit) * unit + p % unit for p in base]
+    return [swap.get(p // 4, p // 4) * 4 + p % 4 for p in base]
 
 
-def _move_codes(qweight, nbits: int, target_dtype: str, inverse: bool):
-    """Move each code of every 32-bit word to its interleaved slot (or back, ``inverse``)."""
+def _move_codes(qweight, nbits: int, pos, inverse: bool):
+    """Move each code of every 32-bit word to its slot ``pos[j]`` (or back, ``inverse``)."""
     is_torch = isinstance(qweight, torch.Tensor)
-    w = qweight.cpu().numpy() if is_torch else np.asarray(qweight)
-    if w.dtype.itemsize != 1 or w.shape[-1] % 4:
+    w = qweight.detach().cpu().numpy() if is_torch else np.asarray(qweight)
+    if w.dtype.itemsize != 1 or w.ndim < 1 or w.shape[-1] % 4:
         raise ValueError("qweight: expected 1-byte storage whose last axis is a multiple of 4")
-    pos = _interleave_positions(nbits, target_dtype)
     words = np.ascontiguousarray(w).view(np.uint32)
     mask = np.uint32((1 << nbits) - 1)
     out = np.zeros_like(words)
@@ -158,9 +164,77 @@ def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     (for 4 bits), which lets a decoder turn a word into fp16 pairs with a few bit operations.
     Takes and returns int8 numpy arrays or torch tensors whose last axis is a multiple of 4 bytes.
     """
-    return _move_codes(qweight, nbits, target_dtype, inverse=False)
+    _check_numpy_target(target_dtype)
+    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse=False)
 
 
 def deinterleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     """Inverse of :func:`interleave_weight`."""
-    return _move_codes(qweight, nbits, target_dtype, inverse=True)
+    _check_numpy_target(target_dtype)
+    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse=True)
+
+
+def lop3_permute(qweight, nbits: int, target_dtype: str, inverse: bool = False):
+    """The interleave of BitBLAS's LOP3Permutate for any decode target it takes (its ``datatype``:
+    float16, bfloat16, int8, int4, ... ; bfloat16 and the others without float16's / int8's unit
+    swaps), on 1-byte storage whose last axis is a multiple of 4; ``inverse`` undoes it."""
+    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse)
+
+
+def _check_numpy_target(target_dtype):
+    if target_dtype not in ("float16", "int8"):      # BitBLAS's numpy function takes these two
+        raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: 'float16', 'int8'")
+
+
+
+# -- Microsoft BitBLAS's weight bytes for a config ---------------------------------------------
+def bitblas_fast_decoding(config) -> bool:
+    """Microsoft BitBLAS's ``fast_decoding`` for ``config`` (a MatmulConfig): the config's value
+    when given, else its rule: True for int / uint weights other than the activation dtype, except
+    8-bit weights, 4-bit weights with int8 activations and bfloat16 activations."""
+    if config.fast_decoding is not None:
+        return bool(config.fast_decoding)
+    w = FORMATS[config.W_dtype]
+    return (w.kind in ("int", "uint") and w.bits < 8 and config.W_dtype != config.A_dtype
+            and config.A_dtype != "bfloat16" and not (w.bits == 4 and config.A_dtype == "int8"))
+
+
+def bitblas_weight_order(config):
+    """The code order of Microsoft BitBLAS's packed weight for ``config``, relative to ours: None
+    where the bytes are the same (no fast decoding, or no interleave for the format / shape), else
+    the slot of each code of a 32-bit word (:func:`_interleave_positions` for the activation dtype,
+    as BitBLAS's ``Matmul.transform_weight`` runs its LOP3Permutate). NotImplementedError where
+    BitBLAS's bytes lose codes (1-bit weights with float16 activations: its LOP3Permutate moves
+    two nibbles of each word to one place)."""
+    w = FORMATS[config.W_dtype]
+    if not bitblas_fast_decoding(config) or w.kind not in ("int", "uint") or w.bits not in (1, 2, 4) \
+            or config.A_dtype not in _TARGET_BITS or (config.K * w.bits // 8) % 4:
+        return None                 # (BitBLAS views each row as 32-bit words: K * bits / 8 bytes, a multiple of 4)
+    if w.bits == 1 and config.A_dtype == "float16":
+        raise NotImplementedError(
+            f"W_dtype={config.W_dtype!r} with A_dtype='float16' and fast decoding: Microsoft BitBLAS's packed weight "
+            "loses codes (its LOP3Permutate writes two 4-code groups of each word to one place), so its bytes "
+            "cannot be read back; build the layer with fast_decoding=False")
+    pos = _interleave_positions(w.bits, config.A_dtype)
+    return None if pos == list(range(len(pos))) else pos
+
+
+def _convert(config, qweight, inverse):
+    pos = bitblas_weight_order(config)
+    if pos is None:
+        return qweight
+    flat = qweight.reshape(-1, 4) if isinstance(qweight, torch.Tensor) else np.asarray(qweight).reshape(-1, 4)
+    return _move_codes(flat, FORMATS[config.W_dtype].bits, pos, inverse).reshape(qweight.shape)
+
+
+def from_bitblas_weight(config, qweight):
+    """Microsoft BitBLAS's packed weight for ``config`` (what its ``Matmul.transform_weight`` /
+    ``weight_transform`` return and its ``Linear`` saves: lop3-interleaved where its fast decoding
+    is on) -> the packed weight bitblas's kernels read (the README's format table). The same tensor
+    where the two agree; torch tensors stay on their device."""
+    return _convert(config, qweight, inverse=True)
+
+
+def to_bitblas_weight(config, qweight):
+    """Inverse of :func:`from_bitblas_weight`: bitblas's packed weight -> Microsoft BitBLAS's bytes."""
+    return _convert(config, qweight, inverse=False)

@@ -55,7 +55,9 @@ def test_matmul_bitblas_properties():
     assert (op.source_format, op.bit) == ("int", 4)
     assert op.BITBLAS_TRICK_DTYPE_MAP["e4m3_float8"] == ("fp_e4m3", 8)
     assert op.propagate_b == 0 and op.propagate_a == 0 and op.config.propagate_b is True
-    assert op.fast_decoding is True and op.storage_dtype == "int8" and op.zeros_mode == "original"
+    # the weights this operator takes are never lop3-interleaved; BitBLAS's value for the config:
+    assert op.fast_decoding is False and bitblas.quantization.bitblas_fast_decoding(c) is True
+    assert op.storage_dtype == "int8" and op.zeros_mode == "original"
     assert op.retrieve_weight_shape() == [128, 128]
     assert op.input_transform is None and op.lut is None and op.dynamic_range == {"m": [1, 16]}
     assert op.torch_output_dtype == torch.float16
@@ -191,7 +193,9 @@ def test_linear_loads_bitblas_state_dict_with_unused_scales_and_zeros():
     """BitBLAS's Linear registers scales and zeros for every quantized layer, taken or not."""
     lin = bitblas.Linear(128, 64, A_dtype="float16", W_dtype="uint4", with_scaling=False, opt_M=[1])
     q = torch.randint(0, 16, (64, 128), dtype=torch.int8)
-    theirs = {"qweight": lin.bitblas_matmul.transform_weight(q), "scales": torch.zeros(64, 1, dtype=torch.float16),
+    # BitBLAS's transform_weight bytes (lop3-interleaved: its fast decoding is on for uint4 x float16)
+    qweight = bitblas.quantization.to_bitblas_weight(lin.config, lin.bitblas_matmul.transform_weight(q))
+    theirs = {"qweight": qweight, "scales": torch.zeros(64, 1, dtype=torch.float16),
               "zeros": torch.zeros(64, 1, dtype=torch.float16)}
     lin.load_state_dict(theirs)
     x = torch.randn(2, 128, dtype=torch.float16)

@@ -14,7 +14,7 @@ from bitblas.kernels import REGISTRY, KernelChoice, Template
 from bitblas.kernels.base import Candidate
 
 KERNELS_DIR = os.path.dirname(kernels.__file__)
-SUPPORT = {"__init__.py", "base.py", "select.py", "_common.py", "costmodel.py"}
+SUPPORT = {"__init__.py", "base.py", "select.py", "_common.py", "_gemv.py", "costmodel.py"}
 
 
 def test_one_file_per_registered_family():

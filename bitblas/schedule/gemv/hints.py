@@ -17,8 +17,8 @@ the tensor-core kernels 16 per mma tile; ``k_warps``: warps, for the wgmma GEMV 
 split K; ``stages``: register slots of weights; ``min_blocks``: ``__launch_bounds__`` minimum
 blocks per SM, 0 none; ``pdl``: programmatic dependent launch, sm_90+).
 
-:class:`GEMVHint` is their common base (``isinstance(h, GEMVHint)``: a GEMV kernel's hint;
-``GEMVHint.default(plan, target)``: the default kernel's hint, template.py). Called with the
+:class:`GEMVHint` is their common base (``isinstance(h, GEMVHint)``: a GEMV kernel's hint; the
+default kernel's hint: template.py's ``default_gemv_hint(plan, target)``). Called with the
 fields of the one hint the GEMV had before (``GEMVHint(rows_per_warp=32, k_warps=8, mma=True)``,
 positional in its field order too, as ``benchmark/matmul.py --gemv-hints`` passes them), it
 returns the hint of the kernel those flags selected (:func:`from_legacy`): ``wgmma`` (with ``mma``)
@@ -53,12 +53,6 @@ class GEMVHint(metaclass=_LegacyCall):
 
     tensor_cores: ClassVar[bool] = False   # the kernel takes its row count at run time (a class of rows)
     __slots__ = ()
-
-    @classmethod
-    def default(cls, plan, target=None) -> "GEMVHint":
-        """The default GEMV kernel's hint for ``plan`` (template.default_gemv_hint)."""
-        from .template import default_gemv_hint
-        return default_gemv_hint(plan, target)
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,10 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
             kname = "Dequant+WGMMA"
         else:
             dh = chosen if chosen is not None else default_hint(kern[0], op.target)
-            kname = type(dh).__name__.replace("Hint", "") + (
-                "-wgmma" if getattr(dh, "wgmma", False) else "-mma" if getattr(dh, "mma", False) else "")
+            from bitblas.schedule import GEMVHint, GEMVMmaHint, GEMVWgmmaHint
+            # the GEMV kernels as before they had a hint each: GEMV (rows / k-split), GEMV-mma, GEMV-wgmma
+            kname = ("GEMV" + {GEMVMmaHint: "-mma", GEMVWgmmaHint: "-wgmma"}.get(type(dh), "")
+                     if isinstance(dh, GEMVHint) else type(dh).__name__.replace("Hint", ""))
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
         kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"
@@ -262,7 +264,8 @@ def bench_scaled_mm(N, K, m, graph_ms=None):
 
 
 def parse_hints(text):
-    """'R,W,U,VB[,WK[,GRID]];...' -> GEMVHint list (fields in GEMVHint's order)."""
+    """'R,W,U,VB[,WK[,GRID]];...' -> GEMV hints (the one-hint GEMV's field order: GEMVHint(...) gives the
+    rows kernel's hint, with WK > 0 the k-split kernel's)."""
     from bitblas.schedule import GEMVHint
     return [GEMVHint(*(int(x) for x in part.split(","))) for part in filter(None, text.split(";"))]
 

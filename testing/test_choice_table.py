@@ -50,7 +50,7 @@ def test_table_is_small_and_covers_the_cases(tables):
     targets = {case.split("/")[0] for case in before["cuda"]}
     assert targets == set(ct.TARGETS)
     classes = {before["hints"][v[2]]["class"] for v in before["cuda"].values()}
-    assert {"GEMVHint", "MMAHint", "WGMMAHint", "SimpleCUDAHint"} <= classes
+    assert {"GEMVRowsHint", "GEMVMmaHint", "GEMVWgmmaHint", "MMAHint", "WGMMAHint", "SimpleCUDAHint"} <= classes
     assert any(v[0] == "dequant-gemm" for v in before["cuda"].values())
     assert all(v["n"] > 0 for v in before["tune"].values())
     assert sum("measured" in v for v in before["tune"].values()) >= 150

@@ -13,7 +13,7 @@ from bitblas.dispatch import DEFAULT_BUCKETS, BucketTable, buckets_of
 from bitblas.kernels.select import kernel_rows as default_rows, row_class as gemv_kernel_rows
 from bitblas.build import cuda_target
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint
+from bitblas.schedule import GEMVHint, GEMVWgmmaHint
 from kernel_helpers import choose
 
 
@@ -194,8 +194,8 @@ def test_default_gemv_tile_constant_per_class(arch):
             cfg = MatmulConfig(M=None, N=N, K=1536, **kw)
             for m in range(2, 65):
                 h = default_hint(make_plan(cfg, "cuda", m), t)
-                if isinstance(h, GEMVHint) and h.mma:       # the wgmma GEMV: classes of 8 rows
-                    top = wgmma_rows(m) if h.wgmma else row_class(m)
+                if isinstance(h, GEMVHint) and h.tensor_cores:       # the wgmma GEMV: classes of 8 rows
+                    top = wgmma_rows(m) if isinstance(h, GEMVWgmmaHint) else row_class(m)
                     assert default_hint(make_plan(cfg, "cuda", top), t) == h, (kw, N, m)
                     assert default_rows(cfg, "cuda", m, t) == top
 

@@ -12,6 +12,7 @@ GPU correctness: testing/test_gpu_gemv_int8.py (``test_gemv_int8_mma*``).
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -22,7 +23,8 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
 from bitblas.formats import FORMATS
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint
+from bitblas.schedule import GEMVHint, GEMVKSplitHint, GEMVMmaHint
+from bitblas.schedule.gemv import default_gemv_hint
 from bitblas.schedule.gemv import decode as gd
 from bitblas.schedule.gemv import gemv_hint_unsupported
 from bitblas.schedule.gemv.mma_int8 import _mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
@@ -171,23 +173,23 @@ def test_mma_int8_default_hint():
     t80, t90 = cuda_target(TARGETS["sm_80"]), cuda_target(TARGETS["sm_90"])
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True), dict(out_dtype="int32")):
-            assert GEMVHint.default(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
+            assert default_gemv_hint(_plan(w, 7, **kw), t80) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
                                                                         min_blocks=2)
-            assert GEMVHint.default(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
+            assert default_gemv_hint(_plan(w, 8, **kw), t90) == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True,
                                                                         min_blocks=2, pdl=True)
-            assert GEMVHint.default(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True,
+            assert default_gemv_hint(_plan(w, 16, **kw), t80) == GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True,
                                                                          min_blocks=2)
-            assert GEMVHint.default(_plan(w, 16, n=28672, **kw), t80) == \
+            assert default_gemv_hint(_plan(w, 16, n=28672, **kw), t80) == \
                 GEMVHint(64, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=2)
-            assert not GEMVHint.default(_plan(w, 2, **kw), t80).mma
+            assert not default_gemv_hint(_plan(w, 2, **kw), t80).tensor_cores
             grouped = "group_size" in kw
             first = (5 if grouped else 6) if w.endswith("8") else 4 if grouped and w.endswith("4") else 3
-            below = GEMVHint.default(_plan(w, first - 1, **kw), t80)
-            assert below.mma is False
-            assert GEMVHint.default(_plan(w, first, **kw), t80).mma is True
+            below = default_gemv_hint(_plan(w, first - 1, **kw), t80)
+            assert below.tensor_cores is False
+            assert default_gemv_hint(_plan(w, first, **kw), t80).tensor_cores is True
             if first - 1 >= 3:                # the rows kernel: no ring from 5 rows or for per-channel 8-bit
                 assert below.stages == (1 if first - 1 >= 5 or (w.endswith("8") and not grouped) else 2), (w, kw)
-    assert not GEMVHint.default(_plan("int1", 8, group_size=64, with_scaling=True), t80).mma
+    assert not default_gemv_hint(_plan("int1", 8, group_size=64, with_scaling=True), t80).tensor_cores
 
 
 def test_mma_int8_chunk_tile():
@@ -198,10 +200,10 @@ def test_mma_int8_chunk_tile():
     for w in WEIGHTS:
         for kw in (dict(with_scaling=True), dict(group_size=128, with_scaling=True)):
             for m in (17, 32, 48, 64):
-                h = GEMVHint.default(_plan(w, m, n=28672, k=8192, **kw), t90)
-                assert GEMVHint.default(_plan(w, m, n=8192, k=8192, **kw), t90) == loop, (w, kw, m)
+                h = default_gemv_hint(_plan(w, m, n=28672, k=8192, **kw), t90)
+                assert default_gemv_hint(_plan(w, m, n=8192, k=8192, **kw), t90) == loop, (w, kw, m)
                 wide = not w.endswith("8") and m <= (32 if "group_size" in kw else 48)
-                assert h == (GEMVHint(**{**loop.__dict__, "rows_per_warp": 64}) if wide else loop), (w, kw, m)
+                assert h == (dataclasses.replace(loop, rows_per_warp=64) if wide else loop), (w, kw, m)
 
 
 def test_mma_int8_refused():
@@ -223,17 +225,17 @@ def test_mma_int8_tuner_candidates():
     from bitblas.tune.space import candidates
     cands = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4",
                                                      with_scaling=True), "cuda", 8)]
-    mma = [h for h in cands if isinstance(h, GEMVHint) and h.mma]
+    mma = [h for h in cands if isinstance(h, GEMVMmaHint)]
     # 3 tile widths x 4 K-warp counts x 2 unrolls, each with and without the next step in flight and
     # under launch bounds of 2 blocks per SM or none
     assert len(mma) == 96 and all(h.rows_per_warp % 16 == 0 for h in mma)
     assert {(h.stages, h.min_blocks) for h in mma} == {(1, 0), (1, 2), (2, 0), (2, 2)}
     plan = _plan("int4", 8, with_scaling=True)
-    assert GEMVHint.default(plan, cuda_target(TARGETS["sm_80"])) in mma
-    assert not any(isinstance(h, GEMVHint) and h.k_warps and not h.mma for h in cands)
+    assert default_gemv_hint(plan, cuda_target(TARGETS["sm_80"])) in mma
+    assert not any(isinstance(h, GEMVKSplitHint) for h in cands)
     g64 = [c.hint for c in candidates(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int1", group_size=64,
                                                    with_scaling=True), "cuda", 8)]
-    assert not any(isinstance(h, GEMVHint) and h.mma for h in g64)
+    assert not any(isinstance(h, GEMVMmaHint) for h in g64)
 
 
 VARIANTS = {
@@ -259,9 +261,9 @@ def test_mma_int8_codegen(w, arch):
             n, k = ((1000, 1536), (256, 512))[i % 2]
             i += 1
             plan = make_plan(MatmulConfig(N=n, K=k, A_dtype="int8", W_dtype=w, **kw), "cuda", m)
-            hint = GEMVHint.default(plan, tgt) if i % 3 and m >= 8 else GEMVHint(16, k_warps=1, unroll=2, stages=2,
+            hint = default_gemv_hint(plan, tgt) if i % 3 and m >= 8 else GEMVHint(16, k_warps=1, unroll=2, stages=2,
                                                                                   mma=True, pdl=arch == "sm_90")
-            assert hint.mma, (w, m, v)
+            assert isinstance(hint, GEMVMmaHint), (w, m, v)
             src = cuda_source(plan, tgt, hint)
             assert f"mma.sync.aligned.m16n8k32.row.col.s32.{at}.s8.s32" in src, (w, m, v)
             assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, m, v, n, k)

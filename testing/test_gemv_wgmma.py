@@ -21,7 +21,7 @@ from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
 from bitblas.kernels.select import row_class as gemv_kernel_rows
 from bitblas.plan import make_plan
 from bitblas.kernels import default_hint
-from bitblas.schedule import GEMVHint
+from bitblas.schedule import GEMVHint, GEMVMmaHint, GEMVWgmmaHint
 from bitblas.schedule.gemv import gemv_hint_unsupported, schedule_cuda_gemv
 from bitblas.schedule.gemv.emit import format_helpers
 from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows
@@ -122,7 +122,7 @@ def test_wgmma_default_tiles():
     the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
     def tile(cfg, m, target=SM90):
         h = default_hint(make_plan(cfg, "cuda", m), target)
-        return (h.rows_per_warp, max(1, h.k_warps), h.stages) if getattr(h, "wgmma", False) else None
+        return (h.rows_per_warp, max(1, h.k_warps), h.stages) if isinstance(h, GEMVWgmmaHint) else None
 
     assert tile(_cfg(), 24) == (16, 1, 4)
     assert tile(_cfg(), 40) == (16, 1, 4)
@@ -147,9 +147,9 @@ def test_wgmma_default_tiles():
     assert tile(_cfg(), 16, SM80) is None
     for cfg in (_cfg(W="int8", group_size=-1), _cfg(W="nf4"), _cfg(W="fp4_e2m1")):
         h = default_hint(make_plan(cfg, "cuda", 12), SM90)
-        assert (h.rows_per_warp, h.k_warps, h.stages, h.min_blocks, h.wgmma) == (32, 8, 1, 2, False)
+        assert (type(h), h.rows_per_warp, h.k_warps, h.stages, h.min_blocks) == (GEMVMmaHint, 32, 8, 1, 2)
     h = default_hint(make_plan(_cfg(A_dtype="int8", W_dtype="int4", with_act_scaling=True), "cuda", 12), SM90)
-    assert h.mma and not h.wgmma
+    assert isinstance(h, GEMVMmaHint)
     assert tile(_cfg(K=8192 + 64, group_size=64), 32) is None     # K not a multiple of 4 weight vectors
 
 
@@ -159,7 +159,6 @@ def test_wgmma_refusals_name_the_argument():
         (make_plan(_cfg(W="nf4"), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='nf4'"),
         (plan, GEMVHint(rows_per_warp=48, k_warps=1, stages=4, **WG), "rows_per_warp=48"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=3, stages=4, **WG), "k_warps=3"),
-        (plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=4, unroll=1, wgmma=True), "mma=True"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=0, **WG), "stages=0"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=4, vec_bytes=8, **WG), "vec_bytes=8"),
         (make_plan(_cfg(K=1152), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=4, stages=2, **WG), "K=1152"),
@@ -173,6 +172,9 @@ def test_wgmma_refusals_name_the_argument():
         assert why is not None and word in why, (h, why)
     with pytest.raises(ValueError, match="sm_90"):
         schedule_cuda_gemv(None, plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), SM80)
+    # the one-hint spelling: wgmma=True without mma=True names the missing flag
+    with pytest.raises(ValueError, match="mma=True"):
+        GEMVHint(rows_per_warp=16, k_warps=1, stages=4, unroll=1, wgmma=True)
 
 
 def test_wgmma_row_classes_and_candidates():
@@ -186,10 +188,10 @@ def test_wgmma_row_classes_and_candidates():
     assert [gemv_kernel_rows(cfg, "cuda", m, mma) for m in (17, 33, 57)] == [32, 48, 64]
     assert [gemv_kernel_rows(cfg, "cuda", m, wg) for m in (9, 13, 16)] == [16, 16, 16]
     for bucket in (16, 24, 64):
-        wgs = [c.hint for c in candidates(cfg, "cuda", bucket, H200_SPEC) if getattr(c.hint, "wgmma", False)]
+        wgs = [c.hint for c in candidates(cfg, "cuda", bucket, H200_SPEC) if isinstance(c.hint, GEMVWgmmaHint)]
         assert len(wgs) == 12 and all(gemv_hint_unsupported(make_plan(cfg, "cuda", bucket), h) is None for h in wgs)
-    assert not [c for c in candidates(cfg, "cuda", 32, A100_SPEC) if getattr(c.hint, "wgmma", False)]
-    assert not [c for c in candidates(cfg, "cuda", 8, H200_SPEC) if getattr(c.hint, "wgmma", False)]
+    assert not [c for c in candidates(cfg, "cuda", 32, A100_SPEC) if isinstance(c.hint, GEMVWgmmaHint)]
+    assert not [c for c in candidates(cfg, "cuda", 8, H200_SPEC) if isinstance(c.hint, GEMVWgmmaHint)]
 
 
 @pytest.mark.nvcc

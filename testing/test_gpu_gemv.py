@@ -15,7 +15,7 @@ from bitblas import MatmulConfig
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, gemv_unsupported
+from bitblas.schedule import GEMVHint, GEMVKSplitHint, GEMVRowsHint, gemv_unsupported
 from bitblas.kernels import default_hint
 
 _skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -205,7 +205,7 @@ def test_gemv_decode_exact(wd, act):
                               for i, n in bad[:8]]
 
 
-STAGED = GEMVHint(2, 8, 1, stages=3, min_blocks=4, act_smem=True)      # the m=1 default (GEMVHint._staged_row)
+STAGED = GEMVHint(2, 8, 1, stages=3, min_blocks=4, act_smem=True)      # the m=1 default (gemv/template.py's staged_row)
 STAGED_FORMATS = {
     "u4": dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True),
     "u4-zeros-bias": dict(A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True, with_zeros=True,
@@ -300,10 +300,10 @@ def test_gemv_selection():
     assert gemv_unsupported(make_plan(cfg, "cuda", None))
     assert gemv_unsupported(make_plan(cfg, "cpu", 1))
     assert isinstance(default_hint(make_plan(cfg, "cuda", 4)), GEMVHint)
-    assert default_hint(make_plan(cfg, "cuda", 40)).mma
-    # the rows kernel stops at 16 rows, naming the field
+    assert default_hint(make_plan(cfg, "cuda", 40)).tensor_cores
+    # the rows kernel stops at 16 rows, naming the kernel that takes more
     from bitblas.schedule.gemv import gemv_hint_unsupported
-    assert "mma=True" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
+    assert "the mma GEMV: up to 64" in gemv_hint_unsupported(make_plan(cfg, "cuda", 17), GEMVHint(4, 1, 4))
     op = bitblas.Matmul(cfg)
     # the rows kernel is built per row count (m=1), the tensor-core one for the top of each class
     assert op.plan("cuda", 1).m == 1 and op.plan("cuda", 2).m == 8 and op.plan("cuda", 7).m == 8
@@ -357,7 +357,7 @@ def test_gemv_launch_bounds():
 
 
 def test_gemv_staged_row_defaults(monkeypatch):
-    """Which m=1 plans stage the activation row (GEMVHint._staged_row), and the checks of
+    """Which m=1 plans stage the activation row (gemv/template.py's staged_row), and the checks of
     ``act_smem``: one row, the rows kernel, a row that fits 48 KB of shared memory. The 8-bit
     rule reads the SM count: an H200's 132 here, whatever GPU runs the test."""
     from bitblas import arch
@@ -366,28 +366,31 @@ def test_gemv_staged_row_defaults(monkeypatch):
 
     def hint(n=8192, k=8192, m=1, **kw):
         return default_hint(make_plan(MatmulConfig(N=n, K=k, **kw), "cuda", m))
+
+    def staged(h):
+        return isinstance(h, GEMVRowsHint) and h.act_smem
     g = dict(group_size=128, with_scaling=True)
     assert hint(A_dtype="float16", W_dtype="uint4", **g) == STAGED
     assert hint(A_dtype="bfloat16", W_dtype="uint4", with_zeros=True, out_dtype="bfloat16", **g) == STAGED
     assert hint(A_dtype="float16", W_dtype="fp4_e2m1", **g) == STAGED
     assert hint(A_dtype="float16", W_dtype="nf4", **g) == STAGED
-    assert not hint(k=14336, A_dtype="float16", W_dtype="nf4", **g).act_smem          # nf4 up to K=8192
+    assert not staged(hint(k=14336, A_dtype="float16", W_dtype="nf4", **g))          # nf4 up to K=8192
     assert hint(A_dtype="float16", W_dtype="int2", **g) == GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True)
-    assert not hint(n=6144, A_dtype="float16", W_dtype="int2", **g).act_smem          # 1-/2-bit from N=8192
+    assert not staged(hint(n=6144, A_dtype="float16", W_dtype="int2", **g))          # 1-/2-bit from N=8192
     assert hint(A_dtype="float16", W_dtype="int8", with_scaling=True) == STAGED      # 16-row blocks: 97% of a wave
-    assert not hint(n=10240, A_dtype="float16", W_dtype="int8", with_scaling=True).act_smem
-    assert not hint(n=4096, A_dtype="float16", W_dtype="int8", with_scaling=True).act_smem
+    assert not staged(hint(n=10240, A_dtype="float16", W_dtype="int8", with_scaling=True))
+    assert not staged(hint(n=4096, A_dtype="float16", W_dtype="int8", with_scaling=True))
     i8 = dict(A_dtype="int8", with_scaling=True, with_act_scaling=True, group_size=128)
-    assert hint(W_dtype="int2", **i8) == STAGED and not hint(W_dtype="int4", **i8).act_smem
+    assert hint(W_dtype="int2", **i8) == STAGED and not staged(hint(W_dtype="int4", **i8))
     # the staged row takes 2 bytes per value (4-bit codes): K=28672 does not fit 48 KB
-    assert not hint(n=4096, k=28672, A_dtype="float16", W_dtype="uint4", **g).act_smem
-    assert not hint(m=2, A_dtype="float16", W_dtype="uint4", **g).act_smem
+    assert not staged(hint(n=4096, k=28672, A_dtype="float16", W_dtype="uint4", **g))
+    assert not staged(hint(m=2, A_dtype="float16", W_dtype="uint4", **g))
     plan = make_plan(MatmulConfig(N=4096, K=28672, A_dtype="float16", W_dtype="uint4", **g), "cuda", 1)
     assert "57344 bytes of shared memory" in gemv_hint_unsupported(plan, STAGED)
     plan2 = make_plan(MatmulConfig(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", **g), "cuda", 2)
     assert "one activation row" in gemv_hint_unsupported(plan2, STAGED)
-    mma = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, act_smem=True)
-    assert "rows-kernel option" in gemv_hint_unsupported(make_plan(plan2.config, "cuda", 1), mma)
+    with pytest.raises(ValueError, match="act_smem is an option of the rows kernel"):   # the one-hint spelling
+        GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, act_smem=True)
 
 
 @pytest.mark.nvcc
@@ -450,7 +453,7 @@ def test_gemv_pdl(m, kw, hint):
     wait, trig = body.index("griddepcontrol_wait();"), body.index("griddepcontrol_launch_dependents();")
     first_access = min(body.index(t) for t in ("W_ptr[", "A_ptr[", "scale_ptr[", "output_ptr["))
     assert wait < first_access
-    if not hint or not hint.k_warps:
+    if not isinstance(hint, GEMVKSplitHint):
         assert body.rindex("W_ptr[") < trig < body.index("output_ptr[")
     mod = schedule_cuda_gemv(None, plan, h90, cuda_target("sm_90"))
     assert "tirx.use_programtic_dependent_launch" in [str(t) for t in mod["main"].attrs["tirx.kernel_launch_params"]]

@@ -27,7 +27,8 @@ from bitblas.formats import FORMATS
 from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES, pack_weight
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported
+from bitblas.schedule import GEMVHint, GEMVKSplitHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported
+from bitblas.schedule.gemv import default_gemv_hint
 from bitblas.kernels import default_hint
 from kernel_helpers import H200_SPEC, TARGETS
 
@@ -113,7 +114,7 @@ def test_gemv_int8(name, n, k, m):
     if isinstance(default_hint(plan, tgt), GEMVHint):
         why = _check(cfg, m)
     else:   # a plan whose default is not a GEMV: build the GEMV by its hint
-        why = _check(cfg, m, build_plan(plan, tgt, GEMVHint.default(plan, tgt)), plan)
+        why = _check(cfg, m, build_plan(plan, tgt, default_gemv_hint(plan, tgt)), plan)
     assert why is None, f"{name}: {why}"
 
 
@@ -186,8 +187,8 @@ def test_gemv_int8_mma(name, n, k, m):
     if m > 16 and gemv_unsupported(plan):
         assert "tensor-core kernel takes more than 16 rows" in gemv_unsupported(plan)
         pytest.skip(gemv_unsupported(plan))
-    hint = GEMVHint.default(plan, tgt)
-    if not hint.mma or m == 40:               # few rows default to the rows kernel: the 3..8-row tile
+    hint = default_gemv_hint(plan, tgt)
+    if not hint.tensor_cores or m == 40:               # few rows default to the rows kernel: the 3..8-row tile
         from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
         hint = GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, pdl=hint.pdl)
         why = mma_int8_unsupported(plan, hint)
@@ -263,14 +264,14 @@ def test_gemv_int8_selection(w, arch):
             assert gemv_unsupported(plan) is None, (w, kw, m)
             hint = default_hint(plan, target)
             first = 7 if w.endswith("8") or ("group_size" in kw and w.endswith("4")) else 4
-            assert isinstance(hint, GEMVHint) and hint.mma == (m >= first), (w, kw, m, hint)   # m16n8k32
+            assert isinstance(hint, GEMVHint) and hint.tensor_cores == (m >= first), (w, kw, m, hint)   # m16n8k32
         op = bitblas.Matmul(cfg)     # the rows kernel per row count, the tensor-core one per class (8: 1..8)
         assert op.plan("cuda", 1).m == 1 and op.plan("cuda", 7).m == 8
         for m in (17, 33, 64):                # the m16n8k32 GEMV in chunks of 16 rows (8-bit codes up to 32)
             plan = make_plan(cfg, "cuda", m)
             hint = default_hint(plan, target)
             gemv = gemv_unsupported(plan) is None and (w[-1] != "8" or m <= 32)
-            assert isinstance(hint, GEMVHint) == gemv and (not gemv or hint.mma), (w, kw, m, hint)
+            assert isinstance(hint, GEMVHint) == gemv and (not gemv or hint.tensor_cores), (w, kw, m, hint)
         for m in (65, None):
             hint = default_hint(make_plan(cfg, "cuda", m), target)
             assert isinstance(hint, (MMAHint, WGMMAHint, SimpleCUDAHint)), (w, kw, m, hint)
@@ -287,11 +288,11 @@ def test_gemv_int8_default_hint():
     group-scaled 4-bit codes, 4 for group-scaled 8-bit) and the tensor-core kernel above (2 blocks
     per SM; from 9 rows 8 K warps x 4 vectors); PDL on sm_90."""
     def hint(w, m):
-        return GEMVHint.default(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
+        return default_gemv_hint(make_plan(MatmulConfig(N=4096, K=4096, A_dtype="int8", W_dtype=w, group_size=128,
                                                        with_scaling=True), "cuda", m), cuda_target(TARGETS["sm_90"]))
     assert hint("int4", 1) == GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
     assert hint("uint2", 2) == GEMVHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
-    # one row of 2-bit codes: the row staged in shared memory (GEMVHint._staged_row)
+    # one row of 2-bit codes: the row staged in shared memory (gemv/template.py's staged_row)
     assert hint("uint2", 1) == GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, pdl=True,
                                         act_smem=True)
     assert hint("int8", 1) == GEMVHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8, pdl=True)
@@ -331,7 +332,7 @@ def test_gemv_int8_tuner_candidates():
     cfg = _cfg("i4-chan-as-bias-f16")
     cands = candidates(cfg, "cuda", 4, H200_SPEC)
     gemv = [c.hint for c in cands if isinstance(c.hint, GEMVHint)]
-    assert gemv and all(h.k_warps == 0 or h.mma for h in gemv) and any(h.mma for h in gemv)
+    assert gemv and not any(isinstance(h, GEMVKSplitHint) for h in gemv) and any(h.tensor_cores for h in gemv)
     assert all(h.vec_bytes in (0, 8, 16) for h in gemv)
     plan = make_plan(cfg, "cuda", 4)
     assert math.isfinite(estimate(plan, GEMVHint(4, 1, 4), 4, H200_SPEC))
@@ -339,7 +340,7 @@ def test_gemv_int8_tuner_candidates():
     assert math.isfinite(estimate(plan, GEMVHint(32, k_warps=4, mma=True), 4, H200_SPEC))
     # 17..64 rows: only the tensor-core kernel (chunks of 16 rows); its cost grows with the chunks
     gemv32 = [c for c in candidates(cfg, "cuda", 32, H200_SPEC) if isinstance(c.hint, GEMVHint)]
-    assert gemv32 and all(c.hint.mma and c.plan_m == 32 for c in gemv32)
+    assert gemv32 and all(c.hint.tensor_cores and c.plan_m == 32 for c in gemv32)
     assert not [c for c in candidates(cfg, "cuda", 128, H200_SPEC) if isinstance(c.hint, GEMVHint)]
     tile = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
     cost = [estimate(make_plan(cfg, "cuda", m), tile, m, H200_SPEC) for m in (16, 32, 64)]

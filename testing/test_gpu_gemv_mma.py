@@ -20,7 +20,8 @@ import torch
 from bitblas import MatmulConfig
 from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_compile, nvcc_resources
 from bitblas.plan import make_plan
-from bitblas.schedule import GEMVHint
+from bitblas.schedule import GEMVHint, GEMVWgmmaHint
+from bitblas.schedule.gemv import default_gemv_hint
 from bitblas.schedule.gemv import mma_gemv_unsupported
 from kernel_helpers import TARGETS, check_kernel
 
@@ -91,8 +92,8 @@ def test_gemv_mma_default_tiles(name, n, k):
     errors = []
     for m in (2, 5, 13):
         plan = make_plan(cfg, "cuda", m)
-        hint = GEMVHint.default(plan, cuda_target())
-        assert hint.mma
+        hint = default_gemv_hint(plan, cuda_target())
+        assert hint.tensor_cores
         errors.append(check_kernel(cfg, plan, build_plan(plan, cuda_target(), hint), m))
     errors = [e for e in errors if e]
     assert not errors, f"{cfg}:\n" + "\n".join(errors)
@@ -111,8 +112,8 @@ def test_gemv_mma_row_chunks(name, n, k):
     errors = []
     for m in CHUNK_ROWS:
         plan = make_plan(cfg, "cuda", m)
-        hint = HINTS["r48k3u3s2"] if m == 40 else GEMVHint.default(plan, cuda_target())
-        assert hint.mma
+        hint = HINTS["r48k3u3s2"] if m == 40 else default_gemv_hint(plan, cuda_target())
+        assert hint.tensor_cores
         errors.append(check_kernel(cfg, plan, build_plan(plan, cuda_target(), hint), m))
     errors = [e for e in errors if e]
     assert not errors, f"{cfg}:\n" + "\n".join(errors)
@@ -161,12 +162,12 @@ def test_gemv_mma_run_time_rows():
     errors = []
     for top, rows in ((8, (1, 2, 5, 7)), (16, (9, 13)), (48, (33, 40, 47))):
         plan = make_plan(cfg, "cuda", top)
-        fn = build_plan(plan, cuda_target(), GEMVHint.default(plan, cuda_target()))
+        fn = build_plan(plan, cuda_target(), default_gemv_hint(plan, cuda_target()))
         errors += [check_kernel(cfg, plan, fn, m) for m in rows]
     assert not [e for e in errors if e], errors
     inputs = random_inputs(cfg, 9, device="cuda")
     with pytest.raises(Exception, match="row count must be 1..8"):
-        fn8 = build_plan(make_plan(cfg, "cuda", 8), cuda_target(), GEMVHint.default(make_plan(cfg, "cuda", 8)))
+        fn8 = build_plan(make_plan(cfg, "cuda", 8), cuda_target(), default_gemv_hint(make_plan(cfg, "cuda", 8)))
         fn8(*kernel_args(make_plan(cfg, "cuda", 8), inputs, torch.empty(9, cfg.N, dtype=torch.float16, device="cuda")))
     op = bitblas.Matmul(MatmulConfig(M=None, N=1000, K=1536, **CONFIGS["u4-zeros"]))
     for m in range(1, 65):
@@ -217,17 +218,18 @@ def test_gemv_mma_default_tile_choice():
     t80 = cuda_target(TARGETS["sm_80"])
 
     def tile(name, m, n=8192, t=t90, **kw):
-        h = GEMVHint.default(make_plan(MatmulConfig(N=n, K=8192, **{**CONFIGS[name], **kw}), "cuda", m), t)
-        assert h.mma and (h.pdl or t is not t90)
-        return h.rows_per_warp, h.k_warps, h.unroll, h.stages, h.min_blocks
+        h = default_gemv_hint(make_plan(MatmulConfig(N=n, K=8192, **{**CONFIGS[name], **kw}), "cuda", m), t)
+        assert h.tensor_cores and (h.pdl or t is not t90)
+        # (the wgmma GEMV takes one vector per step: unroll 1)
+        return h.rows_per_warp, h.k_warps, getattr(h, "unroll", 1), h.stages, h.min_blocks
 
     for name in ("u4", "u4-zeros", "bf16-u4-qzeros", "i4-chan", "nf4", "bf16-fp4"):
         assert tile(name, 2) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
         assert tile(name, 9) == tile(name, 16) == (32, 8, 4, 1, 2), name
         assert tile(name, 16, n=28672, t=t80) == (32, 8, 4, 1, 2), name
-        h16 = GEMVHint.default(make_plan(MatmulConfig(N=28672, K=8192, **CONFIGS[name]), "cuda", 16), t90)
-        assert h16.wgmma == (name not in ("nf4", "bf16-fp4")), name
-        assert h16.wgmma or tile(name, 16, n=28672) == (32, 8, 4, 1, 2), name
+        h16 = default_gemv_hint(make_plan(MatmulConfig(N=28672, K=8192, **CONFIGS[name]), "cuda", 16), t90)
+        assert isinstance(h16, GEMVWgmmaHint) == (name not in ("nf4", "bf16-fp4")), name
+        assert isinstance(h16, GEMVWgmmaHint) or tile(name, 16, n=28672) == (32, 8, 4, 1, 2), name
     assert tile("nvfp4-bias", 2) == tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
     assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
     assert tile("u4", 2, W_dtype="int8", group_size=-1) == tile("u4", 4, W_dtype="int8", group_size=-1) \
@@ -239,9 +241,9 @@ def test_gemv_mma_default_tile_choice():
         # on sm_90 2-bit codes take the wgmma GEMV from 9 rows (test_gemv_wgmma.py)
         assert (tile(name, 16) == (32, 4, 4, 2, 0)) == (name == "i1-zeros"), name
     # one row: the rows kernel; before sm_80 (no mma.sync m16n8k16 path here): the rows kernel
-    assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).mma
+    assert not default_gemv_hint(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 1), t90).tensor_cores
     t75 = cuda_target({**TARGETS["sm_80"], "arch": "sm_75", "max_shared_memory_per_block": 65536})
-    assert not GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).mma
+    assert not default_gemv_hint(make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS["u4"]), "cuda", 2), t75).tensor_cores
     # 17..64 rows (chunks of 16), sm_80 (on sm_90 the wgmma GEMV takes the int formats from N=8192:
     # test_gemv_wgmma.py; the others keep this loop there too): every format takes the chunk loop,
     # 32 channels x 4 K warps, no next step in flight, launch bounds of 1 block per SM; vectors of
@@ -252,7 +254,7 @@ def test_gemv_mma_default_tile_choice():
     for m in (17, 64):
         for name in CONFIGS:
             plan = make_plan(MatmulConfig(N=8192, K=8192, **CONFIGS[name]), "cuda", m)
-            h = GEMVHint.default(plan, t80)
+            h = default_gemv_hint(plan, t80)
             assert h.chunk_loop, (name, m)
             vb, u = spans.get(name, (8, 4))
             assert (h.vec_bytes, h.unroll) == (vb, u), (name, m)
@@ -261,10 +263,10 @@ def test_gemv_mma_default_tile_choice():
             # from 33 rows)
             wide = m <= 48 and name not in ("i1-zeros", "nf4")
             assert tile(name, m, n=28672, t=t80) == (64 if wide else 32, 4, u, 1, 1), (name, m)
-            h90 = GEMVHint.default(plan, t90)
-            assert h90.wgmma or h90 == dataclasses.replace(h, pdl=True), (name, m)
+            h90 = default_gemv_hint(plan, t90)
+            assert isinstance(h90, GEMVWgmmaHint) or h90 == dataclasses.replace(h, pdl=True), (name, m)
         assert tile("nf4", 33, n=28672)[0] == tile("nf4", 48, n=28672)[0] == 64
-        h8 = GEMVHint.default(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
+        h8 = default_gemv_hint(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
                               t80)
         assert (h8.vec_bytes, h8.unroll, h8.chunk_loop) == (0, 2, True)
 

@@ -1,4 +1,4 @@
-"""The wgmma GEMV (``GEMVHint(mma=True, wgmma=True)``, bitblas/schedule/gemv/wgmma.py) on an sm_90
+"""The wgmma GEMV (``GEMVWgmmaHint``, bitblas/schedule/gemv/wgmma.py) on an sm_90
 GPU: every int/uint 2-, 4- and 8-bit family it takes (group scales, float / quantized / rescale
 zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) at row counts that are
 no multiple of 8 or of the kernel's B width, N no multiple of 64, and each tile shape (64 / 128

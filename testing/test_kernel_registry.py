@@ -14,7 +14,7 @@ from bitblas.kernels import REGISTRY, KernelChoice, Template
 from bitblas.kernels.base import Candidate
 
 KERNELS_DIR = os.path.dirname(kernels.__file__)
-SUPPORT = {"__init__.py", "base.py", "select.py", "_common.py", "costmodel.py"}
+SUPPORT = {"__init__.py", "base.py", "select.py", "_common.py", "_gemv.py", "costmodel.py"}
 
 
 def test_one_file_per_registered_family():
@@ -26,6 +26,13 @@ def test_one_file_per_registered_family():
     for t in REGISTRY:
         assert isinstance(t, Template), t.name
         assert t.kind in ("cpu", "cuda") and dataclasses.is_dataclass(t.Hint)
+
+
+def test_registry_order_and_count():
+    """The registry, in default order: 12 templates, the GEMV one per kernel (issue 23 item 4)."""
+    assert [t.name for t in REGISTRY] == ["nvfp4-cpu", "nvfp4-gemv", "cpu-gemv", "cpu", "gemv-rows", "gemv-ksplit",
+                                          "gemv-mma", "gemv-wgmma", "wgmma", "fused-wgmma", "mma", "simple"]
+    assert len({t.Hint for t in REGISTRY}) == len(REGISTRY)      # template_of: one template per hint class
 
 
 def test_choice_is_a_frozen_key():

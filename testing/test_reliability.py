@@ -99,7 +99,7 @@ def _cuda_kernels(cfg):
         plan = make_plan(cfg, "cuda", m)
         hint = default_hint(plan, cuda_target(TARGETS["sm_90"]))
         if isinstance(hint, GEMVHint):
-            out.append((f"gemv-m{m}{'-mma' if hint.mma else ''}", plan, hint, "sm_90"))
+            out.append((f"gemv-m{m}{'-mma' if hint.tensor_cores else ''}", plan, hint, "sm_90"))
     plan = make_plan(cfg, "cuda", None)
     wg = WGMMAHint.default(plan, cuda_target(TARGETS["sm_90"]))
     if wg is not None:

@@ -3,6 +3,7 @@ compilation in spawned workers, the reference check, measuring, two processes tu
 CUDA candidates compiled (code generation only, nvcc for a few) without a GPU."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -20,7 +21,9 @@ from bitblas import MatmulConfig
 from bitblas.build import cuda_target
 from bitblas.hardware import DeviceSpec
 from bitblas.plan import make_plan
-from bitblas.schedule import CPUGemvHint, CPUHint, GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint, cuda_mma
+from bitblas.schedule import (CPUGemvHint, CPUHint, GEMVHint, GEMVKSplitHint, GEMVMmaHint, MMAHint, SimpleCUDAHint,
+                              WGMMAHint, cuda_mma)
+from bitblas.schedule.gemv.template import chunk_tile
 from bitblas.tune import candidates, estimate, select_topk
 from bitblas.tune.space import Candidate
 from bitblas.tune.tuner import _compile_all
@@ -66,15 +69,17 @@ def test_mma_candidates_fit_the_device(spec):
 def test_candidate_families_by_bucket():
     cfg = MatmulConfig(M=None, **W4A16)
     kinds = lambda b: {type(c.hint).__name__ for c in candidates(cfg, "cuda", b, H200)}  # noqa: E731
-    assert kinds(1) == {"GEMVHint", "MMAHint"}          # small buckets: GEMV vs tensor cores
-    assert kinds(16) == {"GEMVHint", "MMAHint"}
-    assert kinds(17) == kinds(64) == {"GEMVHint", "MMAHint"}     # 17..64: the tensor-core GEMV (16-row chunks)
-    assert all(c.hint.mma for c in candidates(cfg, "cuda", 40, H200) if isinstance(c.hint, GEMVHint))
+    # small buckets: the GEMV kernels (rows, k-split, mma and from 9 rows wgmma GEMV) vs tensor cores
+    assert kinds(1) == {"GEMVRowsHint", "GEMVKSplitHint", "GEMVMmaHint", "MMAHint"}
+    assert kinds(16) == {"GEMVRowsHint", "GEMVKSplitHint", "GEMVMmaHint", "GEMVWgmmaHint", "MMAHint"}
+    # 17..64: only the tensor-core GEMVs (16-row chunks; the wgmma GEMV's classes of 8 rows)
+    assert kinds(17) == kinds(64) == {"GEMVMmaHint", "GEMVWgmmaHint", "MMAHint"}
+    assert all(c.hint.tensor_cores for c in candidates(cfg, "cuda", 40, H200) if isinstance(c.hint, GEMVHint))
     assert kinds(65) == {"MMAHint"}
     gemv = [c for c in candidates(cfg, "cuda", 4, H200) if isinstance(c.hint, GEMVHint)]
     assert all(c.plan_m == 4 for c in gemv)              # GEMV kernels are static in M
-    if "k_warps" in GEMVHint.__dataclass_fields__:
-        assert any(c.hint.k_warps for c in gemv) and any(c.hint.grid == 4 * 132 for c in gemv if c.hint.k_warps)
+    ksplit = [c.hint for c in gemv if isinstance(c.hint, GEMVKSplitHint)]
+    assert ksplit and any(h.grid == 4 * 132 for h in ksplit)
     # int8 activations past the GEMV's rows: the int8 tensor-core paths (k32 mma: BK a multiple of 32;
     # wgmma on sm_90), no GEMV
     i8 = MatmulConfig(M=None, N=256, K=256, A_dtype="int8", W_dtype="int8")
@@ -147,11 +152,11 @@ def test_select_topk_diversity():
     for c in top:
         k = (type(c.hint).__name__,) + ((c.hint.BM, c.hint.BN, c.hint.BK, c.hint.WM, c.hint.WN)
                                         if isinstance(c.hint, MMAHint) else
-                                        (c.hint.rows_per_warp, c.hint.warps, getattr(c.hint, "k_warps", 0)))
+                                        (c.hint.rows_per_warp, getattr(c.hint, "warps", 0), getattr(c.hint, "k_warps", 0)))
         shapes[k] = shapes.get(k, 0) + 1
     assert max(shapes.values()) <= 2
-    fams = [type(c.hint).__name__ for c in top]
-    assert fams.count("GEMVHint") >= 5 and fams.count("MMAHint") >= 5     # both paths measured
+    assert sum(isinstance(c.hint, GEMVHint) for c in top) >= 5                # both paths measured
+    assert sum(isinstance(c.hint, MMAHint) for c in top) >= 5
     with pytest.raises(ValueError, match="topk"):
         select_topk(ranked, 0)
 
@@ -373,38 +378,38 @@ def test_cost_model_chunk_loop():
     for w, vb in (("uint4", 8), ("int2", 4)):
         p = make_plan(MatmulConfig(M=64, N=8192, K=8192, A_dtype="float16", W_dtype=w, group_size=128,
                                    with_scaling=True), "cuda", 64)
-        span = GEMVHint(rows_per_warp=32, k_warps=4, unroll=32 // vb, stages=1, mma=True, min_blocks=1,
-                        chunk_loop=True, vec_bytes=vb)
-        wide = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True,
-                        vec_bytes=16)
+        span = GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=32 // vb, stages=1, min_blocks=1, chunk_loop=True,
+                           vec_bytes=vb)
+        wide = GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, min_blocks=1, chunk_loop=True,
+                           vec_bytes=16)
         assert estimate(p, span, 64, H200) < estimate(p, wide, 64, H200), w
         # the default tile is in the tuner's space (with programmatic dependent launch on sm_90)
-        default = GEMVHint(**{**GEMVHint._chunk_tile(p).__dict__, "pdl": True})
+        default = dataclasses.replace(chunk_tile(p), pdl=True)
         assert default in [c.hint for c in candidates(p.config, "cuda", 64, H200)], w
     # N=28672, 32 rows: 64 channels per warp (448 blocks, 8 warps per SM) rank above 32 (H200: 79.7
-    # vs 92.6 us); GEMVHint._chunk_tile takes them there
+    # vs 92.6 us); chunk_tile takes them there
     p28 = make_plan(MatmulConfig(M=32, N=28672, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
                                  with_scaling=True), "cuda", 32)
-    t28 = GEMVHint._chunk_tile(p28)
+    t28 = chunk_tile(p28)
     assert t28.rows_per_warp == 64
-    assert estimate(p28, t28, 32, H200) < estimate(p28, GEMVHint(**{**t28.__dict__, "rows_per_warp": 32}), 32, H200)
+    assert estimate(p28, t28, 32, H200) < estimate(p28, dataclasses.replace(t28, rows_per_warp=32), 32, H200)
     # 16 rows or fewer: the flag changes nothing
     p16 = make_plan(cfg, "cuda", 16)
-    h = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1)
-    assert estimate(p16, h, 16, H200) == estimate(p16, GEMVHint(**{**h.__dict__, "chunk_loop": True}), 16, H200)
+    h = GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, min_blocks=1)
+    assert estimate(p16, h, 16, H200) == estimate(p16, dataclasses.replace(h, chunk_loop=True), 16, H200)
 
 
 def test_topk_includes_staged_rows():
     """Bucket 1: the rows kernel with a staged activation row is a template family of its own in the
     top-k (the cost model ranks it low), the default staged tile included."""
-    from bitblas.schedule import GEMVHint
+    from bitblas.schedule import GEMVRowsHint
     from bitblas.tune.tuner import select_topk
     cfg = MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128,
                        with_scaling=True)
     ranked = ranked_candidates(cfg, 1, H200)
-    staged = [c for c in ranked if isinstance(c.hint, GEMVHint) and c.hint.act_smem]
+    staged = [c for c in ranked if isinstance(c.hint, GEMVRowsHint) and c.hint.act_smem]
     assert len(staged) == 18, len(staged)                  # 2/4/8 channels x 4/8 warps x 1-3 steps in flight
     top = select_topk(ranked, 12)
-    top_staged = [c.hint for c in top if isinstance(c.hint, GEMVHint) and c.hint.act_smem]
+    top_staged = [c.hint for c in top if isinstance(c.hint, GEMVRowsHint) and c.hint.act_smem]
     assert len(top_staged) >= 3, [c.hint for c in top]
-    assert any(not (isinstance(c.hint, GEMVHint) and c.hint.act_smem) for c in top)
+    assert any(not (isinstance(c.hint, GEMVRowsHint) and c.hint.act_smem) for c in top)

@@ -12,9 +12,9 @@ one line in :data:`REGISTRY`.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from . import cpu_gemv, cpu_tile, fused_wgmma, gemv, mma, nvfp4, simple, wgmma
+from . import cpu_gemv, cpu_tile, fused_wgmma, gemv_ksplit, gemv_mma, gemv_rows, gemv_wgmma, mma, nvfp4, simple, wgmma
 from .base import Candidate, KernelChoice, Template
 
 __all__ = ["REGISTRY", "Template", "Candidate", "KernelChoice", "templates", "template_of", "by_name",
@@ -26,7 +26,10 @@ REGISTRY: Tuple[Template, ...] = (
     nvfp4.GEMV,            # NVFP4 x NVFP4 on CUDA (up to 8 rows a launch)
     cpu_gemv.TEMPLATE,     # CPU: float activations x [N, K] weights, SIMD decode
     cpu_tile.TEMPLATE,     # CPU: the rest
-    gemv.TEMPLATE,         # CUDA: 1..64 static rows where the GEMV wins
+    gemv_rows.TEMPLATE,    # CUDA: the GEMV's rows kernel (1..16 static rows; the default GEMV decides which one)
+    gemv_ksplit.TEMPLATE,  # CUDA: the GEMV's k-split kernel (the tuner's only)
+    gemv_mma.TEMPLATE,     # CUDA sm_80+: the mma GEMV (classes of rows up to 64)
+    gemv_wgmma.TEMPLATE,   # CUDA sm_90a: the wgmma GEMV (classes of 8 rows, 9..64)
     wgmma.TEMPLATE,        # CUDA sm_90: weights that need no decode
     fused_wgmma.TEMPLATE,  # CUDA sm_90: quantized weights past the GEMV (the selector's, never a plan default)
     mma.TEMPLATE,          # CUDA sm_80+: tensor cores, every weight format
@@ -92,13 +95,16 @@ def fallback_hint(plan, failed):
 
 def candidates(plan, kind: str, rows: int, arch) -> List[Candidate]:
     """Every tuning candidate of ``plan.config`` for a bucket of ``rows`` rows: the templates'
-    spaces in their ``tune_order``; a ``tune_fallback`` template only where none before it has any."""
-    out: List[Candidate] = []
+    spaces in their ``tune_order`` (equal orders in registry order; a template's optional
+    ``tune_rank(hint)`` places a candidate after those of lower rank of the same order); a
+    ``tune_fallback`` template only where none before it has any."""
+    out: List[Tuple[int, int, Candidate]] = []
     for t in sorted(templates(kind), key=lambda t: t.tune_order):
         if t.tune_fallback and out:
             continue
-        out += t.space(plan, rows, arch)
-    return out
+        rank = getattr(t, "tune_rank", None)
+        out += [(t.tune_order, rank(c.hint) if rank else 0, c) for c in t.space(plan, rows, arch)]
+    return [c for _, _, c in sorted(out, key=lambda x: x[:2])]
 
 
 def _arch(arch, kind):

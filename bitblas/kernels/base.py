@@ -33,7 +33,12 @@ class KernelChoice:
 
 @runtime_checkable
 class Template(Protocol):
-    """A kernel template. ``arch``: a :class:`bitblas.arch.Arch` (its ``target`` the tvm Target)."""
+    """A kernel template. ``arch``: a :class:`bitblas.arch.Arch` (its ``target`` the tvm Target).
+
+    Optional members (the GEMV templates have them): ``tune_rank(hint)`` (a candidate's place among
+    those of equal ``tune_order``), ``tune_family(hint)`` (the tuner's top-k share groups; default:
+    the hint class), ``shape_key(hint)`` (tile shapes the top-k spreads over), ``kernel_rows`` /
+    ``tuned_rows`` (the rows of the kernel that serves a row count: kernels/select.py)."""
 
     name: str            # registry name ("gemv")
     kind: str            # "cuda" | "cpu"

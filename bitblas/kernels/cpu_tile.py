@@ -2,12 +2,12 @@
 not take (integer activations, [K, N] weights)."""
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 from ..schedule.cpu import CPUHint, schedule_cpu
 from ._common import not_nvfp4
 from .base import Candidate
-from .costmodel import cpu_cost
 
 
 class CPUTile:
@@ -35,6 +35,18 @@ class CPUTile:
 
     def build(self, plan, hint, arch, func=None):
         return schedule_cpu(func, plan, hint)
+
+
+def cpu_cost(plan, hint: CPUHint, m: int, cores: int) -> float:
+    c = plan.config
+    tiles = math.ceil(c.N / hint.n_tile)
+    waves = math.ceil(tiles / cores)
+    par_eff = tiles / (waves * cores)
+    simd_eff = min(hint.k_vec, 16) / 16.0
+    cache_pen = 1.0 + max(0.0, hint.n_tile * c.K * 4 / (1 << 20) - 1.0)   # decoded tile beyond ~1 MB
+    decode = c.N * c.K * 4.0
+    flops = 2.0 * m * c.N * c.K
+    return (flops / simd_eff + decode) * cache_pen / (par_eff * cores * 8e9)
 
 
 TEMPLATE = CPUTile()

@@ -19,13 +19,13 @@ from typing import Optional
 from ..config import MatmulConfig
 from ..plan import Plan, make_plan
 from . import by_name, default_hint, template_of
+from ._gemv import serves_untuned as _gemv_serves_untuned
 from .base import KernelChoice
 
 __all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serves", "DEQUANT_GEMM",
            "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_reason"]
 
 DEQUANT_GEMM = "dequant-gemm"
-_GEMV = by_name("gemv")
 _WGMMA = by_name("wgmma")
 _FUSED = by_name("fused-wgmma")
 
@@ -72,7 +72,7 @@ def _static_m(config, rows):
 def gemv_serves(config, kind: str, rows: int, arch=None) -> bool:
     """Whether the *untuned* kernel for ``rows`` is a GEMV kernel (CUDA, 1..64 rows where the
     template takes the plan and wins)."""
-    return kind == "cuda" and _GEMV.serves_untuned(config, rows, arch)
+    return kind == "cuda" and _gemv_serves_untuned(config, rows, arch)
 
 
 def kernel_rows(config, kind: str, rows: Optional[int], arch=None) -> Optional[int]:
@@ -88,7 +88,7 @@ def _untuned_rows(config, kind, rows, arch):
         # the default tiles are the same for every row count of a class (testing/test_dispatch.py),
         # so the class top's untuned kernel is the one ``rows`` would get
         hint = default_hint(make_plan(config, kind, rows), arch)
-        top = _GEMV.kernel_rows(config, rows, hint)
+        top = template_of(hint).kernel_rows(config, rows, hint)
         return top, (hint if top == rows else default_hint(make_plan(config, kind, top), arch))
     return _static_m(config, rows), None
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 from ..schedule.cuda_simple import SimpleCUDAHint, schedule_cuda_simple
 from ._common import need_spec, not_nvfp4
 from .base import Candidate
-from .costmodel import simple_cost
+from .costmodel import LAUNCH_S
 
 
 class Simple:
@@ -35,6 +35,13 @@ class Simple:
 
     def build(self, plan, hint, arch, func=None):
         return schedule_cuda_simple(func, plan, hint)
+
+
+def simple_cost(plan, hint: SimpleCUDAHint, m: int, spec) -> float:
+    c = plan.config
+    work = 2.0 * m * c.N * c.K
+    occupancy = min(1.0, spec.max_threads_per_sm / hint.threads / spec.max_blocks_per_sm * 4)
+    return work / (spec.sm_count * spec.clock_hz * 64 * occupancy) + LAUNCH_S
 
 
 TEMPLATE = Simple()

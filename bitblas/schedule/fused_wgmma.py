@@ -189,9 +189,8 @@ def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
 
 def _gemv_stand_in(hint: FusedWgmmaHint):
     """The GEMV hint whose load / decode / scale / store lines the kernel shares (gemv.template)."""
-    from .gemv.template import GEMVHint
-    return GEMVHint(rows_per_warp=16 * hint.channel_tiles, k_warps=1, unroll=1, stages=hint.stages, mma=True,
-                    wgmma=True, pdl=hint.pdl)
+    from .gemv.hints import GEMVWgmmaHint
+    return GEMVWgmmaHint(rows_per_warp=16 * hint.channel_tiles, k_warps=1, stages=hint.stages, pdl=hint.pdl)
 
 
 def _body(plan, hint: FusedWgmmaHint):

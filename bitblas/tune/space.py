@@ -6,8 +6,9 @@ its kernels are tuned at ``m = b``. On CUDA the candidates span both templates:
 * tensor cores (:class:`MMAHint`): block tile BM x BN x BK, warp tile WM x WN (1-8 warps),
   ``stages``-deep cp.async ring, decode vector width; the plan is symbolic in M for a dynamic
   config (one kernel serves every m of the bucket) and static for an int M > 16;
-* GEMV (:class:`GEMVHint`, buckets of 1..16 rows where the template applies; 17..64 rows: only the
-  tensor-core variants, in chunks of 16 rows): output channels
+* GEMV (a template per kernel: :class:`GEMVRowsHint`, :class:`GEMVKSplitHint`, :class:`GEMVMmaHint`,
+  :class:`GEMVWgmmaHint`; buckets of 1..16 rows where they apply; 17..64 rows: only the
+  tensor-core kernels, in chunks of 16 rows): output channels
   per warp, warps per block, loads in flight (unroll), weight vector width, k-split and tensor-core
   variants (float16/bfloat16 activations; int8 ones take the rows and tensor-core kernels); plan rows = ``b``;
 * Hopper wgmma (:class:`WGMMAHint`, sm_90 plans whose weights need no decode, see

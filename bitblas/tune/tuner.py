@@ -126,6 +126,16 @@ def _shape_key(hint):
     return (d.pop("class"),) + tuple(sorted(d.items()))[:1]
 
 
+def _family(hint) -> str:
+    """The tuner family of a hint: its template's ``tune_family`` (the GEMV kernels: one family, the
+    wgmma GEMV and the staged activation row each their own), else its class name."""
+    try:
+        t = template_of(hint)
+    except TypeError:             # a hint of no registered template (a caller's own)
+        return type(hint).__name__
+    return t.tune_family(hint) if hasattr(t, "tune_family") else type(hint).__name__
+
+
 def select_topk(ranked: Sequence[Candidate], topk: int, per_shape: int = 2) -> List[Candidate]:
     """``topk`` of ``ranked`` (best first): at most ``per_shape`` per tile shape while others are
     left, and at least ``ceil(topk / 4)`` of each template family present (the wgmma GEMV counts as
@@ -136,9 +146,7 @@ def select_topk(ranked: Sequence[Candidate], topk: int, per_shape: int = 2) -> L
         raise ValueError(f"topk={topk!r} is invalid; accepted: an int >= 1")
     families = {}
     for c in ranked:
-        fam = type(c.hint).__name__ + ("-wgmma" if getattr(c.hint, "wgmma", False) else "") + (
-            "-staged" if getattr(c.hint, "act_smem", False) else "")
-        families.setdefault(fam, []).append(c)
+        families.setdefault(_family(c.hint), []).append(c)
     chosen, seen = [], {}
 
     def take(pool, limit):

@@ -119,7 +119,7 @@ def mma_decodable(w) -> bool:
 def uses_f32_path(plan, hint) -> bool:
     """8-bit codes with float activations on the rows / k-split kernels: decoded to float32, the
     activations converted to float32 (the tensor-core kernel takes 8-bit codes as half pairs)."""
-    return plan.w.bits == 8 and plan.float_acts and not hint.mma
+    return plan.w.bits == 8 and plan.float_acts and not hint.tensor_cores
 
 
 def prep_words(plan, hint, V: int) -> int:

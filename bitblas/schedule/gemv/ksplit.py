@@ -1,7 +1,6 @@
-"""The k-split kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.k_warps > 0``,
-``mma=False``): the warps of a block split K, each lane keeps its slice of the activations in
-registers, blocks walk row batches (grid-stride) and meet in shared memory. The decode, scale and
-store lines come from template.py's ``kernel_script`` (its locals, ``e``); why the kernel looks as
+"""The k-split kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVKSplitHint``): the
+warps of a block split K, each lane keeps its slice of the activations in registers, blocks
+walk row batches (grid-stride) and meet in shared memory. The decode, scale and store lines come from template.py's ``kernel_script`` (its locals, ``e``); why the kernel looks as
 it does: emit.py's and template.py's docstrings.
 
 measurements: docs/performance.md

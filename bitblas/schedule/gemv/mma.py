@@ -1,7 +1,7 @@
-"""The tensor-core kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.mma``):
+"""The tensor-core kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVMmaHint``):
 ``mma.sync m16n8k16`` with the decoded weights as the 16 x 16 operand and 1..16 activation rows as
 the 16 x 8 operand, K split over warps; 17..64 rows run as chunks of 16 rows (:func:`row_chunks`):
-with ``GEMVHint.chunk_loop`` (the default) one block serves every chunk of its channel tile,
+with ``GEMVMmaHint.chunk_loop`` (the default) one block serves every chunk of its channel tile,
 decoding each weight vector once for up to 8 token tiles of 8 rows; otherwise one block per chunk
 and channel tile, each chunk's block the 16-row kernel (the chunks after the first read the
 channel tile's weights from L2 and decode them again). The decode, scale and store lines come from
@@ -185,7 +185,7 @@ def mma_tiles(hint, e):
 
 
 def mma_gemv_unsupported(plan, hint) -> Optional[str]:
-    """None when the tensor-core kernel (``hint.mma``) takes ``plan`` with ``hint``, else why not."""
+    """None when the mma GEMV (``GEMVMmaHint``, float activations) takes ``plan`` with ``hint``, else why not."""
     if not plan.float_acts:
         return f"A_dtype={plan.config.A_dtype!r}: the tensor-core GEMV takes float16/bfloat16 activations"
     if not mma_decodable(plan.w):

@@ -1,7 +1,7 @@
-"""The tensor-core GEMV for int8 activations (bitblas/schedule/gemv/, ``GEMVHint(mma=True)``
+"""The tensor-core GEMV for int8 activations (bitblas/schedule/gemv/, ``GEMVMmaHint``
 with ``A_dtype="int8"``): ``mma.sync m16n8k32`` with int/uint 1/2/4/8-bit weight codes decoded to
 bytes as the 16 x 32 A operand (16 output channels) and 1..16 int8 activation rows (chunks of 16 up
-to 64, mma.row_chunks; with ``GEMVHint.chunk_loop``, the default there, one block serves
+to 64, mma.row_chunks; with ``GEMVMmaHint.chunk_loop``, the default there, one block serves
 every chunk and decodes each weight vector once) as the 32 x 8 B operand, exact int32
 accumulation. The float-activation kernel is mma.py; this one reuses
 its tiling (lanes ``(g, q)`` stream vectors ``c = ((step * U + u) * k_warps + warp) * 4 + q`` of

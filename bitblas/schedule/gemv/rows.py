@@ -1,5 +1,4 @@
-"""The rows kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVHint.k_warps == 0``,
-``mma=False``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors
+"""The rows kernel of the GEMV template (bitblas/schedule/gemv/, ``GEMVRowsHint``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in 16-byte vectors
 of packed weights (one warp pass over a row reads 512 contiguous bytes), ``unroll`` vectors per row
 per step. ``stages`` register slots of weights form a ring: the loads of ``stages - 1`` steps are
 in flight while a step is decoded (the default, 2 slots of 4 vectors, measured faster than every

@@ -4,25 +4,27 @@ weights; int8 activations x int/uint weights (dp4a, rows kernel).
 
 Hand-written TIRx kernels (TVM's "tirx" pipeline), generated per plan as TVMScript text (the
 signature follows the plan's argument list); the per-vector decode and dot product are CUDA
-device helpers passed through ``T.cuda.func_call``. Two shapes of kernel, chosen by the hint:
+device helpers passed through ``T.cuda.func_call``. One kernel body per hint class (hints.py):
 
-* rows (``k_warps=0``): a warp owns ``rows_per_warp`` output channels; its lanes walk K in
-  vectors of packed weights, ``unroll`` per row per step, through a ring of ``stages`` register
-  slots (the loads of ``stages - 1`` steps in flight while one is decoded) (``act_smem``, one
-  row: the block stages the activation row in shared memory once, paired for the decoder);
-* k-split (``k_warps>0``): the warps of a block split K, each lane keeps its slice of the
-  activations in registers, blocks walk row batches (grid-stride) and meet in shared memory.
+* rows (:class:`GEMVRowsHint`, rows.py): a warp owns ``rows_per_warp`` output channels; its lanes
+  walk K in vectors of packed weights, ``unroll`` per row per step, through a ring of ``stages``
+  register slots (the loads of ``stages - 1`` steps in flight while one is decoded) (``act_smem``,
+  one row: the block stages the activation row in shared memory once, paired for the decoder);
+* k-split (:class:`GEMVKSplitHint`, ksplit.py): the warps of a block split K, each lane keeps its
+  slice of the activations in registers, blocks walk row batches (grid-stride) and meet in
+  shared memory;
+* mma GEMV (:class:`GEMVMmaHint`, mma.py / mma_int8.py for int8 activations) and wgmma GEMV
+  (:class:`GEMVWgmmaHint`, wgmma.py): the tensor-core kernels, up to 64 rows.
 
-This module holds the hint, which plans and hints the template takes, the default hint, and the
-dispatch from a hint to its kernel body: rows.py (``k_warps=0``), ksplit.py (``k_warps>0``), mma.py
-and mma_int8.py (``mma=True``), wgmma.py (``wgmma=True``). :func:`kernel_script` generates the
-per-plan load, decode, scale and store lines they all use (its locals, ``e``); the CUDA helpers
-and shared emit lines come from emit.py.
+This module holds which plans and hints the GEMV kernels take, the default hint
+(:func:`default_gemv_hint`, the hint of the kernel that wins), and the dispatch from a hint to
+its kernel body. :func:`kernel_script` generates the per-plan load, decode, scale and store lines
+they all use (its locals, ``e``); the CUDA helpers and shared emit lines come from emit.py.
 
 How each format decodes: emit.py's docstring.
 
 int8 activations (``A_dtype="int8"``, int/uint 1/2/4/8-bit weights; the rows kernel, or from 3 rows
-(4 to 6 for group-scaled 4-bit and 8-bit codes, :meth:`GEMVHint._default_shape`) the m16n8k32
+(4 to 6 for group-scaled 4-bit and 8-bit codes, :func:`default_shape`) the m16n8k32
 tensor-core kernel of mma_int8.py; the k-split kernel refuses them; the helpers live in
 int8.py): a 16-byte activation load holds 16 values; the codes of a weight vector become
 bytes, four per word (one shift and one ``lop3`` per field of a word; signed codes are stored offset
@@ -42,7 +44,6 @@ measurements: docs/performance.md
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Optional
 
 from ..._tvm import tvm
@@ -50,6 +51,7 @@ from ..epilogue import scaled_sum
 from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import ACT, decoder, e4m3_consts
+from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
 from .emit import (act_smem_bytes, f8_scales, fmt_float, format_helpers, mma_decodable, prep_words, span_vectors,
                    uses_f32_path, vec_bytes)
 from .ksplit import body as ksplit_body
@@ -58,215 +60,194 @@ from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
 from .rows import body as rows_body
 from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
-__all__ = ["GEMVHint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
+__all__ = ["default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
            "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES"]
 
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
 GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
-WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (GEMVHint._wgmma_tile) and tuned from here
+WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (wgmma_tile) and tuned from here
 
 
-@dataclass(frozen=True)
-class GEMVHint:
-    rows_per_warp: int = 2     # output channels per warp (activation reuse, loads in flight)
-    warps: int = 4             # warps per block
-    unroll: int = 4            # K vectors per lane loaded before the first is used
-    vec_bytes: int = 0         # bytes of packed weights per lane and load (0: largest that fits)
-    k_warps: int = 0           # >0: warps splitting K, activations held in registers (small m)
-    grid: int = 0              # blocks of the k-split kernel (0: one per row batch)
-    stages: int = 2            # register slots of weights (rows kernel): stages - 1 steps in flight while one decodes
-    mma: bool = False          # tensor-core kernel: tiles of 16 channels x 8 or 16 rows (see mma.body)
-    min_blocks: int = 0        # __launch_bounds__ minimum blocks per SM (0: none); lets ptxas keep more loads in flight
-    pdl: bool = False          # programmatic dependent launch (sm_90+): waits for the previous kernel before
-                               # any access; the next may launch once this one's main loop is done
-    chunk_loop: bool = False   # tensor-core kernel, 17..64 rows: a block serves every 16-row chunk of its
-                               # channel tile, the weights decoded once (else one block per chunk)
-    wgmma: bool = False        # tensor-core kernel on sm_90a: wgmma with the decoded weights in registers and the
-                               # (permuted) activations in shared memory (wgmma.py)
-    act_smem: bool = False     # rows kernel, one row: the block stages the activations in shared memory once,
-                               # already paired for the decoder, in a conflict-free lane order (rows.py)
+def default_gemv_hint(plan, target=None) -> "GEMVHint":
+    """The default kernel shape (:func:`default_shape`); on sm_90+ targets with programmatic
+    dependent launch (the launch and ramp of one kernel overlap the previous one's tail)."""
+    hint = default_shape(plan, target)
+    return dataclasses.replace(hint, pdl=True) if arch_of(target).pdl else hint
 
-    @classmethod
-    def default(cls, plan, target=None) -> "GEMVHint":
-        """The default kernel shape (:meth:`_default_shape`); on sm_90+ targets with programmatic
-        dependent launch (the launch and ramp of one kernel overlap the previous one's tail)."""
-        hint = cls._default_shape(plan, target)
-        return dataclasses.replace(hint, pdl=True) if arch_of(target).pdl else hint
 
-    @classmethod
-    def _default_shape(cls, plan, target=None) -> "GEMVHint":
-        """One row: the rows kernel (:meth:`_staged_row` where staging the row in shared memory
-        wins, else small blocks under launch bounds). From 2 rows the tensor-core kernel, which
-        needs a decoder that yields half pairs (every float-activation format) and sm_80+
-        (``target``: the CUDA Target, None = assume sm_80+). Base tiles (:meth:`_mma_base`): 32
-        channels per block and 8 warps splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64
-        channels above; :meth:`_float_mma_tile` and :meth:`_int8_mma_tile` refine them. int8
-        activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
-        without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
-        holding 4 weight vectors), else the rows kernel. Above 16 rows :meth:`_chunk_tile`; on
-        sm_90 :meth:`_wgmma_tile` first, where it applies."""
-        m = plan.m or 1
-        arch = arch_of(target)
-        wg = cls._wgmma_tile(plan) if arch.wgmma else None
-        if wg:
-            return wg
-        if m > GEMV_MAX_ROWS:
-            return cls._chunk_tile(plan)
-        if m >= 2 and arch.mma:
-            mma = cls._mma_base(plan, m)
-            if plan.float_acts and mma_decodable(plan.w):
-                return cls._float_mma_tile(plan, m, mma)
-            # int8: m16n8k32 (mma_int8) under 2 blocks per SM beats the dp4a rows kernel from 3 rows
-            # for 1-, 2-bit and per-channel 4-bit codes, from 4 for group-scaled 4-bit codes, from 5
-            # for group-scaled 8-bit codes, from 6 for per-channel 8-bit codes
-            if plan.w.bits == 8:
-                first = 5 if plan.groups > 1 else 6
-            else:
-                first = 4 if plan.groups > 1 and plan.w.bits == 4 else 3
-            if not plan.float_acts and m >= first:
-                tile = cls._int8_mma_tile(plan, m, mma)
-                if mma_int8_unsupported(plan, tile) is None:
-                    return tile
-        staged = cls._staged_row(plan, arch.sm_count) if m == 1 else None
-        if staged:
-            return staged
-        if m <= 2 and decoder(plan.w) != "lut4":
-            # launch bounds of 8 blocks per SM let ptxas keep more registers, so more weight loads
-            # stay in flight; 2-bit weights want 8 channels per warp in 2-warp blocks, 8-bit and
-            # nvfp4 2 channels; the nf4 table decoder is faster without launch bounds
-            if plan.w.bits <= 2:
-                return cls(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
-            if plan.w.bits == 8 or (vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
-                return cls(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
-            return cls(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
-        if m <= 4:
-            # int8 x per-channel 8-bit codes: faster without the next step in flight
-            i8_chan8 = not plan.float_acts and plan.w.bits == 8 and plan.groups == 1
-            return cls(rows_per_warp=4, warps=1, unroll=4, stages=1 if i8_chan8 else 2)
-        if m <= 8:
-            return cls(rows_per_warp=4, warps=1, unroll=4, stages=1)
-        return cls(rows_per_warp=4, warps=1, unroll=2, stages=1)
-
-    @classmethod
-    def _staged_row(cls, plan, sm_count: int) -> Optional["GEMVHint"]:
-        """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
-        rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
-        registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
-        row and step, the loop unrolled. Float activations: 2 channels per warp, 2 steps in flight,
-        for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
-        blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
-        in 4-warp blocks. int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
-        b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
-        if not plan.float_acts:
-            hint = _ROWS_STAGED if b == 2 else None
-        elif b <= 2:
-            hint = _ROWS_STAGED_8 if N >= 8192 else None
-        elif b == 8:
-            blocks, slots = -(-N // 16), 4 * sm_count
-            hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
-        elif dec == "lut4":
-            hint = _ROWS_STAGED if plan.config.K <= 8192 else None
+def default_shape(plan, target=None) -> "GEMVHint":
+    """One row: the rows kernel (:func:`staged_row` where staging the row in shared memory
+    wins, else small blocks under launch bounds). From 2 rows the tensor-core kernel, which
+    needs a decoder that yields half pairs (every float-activation format) and sm_80+
+    (``target``: the CUDA Target, None = assume sm_80+). Base tiles (:func:`mma_base`): 32
+    channels per block and 8 warps splitting K up to 8 rows, 4 warps and 32 (N < 16896) or 64
+    channels above; :func:`float_mma_tile` and :func:`int8_mma_tile` refine them. int8
+    activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
+    without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
+    holding 4 weight vectors), else the rows kernel. Above 16 rows :func:`chunk_tile`; on
+    sm_90 :func:`wgmma_tile` first, where it applies."""
+    m = plan.m or 1
+    arch = arch_of(target)
+    wg = wgmma_tile(plan) if arch.wgmma else None
+    if wg:
+        return wg
+    if m > GEMV_MAX_ROWS:
+        return chunk_tile(plan)
+    if m >= 2 and arch.mma:
+        mma = mma_base(plan, m)
+        if plan.float_acts and mma_decodable(plan.w):
+            return float_mma_tile(plan, m, mma)
+        # int8: m16n8k32 (mma_int8) under 2 blocks per SM beats the dp4a rows kernel from 3 rows
+        # for 1-, 2-bit and per-channel 4-bit codes, from 4 for group-scaled 4-bit codes, from 5
+        # for group-scaled 8-bit codes, from 6 for per-channel 8-bit codes
+        if plan.w.bits == 8:
+            first = 5 if plan.groups > 1 else 6
         else:
-            hint = _ROWS_STAGED
-        return None if hint is None or gemv_hint_unsupported(plan, hint) else hint
+            first = 4 if plan.groups > 1 and plan.w.bits == 4 else 3
+        if not plan.float_acts and m >= first:
+            tile = int8_mma_tile(plan, m, mma)
+            if mma_int8_unsupported(plan, tile) is None:
+                return tile
+    staged = staged_row(plan, arch.sm_count) if m == 1 else None
+    if staged:
+        return staged
+    if m <= 2 and decoder(plan.w) != "lut4":
+        # launch bounds of 8 blocks per SM let ptxas keep more registers, so more weight loads
+        # stay in flight; 2-bit weights want 8 channels per warp in 2-warp blocks, 8-bit and
+        # nvfp4 2 channels; the nf4 table decoder is faster without launch bounds
+        if plan.w.bits <= 2:
+            return GEMVRowsHint(rows_per_warp=8, warps=2, unroll=4, stages=2, min_blocks=8)
+        if plan.w.bits == 8 or (vec_bytes(plan) or 16) < 16:     # None: a plan the GEMV refuses
+            return GEMVRowsHint(rows_per_warp=2, warps=2, unroll=4, stages=2, min_blocks=8)
+        return GEMVRowsHint(rows_per_warp=4, warps=2, unroll=4, stages=2, min_blocks=8)
+    if m <= 4:
+        # int8 x per-channel 8-bit codes: faster without the next step in flight
+        i8_chan8 = not plan.float_acts and plan.w.bits == 8 and plan.groups == 1
+        return GEMVRowsHint(rows_per_warp=4, warps=1, unroll=4, stages=1 if i8_chan8 else 2)
+    if m <= 8:
+        return GEMVRowsHint(rows_per_warp=4, warps=1, unroll=4, stages=1)
+    return GEMVRowsHint(rows_per_warp=4, warps=1, unroll=2, stages=1)
 
-    @classmethod
-    def _mma_base(cls, plan, m) -> "GEMVHint":
-        """The tensor-core GEMV's base tile (see :meth:`_default_shape`): 32 channels x 8 K warps
-        up to 8 rows, then 4 K warps and 32 (N < 16896) or 64 channels."""
-        if m <= 8:
-            return cls(rows_per_warp=32, k_warps=8, unroll=2, stages=2, mma=True)
-        if _wide_layer(plan):
-            return _MMA_64
-        return cls(rows_per_warp=32, k_warps=4, unroll=4, stages=2, mma=True)
 
-    @classmethod
-    def _float_mma_tile(cls, plan, m, base) -> "GEMVHint":
-        """The float tensor-core GEMV's tile. Over 128 registers a 256-thread block (8 K warps)
-        is alone on its SM; the wide tile under 2 blocks per SM fits. 4-bit codes up to 8 rows take
-        it; 4- and 8-bit codes from 9 rows take it without the next step in flight (wide layers
-        too); nvfp4's float8 scales and 1-/2-bit codes spill under the bound and keep ``base``."""
-        b = plan.w.bits
-        if m <= 8 and b == 4 and not f8_scales(plan):
-            return _MMA_WIDE
-        if m > 8 and b in (4, 8):
-            # wide layers too (on sm_90 int codes take the wgmma GEMV instead)
-            return dataclasses.replace(_MMA_WIDE, stages=1)
-        return base
+def staged_row(plan, sm_count: int) -> Optional["GEMVHint"]:
+    """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
+    rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
+    registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
+    row and step, the loop unrolled. Float activations: 2 channels per warp, 2 steps in flight,
+    for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
+    blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
+    in 4-warp blocks. int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
+    b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
+    if not plan.float_acts:
+        hint = _ROWS_STAGED if b == 2 else None
+    elif b <= 2:
+        hint = _ROWS_STAGED_8 if N >= 8192 else None
+    elif b == 8:
+        blocks, slots = -(-N // 16), 4 * sm_count
+        hint = _ROWS_STAGED if 0.7 * slots <= blocks <= slots else None
+    elif dec == "lut4":
+        hint = _ROWS_STAGED if plan.config.K <= 8192 else None
+    else:
+        hint = _ROWS_STAGED
+    return None if hint is None or gemv_hint_unsupported(plan, hint) else hint
 
-    @classmethod
-    def _int8_mma_tile(cls, plan, m, base) -> "GEMVHint":
-        """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
-        N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
-        registers), from N=16896 the 64-channel base tile likewise."""
-        if m <= 8:
-            return dataclasses.replace(base, min_blocks=2)
-        if _wide_layer(plan):
-            # the 64-channel base tile took 255 registers (7 warps per SM): under 2 blocks per SM
-            # without the next step in flight
-            return dataclasses.replace(base, stages=1, min_blocks=2)
+
+def mma_base(plan, m) -> "GEMVHint":
+    """The tensor-core GEMV's base tile (see :func:`default_shape`): 32 channels x 8 K warps
+    up to 8 rows, then 4 K warps and 32 (N < 16896) or 64 channels."""
+    if m <= 8:
+        return GEMVMmaHint(rows_per_warp=32, k_warps=8, unroll=2, stages=2)
+    if _wide_layer(plan):
+        return _MMA_64
+    return GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=4, stages=2)
+
+
+def float_mma_tile(plan, m, base) -> "GEMVHint":
+    """The float tensor-core GEMV's tile. Over 128 registers a 256-thread block (8 K warps)
+    is alone on its SM; the wide tile under 2 blocks per SM fits. 4-bit codes up to 8 rows take
+    it; 4- and 8-bit codes from 9 rows take it without the next step in flight (wide layers
+    too); nvfp4's float8 scales and 1-/2-bit codes spill under the bound and keep ``base``."""
+    b = plan.w.bits
+    if m <= 8 and b == 4 and not f8_scales(plan):
+        return _MMA_WIDE
+    if m > 8 and b in (4, 8):
+        # wide layers too (on sm_90 int codes take the wgmma GEMV instead)
         return dataclasses.replace(_MMA_WIDE, stages=1)
+    return base
 
-    @classmethod
-    def _chunk_tile(cls, plan) -> "GEMVHint":
-        """The tensor-core tile for 17..64 rows (chunks of 16 rows, mma.row_chunks).
 
-        Float activations: the chunk loop (one block serves every chunk of its 32 channels, the
-        weights decoded once, 4 K warps, 255 registers) rather than a block per chunk; 16 channels
-        per warp lose (the activations of all rows read twice as often). int8 activations: the same
-        chunk loop on the m16n8k32 kernel.
+def int8_mma_tile(plan, m, base) -> "GEMVHint":
+    """The int8 tensor-core GEMV's tile: the base tiles under 2 blocks per SM, from 9 rows below
+    N=16896 the wide tile without the next step in flight (the 4-warp tile took 134-252
+    registers), from N=16896 the 64-channel base tile likewise."""
+    if m <= 8:
+        return dataclasses.replace(base, min_blocks=2)
+    if _wide_layer(plan):
+        # the 64-channel base tile took 255 registers (7 warps per SM): under 2 blocks per SM
+        # without the next step in flight
+        return dataclasses.replace(base, stages=1, min_blocks=2)
+    return dataclasses.replace(_MMA_WIDE, stages=1)
 
-        Float activations take weight vectors of 16 codes (:func:`span_vectors`): a lane's
-        activations of a vector then span 32 bytes, so the four lanes of a token row read one
-        128-byte line per load instead of two. The loop is bound by L1's load wavefronts (one
-        wavefront per line and row), so this is what sets its speed. int8 activations (one byte
-        per value) already span 32 bytes with 16-byte vectors of 4-bit codes."""
-        m, hint = plan.m or 1, _MMA_LOOP
-        span = span_vectors(plan)
-        if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
-            hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
-        # 64 channels per warp on wide layers, where they fit and win (each activation fragment
-        # feeds twice the mma; N=8192, 128 such blocks, loses). Float activations: 2- to 8-bit codes
-        # up to 48 rows (1-bit codes spill), nf4 only from 33 rows. int8 activations: sub-byte codes
-        # up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48; 8-bit codes tie).
-        if plan.float_acts:
-            fits = plan.w.bits >= 2 and m <= 48 and not (decoder(plan.w) == "lut4" and m <= 32)
-        else:
-            fits = plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48)
-        if fits and _wide_layer(plan):
-            hint = dataclasses.replace(hint, rows_per_warp=64)
-        return hint
 
-    @classmethod
-    def _wgmma_tile(cls, plan) -> Optional["GEMVHint"]:
-        """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
-        than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None.
+def chunk_tile(plan) -> "GEMVHint":
+    """The tensor-core tile for 17..64 rows (chunks of 16 rows, mma.row_chunks).
 
-        17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
-        above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128
-        channels (two m64 tiles) for 2-bit codes, and above 40 rows for 4-bit codes. Narrower
-        layers (128 blocks of 64 channels at N=8192): 4 warpgroups splitting K. Layers below
-        N=8192 keep the chunk loop.
+    Float activations: the chunk loop (one block serves every chunk of its 32 channels, the
+    weights decoded once, 4 K warps, 255 registers) rather than a block per chunk; 16 channels
+    per warp lose (the activations of all rows read twice as often). int8 activations: the same
+    chunk loop on the m16n8k32 kernel.
 
-        9..16 rows: 2-bit codes from N=8192 and 4-bit codes on wide layers (8-bit codes lose; 4-bit
-        codes below N=16896 keep the tensor-core GEMV)."""
-        m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
-        wide = _wide_layer(plan)
-        if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
-            return None
-        if m <= GEMV_MAX_ROWS:                # 2-bit codes from N=8192, 4-bit ones on wide layers
-            takes = bits == 2 or (bits == 4 and wide)
-        else:                                 # 4-bit codes, 2-bit ones on wide layers, 8-bit above 48 rows
-            takes = bits == 4 or (bits == 2 and wide) or (bits == 8 and m > 48)
-        if not takes:
-            return None
-        if not wide:
-            hint = _WGMMA_KSPLIT
-        elif m > GEMV_MAX_ROWS and (bits == 2 or (bits == 4 and m > 40)):
-            hint = _WGMMA_WIDE2
-        else:
-            hint = _WGMMA_WIDE
-        return None if wgmma_gemv_unsupported(plan, hint) else hint
+    Float activations take weight vectors of 16 codes (:func:`span_vectors`): a lane's
+    activations of a vector then span 32 bytes, so the four lanes of a token row read one
+    128-byte line per load instead of two. The loop is bound by L1's load wavefronts (one
+    wavefront per line and row), so this is what sets its speed. int8 activations (one byte
+    per value) already span 32 bytes with 16-byte vectors of 4-bit codes."""
+    m, hint = plan.m or 1, _MMA_LOOP
+    span = span_vectors(plan)
+    if span:                 # the same K per step as two of the default vectors (4-bit: 4 of 16 codes)
+        hint = dataclasses.replace(hint, vec_bytes=span[0], unroll=2 * span[1])
+    # 64 channels per warp on wide layers, where they fit and win (each activation fragment
+    # feeds twice the mma; N=8192, 128 such blocks, loses). Float activations: 2- to 8-bit codes
+    # up to 48 rows (1-bit codes spill), nf4 only from 33 rows. int8 activations: sub-byte codes
+    # up to 32 rows, per-channel ones up to 48 (group-scaled ones spill at 48; 8-bit codes tie).
+    if plan.float_acts:
+        fits = plan.w.bits >= 2 and m <= 48 and not (decoder(plan.w) == "lut4" and m <= 32)
+    else:
+        fits = plan.w.bits <= 4 and m <= (32 if plan.groups > 1 else 48)
+    if fits and _wide_layer(plan):
+        hint = dataclasses.replace(hint, rows_per_warp=64)
+    return hint
+
+
+def wgmma_tile(plan) -> Optional["GEMVHint"]:
+    """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
+    than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None.
+
+    17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
+    above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128
+    channels (two m64 tiles) for 2-bit codes, and above 40 rows for 4-bit codes. Narrower
+    layers (128 blocks of 64 channels at N=8192): 4 warpgroups splitting K. Layers below
+    N=8192 keep the chunk loop.
+
+    9..16 rows: 2-bit codes from N=8192 and 4-bit codes on wide layers (8-bit codes lose; 4-bit
+    codes below N=16896 keep the tensor-core GEMV)."""
+    m, bits, N = plan.m or 1, plan.w.bits, plan.config.N
+    wide = _wide_layer(plan)
+    if m < WGMMA_GEMV_MIN_ROWS or N < 8192 or not plan.float_acts:
+        return None
+    if m <= GEMV_MAX_ROWS:                # 2-bit codes from N=8192, 4-bit ones on wide layers
+        takes = bits == 2 or (bits == 4 and wide)
+    else:                                 # 4-bit codes, 2-bit ones on wide layers, 8-bit above 48 rows
+        takes = bits == 4 or (bits == 2 and wide) or (bits == 8 and m > 48)
+    if not takes:
+        return None
+    if not wide:
+        hint = _WGMMA_KSPLIT
+    elif m > GEMV_MAX_ROWS and (bits == 2 or (bits == 4 and m > 40)):
+        hint = _WGMMA_WIDE2
+    else:
+        hint = _WGMMA_WIDE
+    return None if wgmma_gemv_unsupported(plan, hint) else hint
 
 
 def _wide_layer(plan) -> bool:
@@ -276,26 +257,26 @@ def _wide_layer(plan) -> bool:
     return plan.config.N >= 16896
 
 
-# one activation row staged in shared memory (GEMVHint._staged_row): 2 channels per warp, 8-warp blocks,
+# one activation row staged in shared memory (staged_row): 2 channels per warp, 8-warp blocks,
 # one vector per row and step, 2 steps in flight, 4 blocks per SM; for 1- and 2-bit codes 8 channels per
 # warp in 4-warp blocks, 1 step in flight
-_ROWS_STAGED = GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, act_smem=True)
-_ROWS_STAGED_8 = GEMVHint(rows_per_warp=8, warps=4, unroll=1, stages=2, min_blocks=4, act_smem=True)
+_ROWS_STAGED = GEMVRowsHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, act_smem=True)
+_ROWS_STAGED_8 = GEMVRowsHint(rows_per_warp=8, warps=4, unroll=1, stages=2, min_blocks=4, act_smem=True)
 # the wide tensor-core tile: 8 K warps x 4 vectors per step, 2 blocks per SM (<= 128 registers)
-_MMA_WIDE = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, mma=True, min_blocks=2)
+_MMA_WIDE = GEMVMmaHint(rows_per_warp=32, k_warps=8, unroll=4, stages=2, min_blocks=2)
 # 64 channels x 4 K warps, 2 vectors per step, the next step in flight (the base tile from 9 rows at
 # N >= 16896)
-_MMA_64 = GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2, mma=True)
+_MMA_64 = GEMVMmaHint(rows_per_warp=64, k_warps=4, unroll=2, stages=2)
 # 17..64 rows (float and int8 activations): the chunk loop, one block of 32 channels x 4 K warps
 # serving every 16-row chunk (mma); 16 channels per warp lose by 2x (each block reads the
 # activations of all rows, so half the channels per block read them twice as often)
-_MMA_LOOP = GEMVHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1, chunk_loop=True)
+_MMA_LOOP = GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=2, stages=1, min_blocks=1, chunk_loop=True)
 # the wgmma GEMV (wgmma): one warpgroup of 64 channels per block, 4 slabs of weights in flight in
 # registers (up to 40 rows); 128 channels (two m64 tiles) with 2; 64 channels with 4 warpgroups
 # splitting K (N < 16896)
-_WGMMA_WIDE = GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=4, mma=True, wgmma=True)
-_WGMMA_WIDE2 = GEMVHint(rows_per_warp=32, k_warps=1, unroll=1, stages=2, mma=True, wgmma=True)
-_WGMMA_KSPLIT = GEMVHint(rows_per_warp=16, k_warps=4, unroll=1, stages=2, mma=True, wgmma=True)
+_WGMMA_WIDE = GEMVWgmmaHint(rows_per_warp=16, k_warps=1, stages=4)
+_WGMMA_WIDE2 = GEMVWgmmaHint(rows_per_warp=32, k_warps=1, stages=2)
+_WGMMA_KSPLIT = GEMVWgmmaHint(rows_per_warp=16, k_warps=4, stages=2)
 
 
 def gemv_default_takes(plan, target=None) -> bool:
@@ -373,7 +354,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # int8 tensor cores: the 4 vectors of a lane quad inside one group
-    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.mma else 1)
+    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.tensor_cores else 1)
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
@@ -417,8 +398,8 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     # the tensor-core kernels take their row count at run time (``mv``, 1..m: activation rows are
     # clamped on load, stores predicated), so one kernel serves every row count of its class
     # (mma.row_class); the rows kernel unrolls over its rows and stays static
-    rows = "mv" if hint.mma else m
-    if hint.mma:
+    rows = "mv" if hint.tensor_cores else m
+    if hint.tensor_cores:
         add("    mv = T.int32()")
     shapes = {"W": (N, K * b // 8), "bias": (N,)}
     for a in plan.args:
@@ -427,7 +408,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         add(f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r}, align=16)"
             if a.name in ("A", "W") else
             f"    {a.name} = T.match_buffer({a.name}_ptr, {shp}, {a.dtype!r})")
-    if hint.mma and m is not None:
+    if hint.tensor_cores and m is not None:
         add(f"    assert 1 <= mv and mv <= {m}, \"{m}-row GEMV kernel: the row count must be 1..{m}\"")
 
     def gidx(cidx):
@@ -533,39 +514,40 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         raise ValueError(f"{hint}: {why}")
     if body:
         body(add, locals())
-    elif hint.wgmma:
-        wgmma_body(plan, hint, add, locals())
-    elif hint.mma and i8:
-        mma_int8_body(plan, hint, add, locals())
-    elif hint.mma:
-        mma_body(plan, hint, add, locals())
-    elif hint.k_warps:
-        ksplit_body(plan, hint, add, locals())
     else:
-        rows_body(plan, hint, add, locals())
+        _BODIES[type(hint)](i8)(plan, hint, add, locals())
     return "\n".join(L) + "\n"
 
 
+# the kernel body of each hint class (the mma GEMV's by activation dtype: int8 or float)
+_BODIES = {GEMVRowsHint: lambda i8: rows_body, GEMVKSplitHint: lambda i8: ksplit_body,
+           GEMVMmaHint: lambda i8: mma_int8_body if i8 else mma_body, GEMVWgmmaHint: lambda i8: wgmma_body}
+
+
 def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
-    """None when the kernel shape ``hint`` asks for (rows, k-split, tensor cores) takes ``plan``,
-    else why not."""
-    if hint.wgmma:
+    """None when the kernel ``hint`` asks for (its class: rows, k-split, mma or wgmma GEMV) takes
+    ``plan`` with that hint, else why not."""
+    if type(hint) not in _BODIES:
+        return (f"{type(hint).__name__} is not a GEMV kernel's hint (accepted: "
+                f"{', '.join(c.__name__ for c in _BODIES)})")
+    if isinstance(hint, GEMVWgmmaHint):
         return wgmma_gemv_unsupported(plan, hint)
-    if not plan.float_acts and hint.mma:
-        return mma_int8_unsupported(plan, hint)
-    if not plan.float_acts and hint.k_warps:
-        return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the tensor-core "
-                f"kernel (k_warps=0 or mma=True; got k_warps={hint.k_warps}, mma={hint.mma})")
-    if hint.act_smem:
+    if isinstance(hint, GEMVMmaHint):
+        return mma_gemv_unsupported(plan, hint) if plan.float_acts else mma_int8_unsupported(plan, hint)
+    if isinstance(hint, GEMVKSplitHint):
+        if not plan.float_acts:
+            return (f"A_dtype={plan.config.A_dtype!r}: int8 activations take the rows kernel or the mma GEMV "
+                    f"(GEMVRowsHint or GEMVMmaHint; got {hint})")
+        if hint.k_warps < 1:
+            return f"k_warps={hint.k_warps}: the k-split kernel needs at least one warp splitting K"
+    if isinstance(hint, GEMVRowsHint) and hint.act_smem:
         why = _act_smem_unsupported(plan, hint)
         if why:
             return why
-    if hint.mma:
-        return mma_gemv_unsupported(plan, hint)
     if (plan.m or 1) > GEMV_MAX_ROWS:
         return (f"{plan.m} rows: the rows and k-split kernels take 1..{GEMV_MAX_ROWS} "
-                f"(mma=True: up to {GEMV_MMA_MAX_ROWS})")
-    if hint.k_warps and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
+                f"(the mma GEMV: up to {GEMV_MMA_MAX_ROWS})")
+    if isinstance(hint, GEMVKSplitHint) and hint.rows_per_warp * (plan.m or 1) > 32 * hint.k_warps:
         return "rows_per_warp * m must be <= 32 * k_warps"
     return None
 
@@ -573,9 +555,7 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
 ACT_SMEM_MAX_BYTES = 48 * 1024      # static shared memory of one block
 
 
-def _act_smem_unsupported(plan, hint: GEMVHint) -> Optional[str]:
-    if hint.mma or hint.k_warps:
-        return "act_smem=True is a rows-kernel option (mma=False, k_warps=0)"
+def _act_smem_unsupported(plan, hint: GEMVRowsHint) -> Optional[str]:
     if (plan.m or 1) != 1:
         return f"act_smem=True stages one activation row; the plan has {plan.m} rows"
     nbytes = act_smem_bytes(plan, hint)
@@ -593,12 +573,14 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     why = gemv_unsupported(plan)
     if why:
         raise ValueError(f"GEMV template does not take this plan: {why}")
-    hint = hint or GEMVHint.default(plan, target)
+    hint = hint or default_gemv_hint(plan, target)
     arch = arch_of(target)
     if hint.pdl and not arch.pdl:
-        raise ValueError(f"GEMVHint.pdl=True needs an sm_90+ target (griddepcontrol); target arch is {arch.name()}")
-    if hint.wgmma and not arch.wgmma:
-        raise ValueError(f"GEMVHint.wgmma=True needs an sm_90 target (wgmma, TMA); target arch is {arch.name()}")
+        raise ValueError(f"{type(hint).__name__}.pdl=True needs an sm_90+ target (griddepcontrol); "
+                         f"target arch is {arch.name()}")
+    if isinstance(hint, GEMVWgmmaHint) and not arch.wgmma:
+        raise ValueError(f"GEMVWgmmaHint (the wgmma GEMV) needs an sm_90 target (wgmma, TMA); target arch is "
+                         f"{arch.name()}")
     from tvm.script import tirx as T
     text = kernel_script(plan, hint)
     prim = tvm.script.from_source(text, extra_vars={"T": T})
@@ -609,7 +591,7 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
         tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
         return f.with_attr("tirx.kernel_launch_params",
                            tags + ["tirx.use_dyn_shared_memory"] * dyn_smem) if hint.pdl else f
-    if hint.wgmma:   # the main kernel (dynamic shared memory) launches while the permute kernel runs
+    if isinstance(hint, GEMVWgmmaHint):   # the main kernel (dynamic shared memory) launches while the permute kernel runs
         perm = pdl(tvm.script.from_source(permute_script(plan, hint), extra_vars={"T": T}))
         mod = tvm.IRModule({"main": pdl(prim, dyn_smem=True), "permute": perm})
         return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)

@@ -1,4 +1,4 @@
-"""The Hopper tensor-core GEMV (``GEMVHint(mma=True, wgmma=True)``, sm_90a, float activations,
+"""The Hopper tensor-core GEMV (``GEMVWgmmaHint``, sm_90a, float activations,
 int/uint weight codes): ``wgmma.mma_async m64nNk16`` with the *decoded weights in registers* as
 the 64 x 16 A operand (64 output channels per warpgroup, or 128 as two tiles) and the activation
 rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read by the tensor cores straight
@@ -90,8 +90,6 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     c, w = plan.config, plan.w
     if plan.args[0].name != "A":
         return "the wgmma GEMV passes the activations as the first argument"
-    if not hint.mma:
-        return "wgmma=True is a variant of the tensor-core GEMV: it needs mma=True"
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"A_dtype={c.A_dtype!r}: the wgmma GEMV takes float16 / bfloat16 activations"
     if decoder(w) != "int" or w.bits not in (2, 4, 8):

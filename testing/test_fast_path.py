@@ -8,6 +8,7 @@ import torch
 
 import bitblas
 from bitblas.config import MatmulConfig
+from bitblas.ops.bound import BoundMatmul
 
 N, K = 48, 64
 
@@ -222,6 +223,14 @@ def test_unbound_fast_path_takes_bitblas_layout_flags():
     assert op(x, w, out) is out
     _close(out, (x.double() @ w.double().T).to(torch.float16))
     assert op._calls[(x.device, x.shape)] is not None
+    # the general path (no rows; a wrong tensor) and bind run it as given too: never through _run_compat
+    op._run_compat = None
+    assert op(x[:0], w).shape == (0, N)
+    with pytest.raises(TypeError, match="W: expected dtype torch.float16"):
+        op(x, w.float())
+    bound = op.bind(w)
+    assert isinstance(bound, BoundMatmul)
+    _close(bound(x), (x.double() @ w.double().T).to(torch.float16))
     xi = torch.randint(-8, 8, (2, K), generator=g, dtype=torch.int8)
     wi = torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8)
     op8 = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="int8", W_dtype="int8", accum_dtype="int32",

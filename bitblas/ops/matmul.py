@@ -20,7 +20,7 @@ from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..kernels import KernelChoice
 from ..kernels.select import DEQUANT_GEMM, kernel_rows, select
 from .checks import check_tensor, why_not
-from .compat import BitBLASOperatorAPI, kernel_config
+from .compat import BitBLASOperatorAPI, kernel_config, runs_as_given
 
 __all__ = ["Matmul", "MatmulConfig", "bias_for"]
 
@@ -51,6 +51,7 @@ class Matmul(BitBLASOperatorAPI):
         self.name = name
         # the config the kernels are built for (BitBLAS-only spellings mapped; see ops.compat)
         self._kc = kernel_config(config)
+        self._as_given = runs_as_given(config, self._kc)   # else every call goes through _run_compat
         self._cpu_only = isinstance(target, str) and target in ("llvm", "cpu", "c")
         self._target_arg = None if self._cpu_only else target
         self._cuda_target = None
@@ -188,15 +189,14 @@ class Matmul(BitBLASOperatorAPI):
         contiguous), so that a call passing exactly that only compares (:func:`_fast_call`). Anything
         else (another dtype or shape the checks accept, a misaligned CUDA view, a wrong tensor) takes
         the general path of :meth:`_run_kernel`, which converts or raises naming the argument. None:
-        this call always takes the general path (BitBLAS spellings, NVFP4 activations, no rows)."""
+        this call always takes the general path (BitBLAS spellings run with unit scales or an int8
+        cast, NVFP4 activations, no rows)."""
         device = A.device
         key = (device, A.shape)
         entry = None
         kind = device.type
         c = self._kc
-        kc, uc = self._kc, self.config      # BitBLAS spellings that only drop layout flags run as they are
-        plain = kc is uc or (kc.with_scaling == uc.with_scaling and kc.out_dtype == uc.out_dtype)
-        if (self._nv is None and plain and kind in ("cpu", "cuda")
+        if (self._nv is None and self._as_given and kind in ("cpu", "cuda")
                 and not (kind == "cuda" and self._cpu_only) and A.dim() >= 1):
             plan0 = self._base_plan(kind)
             lead = tuple(A.shape[:-1])
@@ -302,7 +302,7 @@ class Matmul(BitBLASOperatorAPI):
             if isinstance(A, torch.Tensor) and A.device.type == "cuda" and self._cpu_only:
                 raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
             return self._nv.run(A, W, given)
-        if self._kc is not self.config:
+        if not self._as_given:
             return self._run_compat(A, W, given)
         return self._run_kernel(A, W, given)
 
@@ -464,7 +464,7 @@ class Matmul(BitBLASOperatorAPI):
         the result is called as ``bound(A, a_scale=None, output=None)`` (the nn modules' hot path)."""
         self._not_for_nvfp4("bind")
         from .bound import BoundMatmul
-        if self._kc is not self.config:
+        if not self._as_given:
             from .bound import UnboundCall
             return UnboundCall(self, W, scale, zeros, bias, global_scale)
         return BoundMatmul(self, W, scale, zeros, bias, global_scale)

@@ -79,7 +79,7 @@ _LIB.define("matmul(Tensor A, Tensor W, Tensor? scale, Tensor? zeros, Tensor? bi
 
 def _matmul_impl(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = _OPERATORS.get(key) or operator_by_key(key)
-    return op.forward(A, W, scale=scale, zeros=zeros, bias=bias, a_scale=a_scale, global_scale=global_scale)
+    return op.apply(A, W, scale, zeros, bias, a_scale, global_scale)
 
 
 _LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")
@@ -109,8 +109,7 @@ def matmul(A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None, bias=None, 
     """
     if is_eager(A):
         op = _OPERATORS.get(key) or operator_by_key(key)
-        return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output,
-                              "a_scale": a_scale, "global_scale": global_scale})
+        return op.apply(A, W, scale, zeros, bias, a_scale, global_scale, output)
     out = torch.ops.bitblas.matmul(A, W, scale, zeros, bias, a_scale, global_scale, key)
     if output is not None:
         output.copy_(out)

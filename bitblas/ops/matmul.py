@@ -225,7 +225,8 @@ class Matmul(BitBLASOperatorAPI):
                     taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
                              "a_scale": c.with_act_scaling, "output": True}
                     slots = tuple(s for s in _POSITIONAL if taken[s])
-                    entry = (fn, tuple(accepted), tuple(specs), out, device, dev_index, kind == "cuda", slots)
+                    rejected = tuple(i for i, a in enumerate(accepted) if not a)
+                    entry = (fn, rejected, tuple(specs), out, device, dev_index, kind == "cuda", slots)
         if len(self._calls) >= 4096:
             self._calls.clear()
         self._calls[key] = entry
@@ -296,6 +297,21 @@ class Matmul(BitBLASOperatorAPI):
                     raise TypeError(f"{slot} given both positionally and by keyword")
                 given[slot] = t
         return self._run(A, W, given)
+
+    def apply(self, A, W, scale=None, zeros=None, bias=None, a_scale=None, global_scale=None, output=None):
+        """``forward`` with the tensors in the torch op's order (``torch.ops.bitblas.matmul``; no
+        BitBLAS positional extras): the hot path where every tensor is exactly what the kernel takes,
+        else the general path (converts or raises naming the argument)."""
+        if isinstance(A, torch.Tensor):
+            entry = self._calls.get((A.device, A.shape), False)
+            if entry is False:
+                entry = self._call_entry(A)
+            if entry is not None:
+                out = _fast_call(entry, (A, W, scale, zeros, bias, a_scale, global_scale, None), output)
+                if out is not None:
+                    return out
+        return self._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
+                                "global_scale": global_scale, "a_global_scale": None})
 
     def _run(self, A, W, given):
         if self._nv is not None:                 # NVFP4 activations: ops/nvfp4.py (forward, torch op)
@@ -628,10 +644,11 @@ _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a
 
 def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
-    take the general path, which then accepts the other legal forms or raises naming the argument."""
-    fn, accepted, specs, (out_want, out_shape, out_view, tmpl), device, dev_index, cuda, _ = entry
-    for i, v in enumerate(vals):
-        if v is not None and not accepted[i]:
+    take the general path, which then accepts the other legal forms or raises naming the argument.
+    ``vals``: the tensors in ``_CALL_SLOTS`` order, A a tensor whose (device, shape) found ``entry``."""
+    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), device, dev_index, cuda, _ = entry
+    for i in rejected:                 # tensors this config takes none of
+        if vals[i] is not None:
             return None
     call = []
     for idx, want, shape, view, bits_view, const in specs:
@@ -644,8 +661,11 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
                 return None
             call.append(const)
             continue
-        if not (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == dev_index
-                and (t.is_cuda if cuda else t.is_cpu) and t.shape == shape and t.is_contiguous()):
+        if idx == 0:                   # A: its device and shape are the key the entry was found under
+            if not (t.dtype is want and t.is_contiguous()):
+                return None
+        elif not (isinstance(t, torch.Tensor) and t.dtype is want and t.shape == shape and t.is_contiguous()
+                  and ((t.is_cuda and t.get_device() == dev_index) if cuda else t.is_cpu)):
             return None
         if view is not None:
             t = t.view(view)
@@ -656,9 +676,9 @@ def _fast_call(entry: tuple, vals: tuple, output) -> Optional[torch.Tensor]:
         call.append(t)
     if output is None:
         output = torch.empty_like(tmpl) if tmpl is not None else torch.empty(out_shape, dtype=out_want, device=device)
-    elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.get_device() == dev_index
-              and (output.is_cuda if cuda else output.is_cpu) and output.shape == out_shape
-              and output.is_contiguous()):
+    elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.shape == out_shape
+              and output.is_contiguous()
+              and ((output.is_cuda and output.get_device() == dev_index) if cuda else output.is_cpu)):
         return None
     o = output if out_view is None else output.view(out_view)
     if cuda and o.data_ptr() % 16:

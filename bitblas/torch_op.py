@@ -89,6 +89,11 @@ _LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")
 def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = operator_by_key(key)
     c = op.config
+    # also reached eagerly when one real tensor is on the meta device: never an unwritten result
+    for name, t in (("W", W), ("scale", scale), ("zeros", zeros), ("bias", bias), ("a_scale", a_scale),
+                    ("global_scale", global_scale)):
+        if t is not None and t.device != A.device:
+            raise ValueError(f"{name} is on {t.device} but A is on {A.device}; put all tensors on one device")
     cols = op._base_plan("cpu").args[0].shape[-1]
     if A.dim() < 1 or A.shape[-1] != cols:
         raise ValueError(f"A: expected shape [..., {cols}] (K={c.K}), got {list(A.shape)}")

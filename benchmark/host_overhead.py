@@ -20,7 +20,8 @@ swaps it for a Python ``lambda *a: None`` (pure Python overhead). Rows:
     Linear()            the module call: nn.Module.__call__ + Linear.forward (the hot path)
     Linear.forward      the same without nn.Module.__call__
     torch.ops (op)      the custom op through the torch dispatcher (the torch.compile path, eager)
-    torch_op.matmul     what modules call off the hot path in eager mode (all checks)
+    torch_op.matmul     what modules call off the hot path in eager mode (Matmul.apply: exact tensors
+                        are compared, anything else takes the general path and its full checks)
     Matmul(...)         the operator with every tensor passed and checked per call
     bound(x)            the operator bound to the weights (Matmul.bind), activations checked per call
     raw kernel          the compiled tvm-ffi function on preallocated 2-D arguments

@@ -79,7 +79,7 @@ _LIB.define("matmul(Tensor A, Tensor W, Tensor? scale, Tensor? zeros, Tensor? bi
 
 def _matmul_impl(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = _OPERATORS.get(key) or operator_by_key(key)
-    return op.forward(A, W, scale=scale, zeros=zeros, bias=bias, a_scale=a_scale, global_scale=global_scale)
+    return op.apply(A, W, scale, zeros, bias, a_scale, global_scale)
 
 
 _LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")
@@ -89,6 +89,11 @@ _LIB.impl("matmul", _matmul_impl, "CompositeExplicitAutograd")
 def _matmul_fake(A, W, scale, zeros, bias, a_scale, global_scale, key):
     op = operator_by_key(key)
     c = op.config
+    # also reached eagerly when one real tensor is on the meta device: never an unwritten result
+    for name, t in (("W", W), ("scale", scale), ("zeros", zeros), ("bias", bias), ("a_scale", a_scale),
+                    ("global_scale", global_scale)):
+        if t is not None and t.device != A.device:
+            raise ValueError(f"{name} is on {t.device} but A is on {A.device}; put all tensors on one device")
     cols = op._base_plan("cpu").args[0].shape[-1]
     if A.dim() < 1 or A.shape[-1] != cols:
         raise ValueError(f"A: expected shape [..., {cols}] (K={c.K}), got {list(A.shape)}")
@@ -109,8 +114,7 @@ def matmul(A: torch.Tensor, W: torch.Tensor, scale=None, zeros=None, bias=None, 
     """
     if is_eager(A):
         op = _OPERATORS.get(key) or operator_by_key(key)
-        return op._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output,
-                              "a_scale": a_scale, "global_scale": global_scale})
+        return op.apply(A, W, scale, zeros, bias, a_scale, global_scale, output)
     out = torch.ops.bitblas.matmul(A, W, scale, zeros, bias, a_scale, global_scale, key)
     if output is not None:
         output.copy_(out)

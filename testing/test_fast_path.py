@@ -8,6 +8,7 @@ import torch
 
 import bitblas
 from bitblas.config import MatmulConfig
+from bitblas.ops.bound import BoundMatmul
 
 N, K = 48, 64
 
@@ -222,6 +223,14 @@ def test_unbound_fast_path_takes_bitblas_layout_flags():
     assert op(x, w, out) is out
     _close(out, (x.double() @ w.double().T).to(torch.float16))
     assert op._calls[(x.device, x.shape)] is not None
+    # the general path (no rows; a wrong tensor) and bind run it as given too: never through _run_compat
+    op._run_compat = None
+    assert op(x[:0], w).shape == (0, N)
+    with pytest.raises(TypeError, match="W: expected dtype torch.float16"):
+        op(x, w.float())
+    bound = op.bind(w)
+    assert isinstance(bound, BoundMatmul)
+    _close(bound(x), (x.double() @ w.double().T).to(torch.float16))
     xi = torch.randint(-8, 8, (2, K), generator=g, dtype=torch.int8)
     wi = torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8)
     op8 = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="int8", W_dtype="int8", accum_dtype="int32",
@@ -230,3 +239,47 @@ def test_unbound_fast_path_takes_bitblas_layout_flags():
     assert y.dtype == torch.int8
     assert torch.equal(y, (xi.int() @ wi.int().T).to(torch.int8))
     assert op8._calls[(xi.device, xi.shape)] is None
+
+
+def _op_hot_path_checks(device, naming):
+    from bitblas import torch_op
+    lin = _layer().to(device)
+    x = _x(3).to(device)
+    op, key = lin.bitblas_matmul, lin._key
+    t = dict(W=lin.qweight, scale=lin.scales, zeros=lin.zeros, bias=lin.bias)
+    want = _ref(lin.cpu(), x.cpu())
+    lin.to(device)
+    buf = torch.empty(3 * K + 1, dtype=torch.float16, device=device)
+    buf[1:].copy_(x.view(-1))
+    odd = buf[1:].view(3, K)                  # misaligned on CUDA: the general path
+    other = "cpu" if device == "cuda" else "meta"    # a device the operator's tensors are not on
+    for _ in range(2):
+        for y in (op(x, **t), torch.ops.bitblas.matmul(x, *t.values(), None, None, key),
+                  torch_op.matmul(x, *t.values(), key=key), op(odd, **t)):
+            _close(y.cpu(), want)
+        for name, bad in (("A", x.float()), ("zeros", t["zeros"].float()), ("W", t["W"][:, 1:].contiguous()),
+                          ("W", t["W"].to(other)), ("scale", t["scale"].to(other))):
+            a = dict(A=x, **t)
+            a[name] = bad
+            with naming((TypeError, ValueError), name):
+                torch.ops.bitblas.matmul(*a.values(), None, None, key)
+            with naming((TypeError, ValueError), name):
+                op(*a.values())
+        with naming((TypeError, ValueError), "output"):
+            torch_op.matmul(x, *t.values(), key=key, output=torch.empty(3, N, dtype=torch.float32, device=device))
+        with naming((TypeError, ValueError), "output"):
+            torch_op.matmul(x, *t.values(), key=key, output=torch.empty(3, N, dtype=torch.float16, device=other))
+
+
+def test_op_hot_path_checks(naming):
+    """Matmul / torch.ops.bitblas.matmul / torch_op.matmul with exact tensors (the hot path, after
+    the first call cached it for A's shape) compute the reference, and so does an offset A view;
+    a tensor of another dtype, shape or device (the meta device: the op's fake kernel) is refused naming it."""
+    _op_hot_path_checks("cpu", naming)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_op_hot_path_checks(naming):
+    """test_op_hot_path_checks on CUDA (the offset A view is misaligned there)."""
+    _op_hot_path_checks("cuda", naming)

@@ -186,26 +186,17 @@ class _Net(nn.Module):
         return self.head(self.c(torch.relu(self.a(x) + self.b(x))))
 
 
-def test_stages_follow_the_execution_order():
-    net = _Net()
-    layers = {n: m for n, m in net.named_modules() if isinstance(m, nn.Linear)}
-    run, batched = calibrate.calibration_runner([torch.randn(4, 64), torch.randn(3, 64)])
-    stages, repeats = calibrate._record(net, layers, run)
-    assert batched and repeats and stages == [["a", "b"], ["c"], ["head"]]
+def _nets(count, **kw):
+    """``count`` _Net(**kw) in eval mode with the same (fresh random) weights."""
+    nets = [_Net(**kw).eval() for _ in range(count)]
+    for n in nets[1:]:
+        n.load_state_dict(nets[0].state_dict())
+    return nets
 
 
-def test_quantize_model_is_sequential(monkeypatch):
-    """Each layer's Hessian comes from the inputs it sees with the layers before it already
-    quantized (as the finished model computes them), and the result beats the uncalibrated model."""
-    g = torch.Generator().manual_seed(random.randrange(1 << 30))
-    torch.manual_seed(random.randrange(1 << 30))
-    net = _Net().eval()
-    ref = _Net().eval()
-    ref.load_state_dict(net.state_dict())
-    plain = _Net().eval()
-    plain.load_state_dict(net.state_dict())
-    sample = _correlated(64, g)
-    x = sample(1024)
+@pytest.fixture
+def hessians(monkeypatch):
+    """The Hessians quantize_model(calibration=...) hands gptq_quantize_weight, in call order."""
     seen = []
     real = calibrate.gptq_quantize_weight
 
@@ -214,11 +205,30 @@ def test_quantize_model_is_sequential(monkeypatch):
         return real(weight, H, *args, **kw)
 
     monkeypatch.setattr(calibrate, "gptq_quantize_weight", spy)
+    return seen
+
+
+def test_stages_follow_the_execution_order():
+    net = _Net()
+    layers = {n: m for n, m in net.named_modules() if isinstance(m, nn.Linear)}
+    run, batched = calibrate.calibration_runner([torch.randn(4, 64), torch.randn(3, 64)])
+    stages, repeats = calibrate._record(net, layers, run)
+    assert batched and repeats and stages == [["a", "b"], ["c"], ["head"]]
+
+
+def test_quantize_model_is_sequential(hessians):
+    """Each layer's Hessian comes from the inputs it sees with the layers before it already
+    quantized (as the finished model computes them), and the result beats the uncalibrated model."""
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    torch.manual_seed(random.randrange(1 << 30))
+    net, ref, plain = _nets(3)
+    sample = _correlated(64, g)
+    x = sample(1024)
     old = {n: getattr(net, n) for n in ("a", "b", "c")}
     cfg = dict(W_dtype="int4", group_size=32, A_dtype="float32")
     bitblas.quantize_model(net, cfg, skip=["head"], calibration=[x[:600], x[600:]])
-    assert len(seen) == 3
-    H = dict(zip("abc", seen))      # in execution order
+    assert len(hessians) == 3
+    H = dict(zip("abc", hessians))      # in execution order
     wa, wb = net.a.dequantized_weight(), net.b.dequantized_weight()
     assert torch.allclose(H["a"], 2 * x.T @ x / len(x), rtol=1e-4, atol=1e-5) and torch.equal(H["a"], H["b"])
     hid = torch.relu(x @ wa.T + ref.a.bias + x @ wb.T)      # c's input with a and b quantized
@@ -236,27 +246,19 @@ def test_quantize_model_is_sequential(monkeypatch):
     assert e_cal < 0.85 * e_plain, (e_cal, e_plain)
 
 
-def test_quantize_model_calibration_forms(monkeypatch):
+def test_quantize_model_calibration_forms(hessians):
     """A list of batches and a callable running the same batches give the same layers; one tensor of
     all of them the same Hessians up to float32 summation order (GPTQ then flips a few codes, and
     the flips spread); act_order runs."""
     torch.manual_seed(random.randrange(1 << 30))
     x = torch.randn(96, 64)
-    base = _Net().eval()
+    nets = _nets(3)
     hs, results = [], []
-    real = calibrate.gptq_quantize_weight
-
-    def spy(weight, H, *args, **kw):
-        hs[-1].append(H.clone())
-        return real(weight, H, *args, **kw)
-
-    monkeypatch.setattr(calibrate, "gptq_quantize_weight", spy)
-    for calib in (x, [(x[:50],), {"x": x[50:]}], lambda m: (m(x[:50]), m(x=x[50:]))):
-        net = _Net().eval()
-        net.load_state_dict(base.state_dict())
-        hs.append([])
+    for net, calib in zip(nets, (x, [(x[:50],), {"x": x[50:]}], lambda m: (m(x[:50]), m(x=x[50:])))):
+        first = len(hessians)
         bitblas.quantize_model(net, dict(W_dtype="uint4", group_size=32, A_dtype="float32"), skip=["head"],
                                calibration=calib)
+        hs.append(hessians[first:])
         results.append([getattr(net, n).dequantized_weight() for n in "abc"])
     assert all(torch.equal(u, v) for u, v in zip(results[1], results[2]))
     assert all(torch.equal(u, v) for u, v in zip(hs[1], hs[2]))
@@ -320,9 +322,7 @@ def test_gptq_on_cuda():
     assert (qc.codes == qg.codes.cpu()).float().mean() > 0.9
     assert abs(_out_err(x, w, _decode(qc, 128, K)) - _out_err(x, w, _decode(qg, 128, K).cpu())) < 0.01
     torch.manual_seed(random.randrange(1 << 30))
-    ref = _Net(K=K, hidden=K, out=128).half().cuda().eval()
-    net = _Net(K=K, hidden=K, out=128).half().cuda().eval()
-    net.load_state_dict(ref.state_dict())
+    ref, net = (n.half().cuda() for n in _nets(2, K=K, hidden=K, out=128))
     bitblas.quantize_model(net, dict(W_dtype="uint4", group_size=128), skip=["head"], calibration=sample(1024).half())
     assert isinstance(net.c, bitblas.Linear) and net.c.qweight.device.type == "cuda"
     xe = sample(64).half().cuda()
@@ -331,24 +331,14 @@ def test_gptq_on_cuda():
     assert float((out - want).norm() / want.norm()) < 0.2
 
 
-def test_prequantized_layers_compute_quantized_during_calibration(monkeypatch):
+def test_prequantized_layers_compute_quantized_during_calibration(hessians):
     """A layer given in ``weights`` is not calibrated, but the layers after it see its quantized outputs."""
     torch.manual_seed(random.randrange(1 << 30))
-    net = _Net().eval()
-    ref = _Net().eval()
-    ref.load_state_dict(net.state_dict())
+    net, ref = _nets(2)
     x = torch.randn(512, 64)
-    seen = []
-    real = calibrate.gptq_quantize_weight
-
-    def spy(weight, H, *args, **kw):
-        seen.append(H.clone())
-        return real(weight, H, *args, **kw)
-
-    monkeypatch.setattr(calibrate, "gptq_quantize_weight", spy)
     qa = quantize_weight(net.a.weight, "int4", 32)
     bitblas.quantize_model(net, dict(W_dtype="int4", group_size=32), skip=["head"], weights={"a": qa}, calibration=x)
-    assert len(seen) == 2                                   # b and c
+    assert len(hessians) == 2                                   # b and c
     hid = torch.relu(x @ net.a.dequantized_weight().T + ref.a.bias + x @ net.b.dequantized_weight().T)
-    assert torch.allclose(seen[1], 2 * hid.T @ hid / len(x), rtol=1e-3, atol=1e-4)
+    assert torch.allclose(hessians[1], 2 * hid.T @ hid / len(x), rtol=1e-3, atol=1e-4)
     assert torch.equal(net.a.unpacked()["codes"].to(torch.int16), qa.codes)

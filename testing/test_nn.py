@@ -309,6 +309,29 @@ def test_custom_op_opcheck():
     assert torch.equal(torch.ops.bitblas.matmul(*args), lin(x))
 
 
+def test_custom_op_checks_its_arguments(naming):
+    """torch.ops.bitblas.matmul and torch_op.matmul take the hot path for exact tensors and still
+    name a wrong argument (before and after that path is cached for A's shape)."""
+    from bitblas import torch_op
+    lin, _ = _layer(dict(W_dtype="uint4", group_size=32, with_zeros=True))
+    x = torch.randn(3, K).half()
+    args = [x, lin.qweight, lin.scales, lin.zeros, lin.bias, None, None, lin._key]
+    for _ in range(2):
+        for i, bad, name in ((0, x.float(), "A"), (1, lin.qweight[:, :-1].contiguous(), "W"),
+                             (2, lin.scales.float(), "scale"), (3, lin.zeros.t(), "zeros"),
+                             (5, torch.ones(3), "a_scale"), (0, torch.randn(3, K + 1).half(), "A")):
+            call = args[:i] + [bad] + args[i + 1:]
+            with naming((TypeError, ValueError), name):
+                torch.ops.bitblas.matmul(*call)
+            with naming((TypeError, ValueError), name):
+                torch_op.matmul(*call[:7], key=lin._key)
+        out = torch.full((3, N), float("nan"), dtype=torch.float16)
+        assert torch_op.matmul(*args[:7], key=lin._key, output=out) is out
+        assert torch.equal(out, lin(x)) and torch.equal(torch.ops.bitblas.matmul(*args), out)
+        with naming(TypeError, "output"):
+            torch_op.matmul(*args[:7], key=lin._key, output=out.float())
+
+
 def test_custom_op_rebuilds_operator_from_key():
     """A key made in another process (a cached graph) names its operator completely."""
     from bitblas import torch_op

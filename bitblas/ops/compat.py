@@ -22,7 +22,7 @@ import torch
 from ..config import MatmulConfig
 from ..formats import FORMATS, NF4_TABLE
 
-__all__ = ["TransformKind", "BITBLAS_TRICK_DTYPE_MAP", "BitBLASOperatorAPI", "kernel_config"]
+__all__ = ["TransformKind", "BITBLAS_TRICK_DTYPE_MAP", "BitBLASOperatorAPI", "kernel_config", "runs_as_given"]
 
 
 class TransformKind(enum.IntEnum):
@@ -60,6 +60,13 @@ def kernel_config(config: MatmulConfig) -> MatmulConfig:
     if config.propagate_a is not None or config.propagate_b is not None:
         changes.update(propagate_a=None, propagate_b=None)
     return config.replace(**changes) if changes else config
+
+
+def runs_as_given(config: MatmulConfig, kc: MatmulConfig) -> bool:
+    """True when the kernels run ``config`` as it is: its kernel config ``kc`` differs at most in
+    the layout flags, so no call needs unit scales or an int8 cast (``Matmul``'s hot path, general
+    path and ``bind`` all ask this)."""
+    return kc is config or (kc.with_scaling == config.with_scaling and kc.out_dtype == config.out_dtype)
 
 
 class WeightTransform:

@@ -20,7 +20,7 @@ from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..kernels import KernelChoice
 from ..kernels.select import DEQUANT_GEMM, kernel_rows, select
 from .checks import check_tensor, why_not
-from .compat import BitBLASOperatorAPI, kernel_config
+from .compat import BitBLASOperatorAPI, kernel_config, runs_as_given
 
 __all__ = ["Matmul", "MatmulConfig", "bias_for"]
 
@@ -51,6 +51,7 @@ class Matmul(BitBLASOperatorAPI):
         self.name = name
         # the config the kernels are built for (BitBLAS-only spellings mapped; see ops.compat)
         self._kc = kernel_config(config)
+        self._as_given = runs_as_given(config, self._kc)   # else every call goes through _run_compat
         self._cpu_only = isinstance(target, str) and target in ("llvm", "cpu", "c")
         self._target_arg = None if self._cpu_only else target
         self._cuda_target = None
@@ -188,15 +189,14 @@ class Matmul(BitBLASOperatorAPI):
         contiguous), so that a call passing exactly that only compares (:func:`_fast_call`). Anything
         else (another dtype or shape the checks accept, a misaligned CUDA view, a wrong tensor) takes
         the general path of :meth:`_run_kernel`, which converts or raises naming the argument. None:
-        this call always takes the general path (BitBLAS spellings, NVFP4 activations, no rows)."""
+        this call always takes the general path (BitBLAS spellings run with unit scales or an int8
+        cast, NVFP4 activations, no rows)."""
         device = A.device
         key = (device, A.shape)
         entry = None
         kind = device.type
         c = self._kc
-        kc, uc = self._kc, self.config      # BitBLAS spellings that only drop layout flags run as they are
-        plain = kc is uc or (kc.with_scaling == uc.with_scaling and kc.out_dtype == uc.out_dtype)
-        if (self._nv is None and plain and kind in ("cpu", "cuda")
+        if (self._nv is None and self._as_given and kind in ("cpu", "cuda")
                 and not (kind == "cuda" and self._cpu_only) and A.dim() >= 1):
             plan0 = self._base_plan(kind)
             lead = tuple(A.shape[:-1])
@@ -260,9 +260,6 @@ class Matmul(BitBLASOperatorAPI):
         return t
 
     # -- calling -------------------------------------------------------------------------
-    def __call__(self, A, W, *args, **kwargs):
-        return self.forward(A, W, *args, **kwargs)
-
     def forward(self, A, W, *args, scale=None, zeros=None, bias=None, output=None, a_scale=None,
                 global_scale=None, a_global_scale=None):
         if isinstance(A, torch.Tensor):
@@ -302,12 +299,36 @@ class Matmul(BitBLASOperatorAPI):
                 given[slot] = t
         return self._run(A, W, given)
 
+    # op(...) is forward itself (no argument repacking on the hot path); a subclass that overrides
+    # forward re-binds __call__ (__init_subclass__)
+    __call__ = forward
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
+            cls.__call__ = cls.__dict__["forward"]
+
+    def apply(self, A, W, scale=None, zeros=None, bias=None, a_scale=None, global_scale=None, output=None):
+        """``forward`` with the tensors in the torch op's order (``torch.ops.bitblas.matmul``; no
+        BitBLAS positional extras): the hot path where every tensor is exactly what the kernel takes,
+        else the general path (converts or raises naming the argument)."""
+        if isinstance(A, torch.Tensor):
+            entry = self._calls.get((A.device, A.shape), False)
+            if entry is False:
+                entry = self._call_entry(A)
+            if entry is not None:
+                out = _fast_call(entry, [A, W, scale, zeros, bias, a_scale, global_scale, None, output])
+                if out is not None:
+                    return out
+        return self._run(A, W, {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
+                                "global_scale": global_scale, "a_global_scale": None})
+
     def _run(self, A, W, given):
         if self._nv is not None:                 # NVFP4 activations: ops/nvfp4.py (forward, torch op)
             if isinstance(A, torch.Tensor) and A.device.type == "cuda" and self._cpu_only:
                 raise ValueError("A is on CUDA but this Matmul was made with target='llvm' (CPU only)")
             return self._nv.run(A, W, given)
-        if self._kc is not self.config:
+        if not self._as_given:
             return self._run_compat(A, W, given)
         return self._run_kernel(A, W, given)
 
@@ -469,7 +490,7 @@ class Matmul(BitBLASOperatorAPI):
         the result is called as ``bound(A, a_scale=None, output=None)`` (the nn modules' hot path)."""
         self._not_for_nvfp4("bind")
         from .bound import BoundMatmul
-        if self._kc is not self.config:
+        if not self._as_given:
             from .bound import UnboundCall
             return UnboundCall(self, W, scale, zeros, bias, global_scale)
         return BoundMatmul(self, W, scale, zeros, bias, global_scale)
@@ -636,7 +657,7 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
     take the general path, which then accepts the other legal forms or raises naming the argument.
     ``vals``: the tensors of _CALL_SLOTS, then the output (None: allocate it)."""
     fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda, _, _ = entry
-    for i in rejected:
+    for i in rejected:                 # tensors this config takes none of
         if vals[i] is not None:
             return None
     call = []
@@ -650,8 +671,11 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
                 return None
             call.append(const)
             continue
-        if not (isinstance(t, torch.Tensor) and t.dtype is want and t.shape == shape and t.get_device() == dev_index
-                and (t.is_cuda if cuda else t.is_cpu) and t.is_contiguous()):
+        if idx == 0:                   # A: its device and shape are the key the entry was found under
+            if not (t.dtype is want and t.is_contiguous()):
+                return None
+        elif not (isinstance(t, torch.Tensor) and t.dtype is want and t.shape == shape and t.is_contiguous()
+                  and ((t.is_cuda and t.get_device() == dev_index) if cuda else t.is_cpu)):
             return None
         if view is not None:
             t = t.view(view)
@@ -665,8 +689,8 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
         output = torch.empty_like(tmpl) if tmpl is not None else torch.empty(out_shape, dtype=out_want,
                                                                              device=entry[7])
     elif not (isinstance(output, torch.Tensor) and output.dtype is out_want and output.shape == out_shape
-              and output.get_device() == dev_index and (output.is_cuda if cuda else output.is_cpu)
-              and output.is_contiguous()):
+              and output.is_contiguous()
+              and ((output.is_cuda and output.get_device() == dev_index) if cuda else output.is_cpu)):
         return None
     o = output if out_view is None else output.view(out_view)
     if cuda and o.data_ptr() % 16:

@@ -152,11 +152,11 @@ class NVFP4Matmul:
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"A is on {device}; accepted devices: cpu, cuda")
         K2, KS = c.K // 2, c.K // 16
-        A3 = _codes3("A", A, K2, c.batch)
+        A3 = _view3("A", A, _CODES, K2, c.batch)
         L, rows = A3.shape[0], A3.shape[1]
-        W3 = _codes3("W", W, K2, c.batch, device=device, rows=c.N, L=L)
-        S3 = _scales3("scale", given["scale"], KS, c.batch, device=device, rows=c.N, L=L)
-        B3 = _scales3("a_scale", given["a_scale"], KS, c.batch, device=device, rows=rows, L=L)
+        W3 = _view3("W", W, _CODES, K2, c.batch, device=device, rows=c.N, L=L)
+        S3 = _view3("scale", given["scale"], _SCALES, KS, c.batch, device=device, rows=c.N, L=L)
+        B3 = _view3("a_scale", given["a_scale"], _SCALES, KS, c.batch, device=device, rows=rows, L=L)
         gw = _global("global_scale", given.get("global_scale"), device)
         ga = _global("a_global_scale", given.get("a_global_scale"), device)
         out = given.get("output")
@@ -232,24 +232,21 @@ class NVFP4Matmul:
 # ------------------------------------------------------------------------------------------------
 # argument checks: clear errors in Python before any kernel sees a pointer
 # ------------------------------------------------------------------------------------------------
-def _codes3(name, t, K2, batch, device=None, rows=None, L=None) -> torch.Tensor:
-    """Codes as an int8 [L, rows, K/2] view (no copy)."""
+# what each packed operand holds: (accepted dtypes, the dtype error's words, what one element of the last
+# dimension is)
+_CODES = (CODE_DTYPES, f"e2m1 codes two per byte ({dtype_names(CODE_DTYPES)})", "two e2m1 codes per byte")
+_SCALES = (SCALE_DTYPES, "float8_e4m3fn block scales (or their bits as uint8 / int8)", "one scale per 16 K elements")
+
+
+def _view3(name, t, kind, cols, batch, device=None, rows=None, L=None) -> torch.Tensor:
+    """Codes (``_CODES``) or block scales (``_SCALES``) as an int8 [L, rows, cols] view (no copy),
+    checked: type, dtype, device, shape (``rows``, batch ``L`` where given), contiguous along K."""
+    dtypes, expected, what = kind
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in CODE_DTYPES:
-        raise TypeError(f"{name}: expected e2m1 codes two per byte ({dtype_names(CODE_DTYPES)}), got {t.dtype}")
-    return _view3(name, t.view(torch.int8), K2, batch, device, rows, L, "two e2m1 codes per byte")
-
-
-def _scales3(name, t, KS, batch, device=None, rows=None, L=None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SCALE_DTYPES:
-        raise TypeError(f"{name}: expected float8_e4m3fn block scales (or their bits as uint8 / int8), got {t.dtype}")
-    return _view3(name, t.view(torch.int8), KS, batch, device, rows, L, "one scale per 16 K elements")
-
-
-def _view3(name, t, cols, batch, device, rows, L, what) -> torch.Tensor:
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected {expected}, got {t.dtype}")
+    t = t.view(torch.int8)
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but A is on {device}; put all tensors on one device")
     if batch is not None:

@@ -55,7 +55,9 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import arch_of
-from .gemv.wgmma import BOX, TMA_2D, slab_codes
+from .gemv.wgmma import (BOX, TMA_2D, decode_vectors, init_accs_barriers, load_vectors, reduce_warpgroups,
+                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
+                         wgmma_wait)
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
            "ring_slots", "register_words"]
@@ -194,10 +196,9 @@ def _gemv_stand_in(hint: FusedWgmmaHint):
 
 
 def _body(plan, hint: FusedWgmmaHint):
-    """The main kernel's body writer, given gemv.template ``kernel_script``'s ``add`` and locals."""
-    from .gemv.emit import pdl_trigger, step_loop
-    from .gemv.mma import mma_helpers
-    from .gemv.wgmma import wgmma_helper
+    """The main kernel's body writer, given gemv.template ``kernel_script``'s ``add`` and locals
+    (the wgmma GEMV's emit helpers; accumulator loops unrolled)."""
+    from .gemv.emit import device_entry, pdl_trigger, step_loop
 
     def body(add, e):
         c = plan.config
@@ -218,44 +219,15 @@ def _body(plan, hint: FusedWgmmaHint):
         CH = 64 * R * CW                        # channels per block
         NBLK = -(-N // CH)
         NRT = f"((mv + {RT - 1}) // {RT})"
-        sdt, zdt = e["sdt"], e["zdt"]
-        at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
-        hs = mma_helpers(tag, c.A_dtype, NA)
+        at_store = scales_at_store(plan, e)
         wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
-        def accs(ind, stmt):
-            """``stmt`` for every accumulator, unrolled (a loop left rolled puts them in local memory)."""
-            return [f"{ind}for r in T.unroll({R}):", f"{ind}    for j in T.unroll({NACC}):", f"{ind}        {stmt}"]
-
-        add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
-        add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
-            f"{K}, mv, {K * 2}, {BOX}, {RT}, 1, 1, 0, 3, 2, 0)")
-        add("    T.device_entry()")
-        add(f"    bx = T.cta_id([{NBLK} * {NRT}])")
-        add(f"    tx = T.thread_id([{128 * CW * KW}])")
-        add(f"    wq = T.alloc_local(({STW}, {R}, 2, {NW}), 'uint32')")
-        if sdt and not at_store:
-            add(f"    sr = T.alloc_local(({STW}, {R}, 2), {sdt!r})")
-        if zdt:
-            add(f"    zr = T.alloc_local(({STW}, {R}, 2), {zdt!r})")
-        # one dynamic shared buffer: the rings; after the main loop the K warpgroups' sums (``red``) reuse it
-        words = max(KW * STG * SW, (KW - 1) * R * NACC * 128)
-        add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
-        add(f"    full = T.alloc_shared(({KW * STG},), 'uint64')")
-        if CW > 1:
-            add(f"    empty = T.alloc_shared(({STG},), 'uint64')")
-        add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
-        add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
-        add("    sv = T.alloc_local((2,), 'float32')")
-        add("    cv = T.alloc_local((2,), 'float32')")
-        add("    ov = T.alloc_local((2,), 'int32')")
-        add("    descB: T.uint64")
-        add("    g = T.meta_var(tx % 32 // 4)")
-        add("    q = T.meta_var(tx % 4)")
-        add("    wp = T.meta_var(tx % 128 // 32)")
-        add("    cw = T.meta_var(tx // 128)")
-        add("    kw = T.meta_var(tx // 128)")
-        add("    t4 = T.meta_var(tx % 128)")
+        tensor_map(add, c.A_dtype, K, RT)
+        device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
+                     None if at_store else e["sdt"], e["zdt"], wait=False)
+        # the rings; after the main loop the K warpgroups' sums (``red``) reuse them
+        slab_locals(add, max(KW * STG * SW, (KW - 1) * R * NACC * 128), KW * STG, R, NA, NACC,
+                    empty=STG if CW > 1 else 0, side_by_side=True)
         # grouped raster: GR row tiles (the last group may have fewer) x every channel block, the
         # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
         # activations across its channel blocks in L2
@@ -264,16 +236,7 @@ def _body(plan, hint: FusedWgmmaHint):
         add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
         add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
         add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
-        for ln in accs("    ", "acc[r, j] = T.float32(0)"):
-            add(ln)
-        add("    if tx == 0:")
-        add(f"        for s in T.unroll({KW * STG}):")
-        add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
-        if CW > 1:
-            add(f"        for s in T.unroll({STG}):")
-            add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({CW}))")
-        add("    T.ptx.fence.proxy.async_.shared__cta()")
-        add("    T.cuda.cta_sync()")
+        init_accs_barriers(add, R, NACC, KW * STG, empty=STG if CW > 1 else 0, arrivals=CW, unroll=True)
 
         def slot(u):
             """The ring slot of this warpgroup's box ``u``."""
@@ -291,8 +254,6 @@ def _body(plan, hint: FusedWgmmaHint):
             add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
                 f"({kbox(u)}) * {BOX}, r0, full.ptr_to([{sl}]))")
 
-        nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
-
         def cidx(step):
             return f"((({step}) * {KW} + kw) * 4 + q)" if KW > 1 else f"(({step}) * 4 + q)"
 
@@ -304,16 +265,12 @@ def _body(plan, hint: FusedWgmmaHint):
                 tma("        ", str(u))
 
         def load(ind, step, ws):
-            add(f"{ind}for r, h in T.grid({R}, 2):")
-            for ln in e["load_lines"](ind + "    ", nr, cidx(step), f"{ws}, r, h", not at_store):
-                add(ln)
+            load_vectors(add, plan, e, ind, R, cidx(step), ws)
 
         def process(ind, step, ws):
             # this warpgroup's wgmma of the previous slab are done: its decoded registers and (for
             # this warpgroup) its box slots are free
-            add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
-            for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
-                add(ln)
+            wgmma_wait(add, ind, R, NACC, unroll=True)
             add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
             add(f"{ind}if ({step}) > 0:")
             if CW > 1:
@@ -328,57 +285,19 @@ def _body(plan, hint: FusedWgmmaHint):
                 if CW > 1:
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
-            add(f"{ind}for r, h in T.grid({R}, 2):")
-            ind1 = ind + "    "
-            s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
-            for ln in e["scale_lines"](ind1, cidx(step), "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
-                add(ln)
-            add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
-            if (c.with_scaling or e["float_zeros"]) and not at_store:
-                add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
-                    f"source_code={hs[f'bb_scl_{tag}']!r})")
+            decode_vectors(add, plan, e, ind, R, cidx(step), ws)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
-                add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot(u)}]), (({u}) // {STG}) % 2)")
-                add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
-                    f"Sm.ptr_to([({slot(u)}) * {SW}]), 1, 64, 3)")
-                for ln in accs(ind, "T.cuda.wgmma.noop_barrier(acc[r, j])"):
-                    add(ln)
-                add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
-                add(f"{ind}for r in T.unroll({R}):")
-                add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, {8 * b}]), "
-                    f"dq.ptr_to([r, 1, {8 * b}]), descB, source_code={wsrc})")
+                wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
+                           unroll=True)
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
 
         step_loop(add, NS, STW, load, process, after_prologue=first_activations)
-        add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
-        for ln in accs("    ", "T.cuda.wgmma.noop_barrier(acc[r, j])"):
-            add(ln)
+        wgmma_wait(add, "    ", R, NACC, unroll=True)
         pdl_trigger(add, hint)
-        ind = "    "
-        if KW > 1:                            # every warpgroup is past its ring: the words hold the sums
-            def red(k):
-                return f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]"
-            add("    T.cuda.cta_sync()")
-            add("    if kw > 0:")
-            for ln in accs("        ", f"{red('kw - 1')} = acc[r, j]"):
-                add(ln)
-            add("    T.cuda.cta_sync()")
-            add("    if kw == 0:")
-            tot = " + ".join(red(str(k)) for k in range(KW - 1))
-            for ln in accs("        ", f"acc[r, j] = acc[r, j] + {tot}"):
-                add(ln)
-            ind = "        "
-        # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row r0 + (j // 4) * 8 + 2q + j % 2
-        ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
-        row = "r0 + j // 4 * 8 + q * 2 + j % 2"
-        val = "acc[r, j]"
-        if at_store:
-            val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
-        add(f"{ind}for r in T.unroll({R}):")
-        add(f"{ind}    for j in T.unroll({NACC}):")
-        add(f"{ind}        if {row} < mv and {ch} < {N}:")
-        add(e["store_line"](ind + "            ", row, ch, val))
+        # every warpgroup is past its ring: the words hold the sums
+        store_accs(add, plan, e, reduce_warpgroups(add, KW, R, NACC, unroll=True), R, NACC, row0="r0 + ",
+                   unroll=True)
     return body
 
 

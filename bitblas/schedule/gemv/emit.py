@@ -414,19 +414,25 @@ def pdl_trigger(add, hint):
         add("    T.ptx.griddepcontrol.launch_dependents()")
 
 
-def reduce_k_warps(add, KW: int, idx: str, extents: str, acc: str, slot) -> str:
+def reduce_k_warps(add, KW: int, idx: str, extents: str, acc: str, slot, loops=None) -> str:
     """The ``KW`` K warps (warpgroups) of a block meet in shared memory: all but the first store
     their accumulators ``acc`` (element text over the loop indices ``idx`` with ``extents``) at
     ``slot(k)`` (the element text of K warp ``k``, an index text), the first adds them up; returns
-    the indent under which the first goes on (to its store)."""
+    the indent under which the first goes on (to its store). ``loops(ind)``: (header lines, body
+    indent) of the loops over the accumulators instead of ``T.grid`` over ``idx``."""
+    loops = loops or (lambda ind: ([f"{ind}for {idx} in T.grid({extents}):"], ind + "    "))
+
+    def every(stmt):
+        head, inner = loops("        ")
+        for ln in head:
+            add(ln)
+        add(inner + stmt)
     add("    if kw > 0:")
-    add(f"        for {idx} in T.grid({extents}):")
-    add(f"            {slot('kw - 1')} = {acc}")
+    every(f"{slot('kw - 1')} = {acc}")
     add("    T.cuda.cta_sync()")
     add("    if kw == 0:")
-    add(f"        for {idx} in T.grid({extents}):")
     tot = " + ".join(slot(str(k)) for k in range(KW - 1))
-    add(f"            {acc} = {acc} + {tot}")
+    every(f"{acc} = {acc} + {tot}")
     return "        "
 
 

@@ -45,7 +45,8 @@ from .emit import device_entry, pdl_trigger, reduce_k_warps, step_loop, vec_byte
 from .mma import mma_helpers
 
 __all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
-           "wgmma_helper"]
+           "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
+           "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
 
 TMA_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
@@ -209,6 +210,159 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str
     return "\n" + "\n".join(lines) + "\n"
 
 
+# The emit code the wgmma GEMV (``body``) and the fused GEMM (schedule/fused_wgmma.py) share: ``add``
+# takes a line, ``e`` is template ``kernel_script``'s locals; ``unroll``: loops over the accumulators
+# unrolled (the fused GEMM's many accumulators: a rolled loop puts them in local memory) or T.grid.
+
+def scales_at_store(plan, e) -> bool:
+    """Per-channel scales applied to the sums at the store instead of to the decoded pairs."""
+    return plan.config.with_scaling and plan.groups == 1 and not e["float_zeros"]
+
+
+def acc_loops(ind: str, R: int, NACC: int, unroll: bool = False):
+    """(header lines, body indent) of the loops over every accumulator ``acc[r, j]``."""
+    if unroll:
+        return [f"{ind}for r in T.unroll({R}):", f"{ind}    for j in T.unroll({NACC}):"], ind + "        "
+    return [f"{ind}for r, j in T.grid({R}, {NACC}):"], ind + "    "
+
+
+def for_accs(add, ind: str, stmt: str, R: int, NACC: int, unroll: bool = False):
+    """``stmt`` for every accumulator."""
+    head, inner = acc_loops(ind, R, NACC, unroll)
+    for ln in head:
+        add(ln)
+    add(inner + stmt)
+
+
+def tensor_map(add, act: str, K: int, rows: int):
+    """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of ``BOX``
+    values x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows read as zeros)."""
+    add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {act!r}, 2, A.data, "
+        f"{K}, mv, {K * 2}, {BOX}, {rows}, 1, 1, 0, 3, 2, 0)")
+
+
+def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: int = 0, side_by_side: bool = False):
+    """After :func:`~.emit.device_entry`: one dynamic shared buffer ``Sm`` of ``words`` 4-byte words
+    (TVM allows one: the activation slots, later the K warpgroups' sums), ``full`` (and ``empty``)
+    mbarriers, the decoded pairs ``dq``, accumulators ``acc``, scale registers, the B descriptor and
+    the lane's indices (``cw``: its warpgroup side by side in N, ``kw``: along K, ``t4``: thread in
+    its warpgroup)."""
+    if 47 * 1024 <= 4 * words < 48 * 1024:
+        # TVM's runtime raises the block's dynamic shared memory limit only from 48 KB; just below,
+        # the barriers' static bytes would push the block past the default and the launch fails
+        words = 12 * 1024
+    add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
+    add(f"    full = T.alloc_shared(({full},), 'uint64')")
+    if empty:
+        add(f"    empty = T.alloc_shared(({empty},), 'uint64')")
+    add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+    add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
+    add("    sv = T.alloc_local((2,), 'float32')")
+    add("    cv = T.alloc_local((2,), 'float32')")
+    add("    ov = T.alloc_local((2,), 'int32')")
+    add("    descB: T.uint64")
+    add("    g = T.meta_var(tx % 32 // 4)")
+    add("    q = T.meta_var(tx % 4)")
+    add("    wp = T.meta_var(tx % 128 // 32)")
+    if side_by_side:
+        add("    cw = T.meta_var(tx // 128)")
+    add("    kw = T.meta_var(tx // 128)")
+    add("    t4 = T.meta_var(tx % 128)")
+
+
+def init_accs_barriers(add, R: int, NACC: int, full: int, empty: int = 0, arrivals: int = 1, unroll: bool = False):
+    """Zero the accumulators; thread 0 initialises the ``full`` mbarriers (one arrival: the TMA
+    thread's) and the ``empty`` ones (``arrivals``: one per warpgroup reading a slot); then the
+    block syncs."""
+    for_accs(add, "    ", "acc[r, j] = T.float32(0)", R, NACC, unroll)
+    add("    if tx == 0:")
+    add(f"        for s in T.unroll({full}):")
+    add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
+    if empty:
+        add(f"        for s in T.unroll({empty}):")
+        add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({arrivals}))")
+    add("    T.ptx.fence.proxy.async_.shared__cta()")
+    add("    T.cuda.cta_sync()")
+
+
+def _channel(plan, e) -> str:
+    """The output channel of weight vector ``h`` of tile ``r`` in the lane, clamped to N."""
+    return f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {e['N'] - 1})"
+
+
+def load_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
+    """Load the lane's 2 * ``R`` weight vectors ``cidx`` (channels g, g + 8 of each tile) and their
+    raw scales / zeros into register slot ``ws``."""
+    add(f"{ind}for r, h in T.grid({R}, 2):")
+    for ln in e["load_lines"](ind + "    ", _channel(plan, e), cidx, f"{ws}, r, h", not scales_at_store(plan, e)):
+        add(ln)
+
+
+def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
+    """Decode register slot ``ws`` (vectors ``cidx``) into the A fragments ``dq``, group scales and
+    float zeros applied to the pairs (``hfma2``)."""
+    c, tag, sdt, zdt = plan.config, e["tag"], e["sdt"], e["zdt"]
+    at_store = scales_at_store(plan, e)
+    add(f"{ind}for r, h in T.grid({R}, 2):")
+    ind1 = ind + "    "
+    s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
+    for ln in e["scale_lines"](ind1, cidx, "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
+        add(ln)
+    add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
+    if (c.with_scaling or e["float_zeros"]) and not at_store:
+        scl = mma_helpers(tag, c.A_dtype, e["NA"])[f"bb_scl_{tag}"]
+        add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
+            f"source_code={scl!r})")
+
+
+def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False):
+    """Wait for all of this warpgroup's wgmma; the accumulators are defined again."""
+    add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
+    for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
+
+
+def wgmma_slot(add, ind: str, slot: str, phase: str, words: int, R: int, NACC: int, wsrc: str, tag: str,
+               pair0: int = 0, unroll: bool = False):
+    """Wait for the activations of ring slot ``slot`` (``full`` mbarrier, ``phase``), point the B
+    descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (``wsrc``: its source's repr)
+    per 64-channel tile on the decoded words from ``pair0``."""
+    add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot}]), {phase})")
+    add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
+        f"Sm.ptr_to([({slot}) * {words}]), 1, 64, 3)")
+    for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
+    add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
+    add(f"{ind}for r in T.unroll({R}):")
+    add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, {pair0}]), "
+        f"dq.ptr_to([r, 1, {pair0}]), descB, source_code={wsrc})")
+
+
+def reduce_warpgroups(add, KW: int, R: int, NACC: int, unroll: bool = False) -> str:
+    """The ``KW`` warpgroups splitting K, each past its ring, add their sums through ``Sm``; returns
+    the indent of the store."""
+    if KW == 1:
+        return "    "
+    add("    T.cuda.cta_sync()")
+    return reduce_k_warps(add, KW, "r, j", f"{R}, {NACC}", "acc[r, j]",
+                          lambda k: f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]",
+                          loops=lambda ind: acc_loops(ind, R, NACC, unroll))
+
+
+def store_accs(add, plan, e, ind: str, R: int, NACC: int, row0: str = "", unroll: bool = False):
+    """Store every accumulator in range: accumulator j of tile r is channel
+    n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row ``row0`` + (j // 4) * 8 + 2q + j % 2."""
+    ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
+    row = f"{row0}j // 4 * 8 + q * 2 + j % 2"
+    val = "acc[r, j]"
+    if scales_at_store(plan, e):
+        val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
+    head, inner = acc_loops(ind, R, NACC, unroll)
+    for ln in head:
+        add(ln)
+    add(f"{inner}if {row} < mv and {ch} < {e['N']}:")
+    add(e["store_line"](inner + "    ", row, ch, val))
+
+
 def _slab_bytes(plan) -> int:
     """Shared-memory bytes of one slab of activations (float16 / bfloat16) for the plan's rows."""
     return wgmma_rows(plan.m) * slab_codes(plan.w.bits) * 2
@@ -231,7 +385,6 @@ def body(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     m, N, K, NW, NA = e["m"], e["N"], c.K, e["NW"], e["NA"]
     tag = e["tag"]
-    hs = mma_helpers(tag, c.A_dtype, NA)
     NT = wgmma_rows(m)
     R = hint.rows_per_warp // 16              # 64-channel tiles per warpgroup
     KW = max(1, hint.k_warps)                 # warpgroups splitting K
@@ -246,50 +399,17 @@ def body(plan, hint, add, e):
     box_bytes = NT * BOX * 2
     slot_el = BOXES * NT * BOX
     NBLK = -(-N // (64 * R))
-    sdt, zdt = e["sdt"], e["zdt"]
-    at_store = c.with_scaling and plan.groups == 1 and not e["float_zeros"]
+    at_store = scales_at_store(plan, e)
     wsrc = repr(wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
 
-    def hsrc(name):
-        return repr(hs[name])
-
-    # host: the TMA descriptor of the permuted activations (dims K x mv, box 64 x NT, 128-byte swizzle,
-    # L2 promotion 128 B, out-of-bounds rows read as zeros)
-    add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
-    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {c.A_dtype!r}, 2, A.data, "
-        f"{K}, mv, {K * 2}, {BOX}, {NT}, 1, 1, 0, 3, 2, 0)")
+    tensor_map(add, c.A_dtype, K, NT)
     # programmatic dependent launch: the weights (and scales) of the first steps are loaded before
     # waiting for the permute kernel; no kernel of this stream writes them while it runs
-    device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else sdt, zdt, wait=False)
-    # one dynamic shared buffer (TVM allows one): the activation slots, 4-byte words; after the main
-    # loop the K warpgroups' partial sums (``red``) reuse it
+    device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else e["sdt"], e["zdt"], wait=False)
     SW = slot_el // 2                         # words per slot
-    words = max(KW * STG * SW, (KW - 1) * R * NACC * 128)
-    if 47 * 1024 <= 4 * words < 48 * 1024:
-        # TVM's runtime raises the block's dynamic shared memory limit only from 48 KB; just below,
-        # the barriers' static bytes would push the block past the default and the launch fails
-        words = 12 * 1024
-    add(f"    Sm = T.alloc_buffer(({words},), 'float32', scope='shared.dyn', align=1024)")
-    add(f"    full = T.alloc_shared(({KW * STG},), 'uint64')")
-    add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
-    add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
-    add("    sv = T.alloc_local((2,), 'float32')")
-    add("    cv = T.alloc_local((2,), 'float32')")
-    add("    ov = T.alloc_local((2,), 'int32')")
-    add("    descB: T.uint64")
-    add("    g = T.meta_var(tx % 32 // 4)")
-    add("    q = T.meta_var(tx % 4)")
-    add("    wp = T.meta_var(tx % 128 // 32)")
-    add("    kw = T.meta_var(tx // 128)")
-    add("    t4 = T.meta_var(tx % 128)")
+    slab_locals(add, max(KW * STG * SW, (KW - 1) * R * NACC * 128), KW * STG, R, NA, NACC)
     add(f"    n0 = T.meta_var(bx * {64 * R})")
-    add(f"    for r, j in T.grid({R}, {NACC}):")
-    add("        acc[r, j] = T.float32(0)")
-    add("    if tx == 0:")
-    add(f"        for s in T.unroll({KW * STG}):")
-    add("            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))")
-    add("    T.ptx.fence.proxy.async_.shared__cta()")
-    add("    T.cuda.cta_sync()")
+    init_accs_barriers(add, R, NACC, KW * STG)
 
     def slot(step):
         return f"kw * {STG} + ({step}) % {STG}"
@@ -300,8 +420,6 @@ def body(plan, hint, add, e):
         for b in range(BOXES):
             add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({slot(step)}) * {SW} + {b * NT * BOX // 2}]), T.address_of(A_map), "
                 f"(({step}) * {KW} + kw) * {SL} + {b * BOX}, 0, full.ptr_to([{slot(step)}]))")
-
-    nr = f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {N - 1})"
 
     def first_activations():                  # after the weight loads of the ring's first steps
         if hint.pdl:
@@ -314,59 +432,25 @@ def body(plan, hint, add, e):
         return f"((({step}) * {KW} + kw) * 4 + q)"
 
     def load(ind, step, ws):
-        add(f"{ind}for r, h in T.grid({R}, 2):")
-        for ln in e["load_lines"](ind + "    ", nr, cidx(step), f"{ws}, r, h", not at_store):
-            add(ln)
+        load_vectors(add, plan, e, ind, R, cidx(step), ws)
 
     def process(ind, step, ws):
         # all of this warpgroup's wgmma are done: the decoded registers and the activation slot of
         # step - 1 are free (waiting for all of them: ptxas serializes wgmma whose input registers
         # other instructions define while a group is in flight; other warpgroups fill the gap)
-        add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
-        add(f"{ind}for r, j in T.grid({R}, {NACC}):")
-        add(f"{ind}    T.cuda.wgmma.noop_barrier(acc[r, j])")
+        wgmma_wait(add, ind, R, NACC)
         add(f"{ind}T.cuda.warpgroup_sync(kw + 1)")
         add(f"{ind}if t4 == 0 and ({step}) + {STG - 1} < {NSW}:")
         tma(ind + "    ", f"({step}) + {STG - 1}")
-        add(f"{ind}for r, h in T.grid({R}, 2):")
-        ind1 = ind + "    "
-        s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
-        for ln in e["scale_lines"](ind1, cidx(step), "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
-            add(ln)
-        add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
-        if (c.with_scaling or e["float_zeros"]) and not at_store:
-            add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
-                f"source_code={hsrc(f'bb_scl_{tag}')})")
-        add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot(step)}]), (({step}) // {STG}) % 2)")
-        add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
-            f"Sm.ptr_to([({slot(step)}) * {SW}]), 1, 64, 3)")
-        add(f"{ind}for r, j in T.grid({R}, {NACC}):")
-        add(f"{ind}    T.cuda.wgmma.noop_barrier(acc[r, j])")
-        add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
-        add(f"{ind}for r in T.unroll({R}):")
-        add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, 0]), "
-            f"dq.ptr_to([r, 1, 0]), descB, source_code={wsrc})")
+        decode_vectors(add, plan, e, ind, R, cidx(step), ws)
+        wgmma_slot(add, ind, slot(step), f"(({step}) // {STG}) % 2", SW, R, NACC, wsrc, tag)
         add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
 
     step_loop(add, NSW, STW, load, process, after_prologue=first_activations)
-    add("    T.ptx.wgmma.wait_group.sync.aligned(0)")
-    add(f"    for r, j in T.grid({R}, {NACC}):")
-    add("        T.cuda.wgmma.noop_barrier(acc[r, j])")
+    wgmma_wait(add, "    ", R, NACC)
     pdl_trigger(add, hint)
-    ind = "    "
-    if KW > 1:                                # every warpgroup is past its ring: its words hold the sums
-        add("    T.cuda.cta_sync()")
-        ind = reduce_k_warps(add, KW, "r, j", f"{R}, {NACC}", "acc[r, j]",
-                              lambda k: f"Sm[(({k}) * {R * NACC} + r * {NACC} + j) * 128 + t4]")
-    # accumulator j of tile r: channel n0 + r*64 + wp*16 + g + 8*(j % 4 // 2), row (j // 4) * 8 + 2q + j % 2
-    ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
-    row = "j // 4 * 8 + q * 2 + j % 2"
-    val = "acc[r, j]"
-    if at_store:
-        val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
-    add(f"{ind}for r, j in T.grid({R}, {NACC}):")
-    add(f"{ind}    if {row} < mv and {ch} < {N}:")
-    add(e["store_line"](ind + "        ", row, ch, val))
+    # every warpgroup is past its ring: its words hold the sums
+    store_accs(add, plan, e, reduce_warpgroups(add, KW, R, NACC), R, NACC)
 
 
 class WgmmaGemvFn:

@@ -120,5 +120,5 @@ def test_fused_through_matmul():
         op(**inp, output=out)
         err = relative_error(out, reference_matmul(cfg, **inp))
         assert err <= tolerance(cfg), (m, err)
-    fused = [k for k in op._kernels if len(k) == 3 and k[2] == hint]
-    assert fused == [("cuda", None, hint)], list(op._kernels)
+    fused = [c for kind, c in op._kernels if kind == "cuda" and c.hint == hint]      # (kind, KernelChoice)
+    assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)

@@ -25,7 +25,7 @@ from ..formats import FORMATS, get_format
 from ..plan import make_plan
 from ..quantization.quantize import (TORCH_DTYPES, pack_weight, pack_zeros, quantize_activation, quantize_weight,
                                      unpack_zeros)
-from ..quantization.utils import bitblas_weight_order, from_bitblas_weight, to_bitblas_weight, unpack_codes
+from ..quantization.utils import bitblas_weight_order, from_bitblas_weight, unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
 __all__ = ["Linear"]
@@ -37,12 +37,12 @@ logger = logging.getLogger(__name__)
 
 # The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
 # quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
-# quantized zero points [groups, N * bits / 8]) but qweight in the kernels' code order; /3: qweight
-# as Microsoft BitBLAS's Linear saves it too (lop3-interleaved where its fast decoding is on,
-# quantization.bitblas_weight_order). The buffer in memory keeps the kernels' order: state_dict()
-# writes BitBLAS's bytes, a load converts once. /1 and /2 checkpoints are migrated on load.
-_FORMAT_TAG = "bitblas.Linear/3"
-_FORMAT_V2 = "bitblas.Linear/2"
+# quantized zero points [groups, N * bits / 8]) with qweight in the kernels' code order (as the
+# buffer holds it: loaders that fill the buffers without the module's load hook, e.g. transformers
+# with a CUDA device_map, read back what was saved). /1 checkpoints are migrated on load; a state
+# dict without a record is Microsoft BitBLAS's Linear's: qweight lop3-interleaved where its fast
+# decoding is on (quantization.bitblas_weight_order), converted once on load.
+_FORMAT_TAG = "bitblas.Linear/2"
 _FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
 _BUFFERS = {"scale": "scales", "zeros": "zeros", "bias": "bias", "global_scale": "global_scale"}
@@ -466,39 +466,35 @@ class Linear(nn.Module):
 
     def _migrate(self, state_dict, prefix, foreign: bool = False):
         """Bring a checkpoint to the tensors this layer holds (in ``state_dict``, new tensors; the
-        caller's are not changed). Format ``bitblas.Linear/3`` and a checkpoint without a record
-        (Microsoft BitBLAS's Linear): qweight in BitBLAS's code order -> the kernels' (once, here).
-        ``bitblas.Linear/2``: qweight already in the kernels' order. ``bitblas.Linear/1``: besides,
-        signed 1/2/4-bit codes two's complement -> offset-binary (each field's top bit flipped),
-        quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8]. ``foreign``: the
-        tensors were converted from another layout (QuantLinear: GPTQ) into the kernels' already.
-        An unknown format is refused naming it."""
+        caller's are not changed). A checkpoint without a record (Microsoft BitBLAS's Linear): qweight
+        in BitBLAS's code order -> the kernels' (once, here). ``bitblas.Linear/2``: as it is.
+        ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement -> offset-binary (each field's
+        top bit flipped), quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8].
+        ``foreign``: the tensors were converted from another layout (QuantLinear: GPTQ) into the
+        kernels' already. An unknown format is refused naming it."""
         key = prefix + "_extra_state"
         state = state_dict.get(key)
         rec = None if state is None else self._record(state, prefix)
         fmt = None if rec is None else rec.get("format")
-        if fmt not in (None, _FORMAT_TAG, _FORMAT_V2, _FORMAT_V1):
-            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r}, "
-                             f"{_FORMAT_V2!r} (migrated) and {_FORMAT_TAG!r}; load it with the bitblas version "
-                             "that wrote it")
+        if fmt not in (None, _FORMAT_TAG, _FORMAT_V1):
+            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r} "
+                             f"(migrated) and {_FORMAT_TAG!r}; load it with the bitblas version that wrote it")
         mine = self._state_fields()
         if rec is not None and any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
             return                            # another layer's checkpoint: _check_extra refuses it
         if fmt == _FORMAT_V1:
             self._migrate_v1(state_dict, prefix)
+            state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
+                                                         .encode()), dtype=torch.uint8)
+            return
         wkey = prefix + self._weight_name
         t = state_dict.get(wkey)
         order = self._bitblas_order
-        if fmt in (None, _FORMAT_TAG) and not foreign and order is not None and isinstance(t, torch.Tensor) \
+        if fmt is None and not foreign and order is not None and isinstance(t, torch.Tensor) \
                 and t.shape == self._buffers[self._weight_name].shape and t.dtype.itemsize == 1 and not t.is_meta:
             if isinstance(order, str):
-                if fmt is None:       # ours (/3) are saved in the kernels' order for this case
-                    raise NotImplementedError(f"{wkey}: {order}")
-            else:
-                state_dict[wkey] = from_bitblas_weight(self.config, t)
-        if fmt in (_FORMAT_V1, _FORMAT_V2):
-            state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
-                                                         .encode()), dtype=torch.uint8)
+                raise NotImplementedError(f"{wkey}: {order}")
+            state_dict[wkey] = from_bitblas_weight(self.config, t)
 
     def _migrate_v1(self, state_dict, prefix):
         c, plan = self.config, self._plan
@@ -518,15 +514,6 @@ class Linear(nn.Module):
                                  f"got {z.dtype} {list(z.shape)}")
             codes = unpack_codes(z.view(torch.int8).cpu(), w, "plain")[:, :plan.groups]    # [N, groups]
             state_dict[zkey] = pack_zeros(c, codes).to(z.device)
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        # qweight in Microsoft BitBLAS's bytes (see _FORMAT_TAG): a new tensor where they differ from
-        # the buffer's, also with keep_vars
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        key = prefix + self._weight_name
-        t = destination.get(key)
-        if isinstance(self._bitblas_order, list) and isinstance(t, torch.Tensor) and not t.is_meta:
-            destination[key] = to_bitblas_weight(self.config, t.detach())
 
     def check_state_dict(self, state_dict, prefix: str = ""):
         """Raise ValueError / TypeError naming the key if ``state_dict`` (this layer's tensors under

@@ -218,7 +218,7 @@ def main(argv=None):
         r = guarded(f"gemv M={M} K={K} L={L}", bench_gemv, M, K, L, args.sweep, emit)
         if r is not None:
             ratios.append(r)
-            ratios_here.append(r * HBM_TBPS / MEASURED_TBPS)
+            ratios_here.append(r * MEASURED_TBPS / HBM_TBPS)     # time / (bytes / measured rate)
     if ratios:
         gm = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         gh = math.exp(sum(math.log(r) for r in ratios_here) / len(ratios_here))

@@ -22,7 +22,8 @@ from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from kernel_helpers import TARGETS
-from bitblas.schedule import GEMVHint, MMAHint, SimpleCUDAHint, WGMMAHint
+from bitblas.schedule import MMAHint, SimpleCUDAHint, WGMMAHint
+from bitblas.schedule.gemv.hints import GEMVMmaHint
 from bitblas.kernels import default_hint
 
 C = MatmulConfig
@@ -39,7 +40,7 @@ def _plan(cfg, m=None):
     (C(M=17, N=256, K=512), WGMMAHint),
     (C(M=16, N=256, K=512), WGMMAHint),
     (C(M=65, N=256, K=512, W_dtype="uint4", group_size=G, with_scaling=True), MMAHint),   # past the GEMV
-    (C(M=16, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), GEMVHint),  # small M: GEMV dp4a
+    (C(M=16, N=256, K=512, A_dtype="int8", W_dtype="int4", with_scaling=True), GEMVMmaHint),  # small M: int8 mma GEMV
     (C(M=None, N=256, K=512, A_dtype="bfloat16", W_dtype="nf4", group_size=G, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, W_dtype="nvfp4", group_size=16, with_scaling=True), MMAHint),
     (C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8"), WGMMAHint),       # sm_90: wgmma (test_wgmma)

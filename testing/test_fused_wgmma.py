@@ -52,6 +52,10 @@ def _cfg(name, N=1000, K=1536, M=None):
     ("u8-g128-bias", None, (256, 1, 2)), ("i8-chan-f32", None, (64, 2, 2)), ("bf16-u4-qzeros", None, (128, 1, 2)),
     ("u4-g128", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 2, "split_k")),
     ("u4-g128-zeros", None, (256, 1, 2, "split_k")),
+    # overlap=True: two decoded register sets, wait_group 1 inside the unrolled body (K=1536: one
+    # whole body of 8 slabs and a partial one; split over K: a partial one only)
+    ("u4-g128", None, (128, 1, 2, "split_k", "overlap")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
+    ("u8-g128-bias", None, (128, 1, 1, "overlap")),
 ])
 def test_fused_codegen(name, m, tile):
     """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
@@ -60,10 +64,12 @@ def test_fused_codegen(name, m, tile):
     warpgroups side by side in N share one ring (``empty`` barriers), split over K each has its own."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    RT, R, CW, *split = tile
-    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=bool(split))
+    RT, R, CW, *flags = tile
+    split = "split_k" in flags
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=split, overlap="overlap" in flags)
     src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
     assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
+    assert ("wgmma.wait_group.sync.aligned 1;" in src) == hint.overlap
     assert "permute_kernel" in src and "cp_async_bulk_tensor" in src
     assert ("empty_ptr" in src) == (CW > 1 and not split)
     t0 = time.perf_counter()
@@ -88,6 +94,8 @@ def test_fused_refusals_name_the_argument():
         (plan, FusedWgmmaHint(row_tile=256, ring=1), "ring=1"),
         (plan, FusedWgmmaHint(row_tile=256, ring=7), "ring=7"),
         (plan, FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, ring=4), "ring=4"),
+        (plan, FusedWgmmaHint(row_tile=256, ring=3, overlap=True), "overlap=True"),
+        (make_plan(_cfg("u2-g128"), "cuda", None), FusedWgmmaHint(row_tile=128, stages=4, overlap=True), "overlap=True"),
         (make_plan(_cfg("u4-g128", K=1152), "cuda", None), FusedWgmmaHint(warpgroups=2, split_k=True), "K=1152"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=128,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nf4'"),

@@ -42,6 +42,10 @@ HINTS = {
     "t128c2": FusedWgmmaHint(row_tile=128, channel_tiles=2),
     "t64c2w2": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, stages=1),
     "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
+    # overlap: two decoded register sets, the next slab decoded while the wgmma of this one run
+    "t128-ov": FusedWgmmaHint(row_tile=128, stages=4, overlap=True),
+    "t256w2-ov": FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True),
+    "t128w2k-ov": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -58,8 +62,10 @@ def _check(cfg, hint, rows):
     return [e for e in (check_kernel(cfg, plan, fn, m) for m in rows) if e]
 
 
-# uint2 with 2 channel tiles of n128 would spill (refused: test_fused_wgmma.py)
-CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) != ("u2-g128", "t128c2")]
+# uint2 with 2 channel tiles of n128 would spill, and its slab of 4 boxes leaves no room for the 2 slabs
+# overlap=True keeps in the ring of t128 and t128w2k (refused: test_fused_wgmma.py)
+REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov")}
+CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) not in REFUSED]
 
 
 @pytest.mark.parametrize("name,hk", CASES)
@@ -70,7 +76,7 @@ def test_fused_formats(name, hk):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("hk", ["t128", "t256w2", "t128w2k"])
+@pytest.mark.parametrize("hk", ["t128", "t256w2", "t128w2k", "t256w2-ov", "t128w2k-ov"])
 @pytest.mark.parametrize("name", list(FORMATS))
 @gpu
 def test_fused_8192(name, hk):

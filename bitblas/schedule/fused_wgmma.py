@@ -63,6 +63,7 @@ __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_
            "ring_slots", "register_words"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
+OVERLAP_STEPS = 8                  # overlap=True: slabs per unrolled loop body (all but its first overlap)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class FusedWgmmaHint:
     ring: int = 0                  # activation box slots in shared memory (0: as many as fit FUSED_SMEM_MAX, <= 8)
     raster_rows: int = 1024        # blocks run in groups of this many rows (row tiles) x every channel block
     pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
+    overlap: bool = False          # two sets of decoded registers: a warpgroup decodes slab s + 1 while its
+                                   # wgmma of slab s run (wait_group 1); needs a ring of 2 slabs
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
@@ -109,9 +112,11 @@ _REG_WORDS_MAX = 224
 def register_words(plan, hint: FusedWgmmaHint) -> int:
     """32-bit registers a thread holds for its tile: float32 accumulators (``channel_tiles x
     row_tile / 2``), the decoded pairs of one slab (2 channels x ``512 / bits / 8`` words per tile)
-    and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile)."""
+    and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile); ``overlap``:
+    two slabs of decoded pairs."""
     R = hint.channel_tiles
-    return R * hint.row_tile // 2 + R * 2 * (64 // plan.w.bits) + max(1, hint.stages) * R * 2 * 4
+    decoded = R * 2 * (64 // plan.w.bits) * (2 if hint.overlap else 1)
+    return R * hint.row_tile // 2 + decoded + max(1, hint.stages) * R * 2 * 4
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -163,10 +168,11 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     ups = slab_codes(w.bits) // BOX
     slots = ring_slots(plan, hint)
     box = hint.row_tile * BOX * 2
-    if slots < ups or kw * slots * box > FUSED_SMEM_MAX:
-        return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {ups}..."
-                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes (one slab of {slab_codes(w.bits)} K values"
-                f"{', per warpgroup' if kw > 1 else ''})")
+    need = ups * (2 if hint.overlap else 1)
+    if slots < need or kw * slots * box > FUSED_SMEM_MAX:
+        return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {need}..."
+                f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes ({need // ups} slab(s) of {slab_codes(w.bits)} "
+                f"K values{', per warpgroup' if kw > 1 else ''}{', overlap=True' if hint.overlap else ''})")
     return None
 
 
@@ -212,7 +218,9 @@ def _body(plan, hint: FusedWgmmaHint):
         NU = NS * UPS                           # boxes per warpgroup
         STG = ring_slots(plan, hint)            # box slots per ring
         PROD = "t4 == 0" if KW > 1 else "tx == 0"       # the thread that issues a ring's TMA
+        OV = hint.overlap                       # two decoded register sets, alternating by step
         STW = max(1, min(hint.stages, NS))
+        LAG = 2 if OV else 1                    # a slab's boxes are free LAG slabs later
         NACC = RT // 2
         BOXB = RT * BOX * 2                    # bytes per box slot
         SW = BOXB // 4                          # float32 words per box slot
@@ -227,7 +235,7 @@ def _body(plan, hint: FusedWgmmaHint):
                      None if at_store else e["sdt"], e["zdt"], wait=False)
         # the rings; after the main loop the K warpgroups' sums (``red``) reuse them
         slab_locals(add, max(KW * STG * SW, (KW - 1) * R * NACC * 128), KW * STG, R, NA, NACC,
-                    empty=STG if CW > 1 else 0, side_by_side=True)
+                    empty=STG if CW > 1 else 0, side_by_side=True, dq_buffers=2 if OV else 1)
         # grouped raster: GR row tiles (the last group may have fewer) x every channel block, the
         # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
         # activations across its channel blocks in L2
@@ -267,32 +275,39 @@ def _body(plan, hint: FusedWgmmaHint):
         def load(ind, step, ws):
             load_vectors(add, plan, e, ind, R, cidx(step), ws)
 
-        def process(ind, step, ws):
-            # this warpgroup's wgmma of the previous slab are done: its decoded registers and (for
-            # this warpgroup) its box slots are free
-            wgmma_wait(add, ind, R, NACC, unroll=True)
+        def process(ind, step, ws, j=0):
+            # this warpgroup's wgmma of slab step - LAG are done (with overlap, those of the previous
+            # slab may still run, except at the top of the unrolled body: ptxas serializes every
+            # wgmma, C7513, when one may be in flight across the loop's back edge): that slab's
+            # decoded registers and (for this warpgroup) box slots are free
+            dq = "dq1" if OV and j % 2 else "dq"
+            wgmma_wait(add, ind, R, NACC, unroll=True, pending=1 if OV and j else 0)
             add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
-            add(f"{ind}if ({step}) > 0:")
+            add(f"{ind}if ({step}) > {LAG - 1}:")
             if CW > 1:
                 add(f"{ind}    if t4 == 0:")
                 for b in range(UPS):
-                    add(f"{ind}        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([((({step}) - 1) * {UPS} + {b}) "
+                    add(f"{ind}        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([((({step}) - {LAG}) * {UPS} + {b}) "
                         f"% {STG}]), T.uint32(1))")
             add(f"{ind}    if {PROD}:")
-            for b in range(UPS):          # refill the slots of the previous slab's boxes
-                u = f"(({step}) - 1) * {UPS} + {STG + b}"
+            for b in range(UPS):          # refill the slots of that slab's boxes
+                u = f"(({step}) - {LAG}) * {UPS} + {STG + b}"
                 add(f"{ind}        if {u} < {NU}:")
                 if CW > 1:
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
-            decode_vectors(add, plan, e, ind, R, cidx(step), ws)
+            decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
                 wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                           unroll=True)
+                           unroll=True, dq=dq)
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
+            if OV and j == GRP - 1:
+                wgmma_wait(add, ind, R, NACC, unroll=True)
 
-        step_loop(add, NS, STW, load, process, after_prologue=first_activations)
+        GRP = STW * -(-OVERLAP_STEPS // STW)
+        step_loop(add, NS, STW, load, process, after_prologue=first_activations,
+                  group=GRP if OV else 0)
         wgmma_wait(add, "    ", R, NACC, unroll=True)
         pdl_trigger(add, hint)
         # every warpgroup is past its ring: the words hold the sums

@@ -442,38 +442,48 @@ def split_steps(nit: int, unroll: int):
     return u, nit // u
 
 
-def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False):
+def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, group=0):
     """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
     register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
     ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
     s is processed (the loop is unrolled by ``ST`` so that every slot index is a constant).
     ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop.
-    ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source)."""
+    ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source).
+    ``group``: unroll by this multiple of ``ST`` instead, and call ``process(ind, step, slot, j)``
+    with the step's place ``j`` in the unrolled body."""
     loop = "T.unroll" if unroll else "T.serial"
-    if ST == 1:
+    if ST == 1 and not group:
         if after_prologue:
             after_prologue()
         add(f"    for st in {loop}({NS}):")
         load("        ", "st", 0)
         process("        ", "st", 0)
         return
+    G = group or ST
+    assert G % ST == 0, (G, ST)
     for s0 in range(min(ST - 1, NS)):
         load("    ", str(s0), s0)
     if after_prologue:
         after_prologue()
-    NO = -(-NS // ST)                         # outer iterations; the last one may be partial
+    NO = -(-NS // G)                          # outer iterations; the last one may be partial
     add(f"    for s2 in {loop}({NO}):")
-    for j in range(ST):
+    for j in range(G):
         ind = "        "
-        cur = f"s2 * {ST} + {j}" if j else f"s2 * {ST}"
-        if (NO - 1) * ST + j >= NS:           # step s2*ST+j runs past NS in the last iteration
+        cur = f"s2 * {G} + {j}" if j else f"s2 * {G}"
+        if (NO - 1) * G + j >= NS:            # step s2*G+j runs past NS in the last iteration
             add(f"{ind}if {cur} < {NS}:")
             ind += "    "
-        nxt = f"s2 * {ST} + {j + ST - 1}"
-        if (NO - 1) * ST + j + ST - 1 >= NS:
-            add(f"{ind}if {nxt} < {NS}:")
-            load(ind + "    ", nxt, (j + ST - 1) % ST)
+        if ST > 1:
+            nxt = f"s2 * {G} + {j + ST - 1}"
+            if (NO - 1) * G + j + ST - 1 >= NS:
+                add(f"{ind}if {nxt} < {NS}:")
+                load(ind + "    ", nxt, (j + ST - 1) % ST)
+            else:
+                load(ind, nxt, (j + ST - 1) % ST)
         else:
-            load(ind, nxt, (j + ST - 1) % ST)
-        process(ind, cur, j)
+            load(ind, cur, 0)
+        if group:
+            process(ind, cur, j % ST, j)
+        else:
+            process(ind, cur, j)
 

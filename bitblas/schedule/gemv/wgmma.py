@@ -242,12 +242,13 @@ def tensor_map(add, act: str, K: int, rows: int):
         f"{K}, mv, {K * 2}, {BOX}, {rows}, 1, 1, 0, 3, 2, 0)")
 
 
-def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: int = 0, side_by_side: bool = False):
+def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: int = 0, side_by_side: bool = False,
+                dq_buffers: int = 1):
     """After :func:`~.emit.device_entry`: one dynamic shared buffer ``Sm`` of ``words`` 4-byte words
     (TVM allows one: the activation slots, later the K warpgroups' sums), ``full`` (and ``empty``)
     mbarriers, the decoded pairs ``dq``, accumulators ``acc``, scale registers, the B descriptor and
     the lane's indices (``cw``: its warpgroup side by side in N, ``kw``: along K, ``t4``: thread in
-    its warpgroup)."""
+    its warpgroup). ``dq_buffers=2``: a second set of decoded pairs, ``dq1``."""
     if 47 * 1024 <= 4 * words < 48 * 1024:
         # TVM's runtime raises the block's dynamic shared memory limit only from 48 KB; just below,
         # the barriers' static bytes would push the block past the default and the launch fails
@@ -257,6 +258,8 @@ def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: i
     if empty:
         add(f"    empty = T.alloc_shared(({empty},), 'uint64')")
     add(f"    dq = T.alloc_local(({R}, 2, {NA}), 'uint32')")
+    if dq_buffers == 2:
+        add(f"    dq1 = T.alloc_local(({R}, 2, {NA}), 'uint32')")
     add(f"    acc = T.alloc_local(({R}, {NACC}), 'float32')")
     add("    sv = T.alloc_local((2,), 'float32')")
     add("    cv = T.alloc_local((2,), 'float32')")
@@ -299,9 +302,9 @@ def load_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
         add(ln)
 
 
-def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
-    """Decode register slot ``ws`` (vectors ``cidx``) into the A fragments ``dq``, group scales and
-    float zeros applied to the pairs (``hfma2``)."""
+def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str, dq: str = "dq"):
+    """Decode register slot ``ws`` (vectors ``cidx``) into the A fragments ``dq`` (the buffer's
+    name), group scales and float zeros applied to the pairs (``hfma2``)."""
     c, tag, sdt, zdt = plan.config, e["tag"], e["sdt"], e["zdt"]
     at_store = scales_at_store(plan, e)
     add(f"{ind}for r, h in T.grid({R}, 2):")
@@ -309,21 +312,23 @@ def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
     s_raw = "T.float32(1)" if at_store else (f"sr[{ws}, r, h]" if sdt else None)
     for ln in e["scale_lines"](ind1, cidx, "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
         add(ln)
-    add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", "dq.ptr_to([r, h, 0])"))
+    add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", f"{dq}.ptr_to([r, h, 0])"))
     if (c.with_scaling or e["float_zeros"]) and not at_store:
         scl = mma_helpers(tag, c.A_dtype, e["NA"])[f"bb_scl_{tag}"]
-        add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', dq.ptr_to([r, h, 0]), sv[h], cv[h], "
+        add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', {dq}.ptr_to([r, h, 0]), sv[h], cv[h], "
             f"source_code={scl!r})")
 
 
-def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False):
-    """Wait for all of this warpgroup's wgmma; the accumulators are defined again."""
-    add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned(0)")
-    for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
+def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False, pending: int = 0):
+    """Wait for all of this warpgroup's wgmma but the last ``pending`` commit groups; with none
+    pending the accumulators are defined again (with some, they stay the wgmma's)."""
+    add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned({pending})")
+    if not pending:
+        for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
 
 
 def wgmma_slot(add, ind: str, slot: str, phase: str, words: int, R: int, NACC: int, wsrc: str, tag: str,
-               pair0: int = 0, unroll: bool = False):
+               pair0: int = 0, unroll: bool = False, dq: str = "dq"):
     """Wait for the activations of ring slot ``slot`` (``full`` mbarrier, ``phase``), point the B
     descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (``wsrc``: its source's repr)
     per 64-channel tile on the decoded words from ``pair0``."""
@@ -333,8 +338,8 @@ def wgmma_slot(add, ind: str, slot: str, phase: str, words: int, R: int, NACC: i
     for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
     add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
     add(f"{ind}for r in T.unroll({R}):")
-    add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), dq.ptr_to([r, 0, {pair0}]), "
-        f"dq.ptr_to([r, 1, {pair0}]), descB, source_code={wsrc})")
+    add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), {dq}.ptr_to([r, 0, {pair0}]), "
+        f"{dq}.ptr_to([r, 1, {pair0}]), descB, source_code={wsrc})")
 
 
 def reduce_warpgroups(add, KW: int, R: int, NACC: int, unroll: bool = False) -> str:

@@ -20,8 +20,11 @@ a ring of box slots in shared memory shared by the block's warpgroups (``full`` 
 two warpgroups ``empty`` mbarriers, one arrival per warpgroup, say a slot was read); one thread
 refills the slots of the previous slab. A slab of ``512 / bits`` K values is 2 (4-bit), 4 (2-bit)
 or 1 (8-bit) boxes: per box one wait and 4 k16 steps of ``wgmma m64n{row_tile}k16`` per 64-channel
-tile, one commit group per slab; each warpgroup waits for its own wgmma before decoding the next
-slab (ptxas serializes an overlap, C7513), the other warpgroup's wgmma fill that gap. With
+tile, one commit group per slab. Without ``overlap`` each warpgroup waits for its own wgmma before
+decoding the next slab, and the other warpgroup's wgmma fill that gap; with ``overlap`` it decodes
+slab s + 1 into a second set of registers while the wgmma of slab s run (``wait_group 1``), in a
+loop body of OVERLAP_STEPS slabs that ends with ``wait_group 0`` (a wgmma in flight across the
+loop's back edge makes ptxas serialize them all, C7513). With
 ``split_k`` the warpgroups of a block take the same channels and alternate slabs of K instead,
 each with its own ring (its own thread refills it), and add their sums through the ring's shared
 memory at the end: two warpgroups per SM where there are only ~132 tiles (128 rows). float32
@@ -50,7 +53,7 @@ warp-specialized producer; no table formats, int8 / fp8 activations.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .._tvm import tvm
@@ -182,7 +185,8 @@ FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 81
 def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
     serve: the caller checks that), or None where decode-then-GEMM stays the default: more than
-    1024 rows (2048 where N >= 8192), or a plan no tile takes."""
+    1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with ``overlap`` where
+    the plan allows it (not uint2: its registers or ring), measured faster from 256 rows."""
     N = plan.config.N
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
@@ -190,8 +194,10 @@ def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
-        if fused_wgmma_unsupported(plan, hint) is None:
-            return hint
+        # each tile with its decode overlapping its wgmma where its registers and ring allow
+        for h in (replace(hint, overlap=True), hint):
+            if fused_wgmma_unsupported(plan, h) is None:
+                return h
     return None
 
 

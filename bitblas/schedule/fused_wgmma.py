@@ -185,8 +185,8 @@ FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 81
 def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
     serve: the caller checks that), or None where decode-then-GEMM stays the default: more than
-    1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with ``overlap`` where
-    the plan allows it (not uint2: its registers or ring), measured faster from 256 rows."""
+    1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with ``overlap`` for
+    4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured slower with it)."""
     N = plan.config.N
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
@@ -194,8 +194,9 @@ def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
-        # each tile with its decode overlapping its wgmma where its registers and ring allow
-        for h in (replace(hint, overlap=True), hint):
+        # each tile with its decode overlapping its wgmma where its registers and ring allow, for
+        # 4-bit codes (8-bit: decoding is cheap, and the second register set made it slower)
+        for h in ((replace(hint, overlap=True),) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 return h
     return None

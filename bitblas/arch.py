@@ -24,11 +24,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["Arch", "arch_of", "as_arch", "cpu_arch", "UNKNOWN", "GENERIC_SM_COUNT"]
+__all__ = ["Arch", "arch_of", "as_arch", "cpu_arch", "UNKNOWN", "GENERIC_ARCH", "GENERIC_SM_COUNT", "FP8_MIN_SM"]
 
 logger = logging.getLogger(__name__)
 
+GENERIC_ARCH = "sm_80"                 # CUDA arch assumed without a GPU or a target that names one
 GENERIC_SM_COUNT = 132                 # SM count assumed without a GPU to ask (an H100 / H200)
+FP8_MIN_SM = 89                        # mma.sync / cvt with e4m3 / e5m2 operands: sm_89 (Ada) and later
 # Shared memory a block may opt in to, per compute capability (CUDA programming guide, table of
 # technical specifications): what a TVM target tag means by its device; tags carry 48 KB.
 _OPTIN_SMEM = {70: 98304, 72: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
@@ -146,7 +148,7 @@ class Arch:
             return query_device()
         from ._tvm import tvm
         tgt = self.target if self.target is not None else tvm.target.Target(
-            {"kind": "cuda", "arch": self.arch or "sm_80"})
+            {"kind": "cuda", "arch": self.arch or GENERIC_ARCH})
         return DeviceSpec.from_target(tgt)
 
     @property
@@ -201,12 +203,12 @@ class Arch:
     @property
     def fp8_mma(self) -> bool:
         """mma.sync with e4m3 / e5m2 operands (sm_89+); not assumed for an unknown arch."""
-        return self.sm is not None and self.sm >= 89
+        return self.sm is not None and self.sm >= FP8_MIN_SM
 
     @property
     def fp8_cvt(self) -> bool:
         """cvt.rn.f16x2.e4m3x2 (sm_89+; an unknown arch is assumed to have it)."""
-        return self.kind == "cuda" and (self.sm is None or self.sm >= 89)
+        return self.kind == "cuda" and (self.sm is None or self.sm >= FP8_MIN_SM)
 
     @property
     def dp4a(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Optional, Union
 
 from . import env
 from ._tvm import tvm
+from .arch import GENERIC_ARCH
 from .plan import Plan
 from .kernels import default_hint
 from .schedule.target import host_cpu_target
@@ -95,7 +96,7 @@ def set_cpu_threads(n: int) -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, n)
 
 
-DEFAULT_ARCH = "sm_80"
+DEFAULT_ARCH = GENERIC_ARCH            # the generic target without a visible GPU (bitblas.arch)
 
 
 def auto_detect_nvidia_target(gpu_id: int = 0):

@@ -95,3 +95,37 @@ def test_gpu_h100_tag_runs_the_wgmma_kernel(rows):
     op(**inp, output=out)
     torch.cuda.synchronize()
     assert relative_error(out.cpu(), reference_matmul(cfg, **inp)) <= tolerance(cfg)
+
+
+def _sm_comparisons(path: str):
+    """(line, text) of each comparison of an ``sm`` / ``cc`` name (``sm``, ``arch.sm``, ``self.cc``,
+    ``min_sm``) with an integer literal in the code of ``path`` (strings and comments left out)."""
+    import re
+    import tokenize
+    lines = {}
+    with open(path) as f:
+        for t in tokenize.generate_tokens(f.readline):
+            if t.type in (tokenize.STRING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+                continue
+            lines[t.start[0]] = lines.get(t.start[0], "") + " " + t.string
+    pat = re.compile(r"\b(sm|cc|\w+_sm|\w+_cc)\s+(>=|<=|==|!=|<|>|not in|in)\s+\(?\s*\d")
+    return [(n, text.strip()) for n, text in sorted(lines.items()) if pat.search(text)]
+
+
+def test_sm_numbers_are_compared_only_in_arch():
+    """Feature checks read Arch flags (arch.mma, arch.wgmma, arch.pdl, ...), never ``sm >= N``:
+    arch.py compares compute capabilities, and hardware.py (the DeviceSpec's per-family
+    throughput, which arch.py imports) is the one other module allowed to."""
+    import os
+    import bitblas
+    root = os.path.dirname(bitblas.__file__)
+    found = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            rel = os.path.relpath(os.path.join(dirpath, f), root)
+            if f.endswith(".py") and rel not in ("arch.py", "hardware.py"):
+                hits = _sm_comparisons(os.path.join(dirpath, f))
+                if hits:
+                    found[rel] = hits
+    assert found == {}
+    assert _sm_comparisons(os.path.join(root, "arch.py"))          # the check itself finds them

@@ -111,3 +111,34 @@ def test_a_new_template_is_one_registry_line(monkeypatch):
     assert "threadIdx" in cuda_source(plan, "sm_80", ToyHint(64))
     w4 = MatmulConfig(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", with_scaling=True, group_size=128)
     assert not isinstance(default_hint(make_plan(w4, "cuda", None), None), ToyHint)   # its reason says no
+
+
+def test_cuda_reason_steps():
+    """The templates whose ``reason`` is _common.cuda_reason (mma, fused-wgmma): nvfp4 activations
+    first, then the arch feature with the target's name, then the template's own check; an unknown
+    arch (None) skips the feature step."""
+    from bitblas.arch import arch_of
+    from bitblas.build import cuda_target
+    from bitblas.ops.compat import kernel_config
+    from bitblas.plan import make_plan
+    by_name = {t.name: t for t in REGISTRY}
+    mma, fused = by_name["mma"], by_name["fused-wgmma"]
+
+    def plan(kind="cuda", **fields):
+        cfg = dict(M=None, N=256, K=256, A_dtype="float16", W_dtype="uint4", with_scaling=True, group_size=128)
+        return make_plan(kernel_config(MatmulConfig(**{**cfg, **fields})), kind, None)
+
+    sm75, sm80, sm90 = (arch_of(cuda_target(a)) for a in ("sm_75", "sm_80", "sm_90a"))
+    w4, f32 = plan(), plan(A_dtype="float32", out_dtype="float32")
+    nv = plan(A_dtype="nvfp4", W_dtype="nvfp4", group_size=16, with_act_scaling=True, out_dtype="bfloat16")
+    for t in (mma, fused):
+        assert t.reason(plan("cpu"), sm90) == "not a CUDA plan"
+        assert t.reason(nv, sm75) == "nvfp4 activations (the nvfp4 templates take them)"
+    assert mma.reason(f32, sm75) == "mma.sync needs sm_80+ (target: sm_75)"
+    assert mma.reason(f32, sm80) == mma.reason(f32, None) == \
+        "A_dtype=float32 (tensor-core template: float16 / bfloat16 activations)"
+    assert mma.reason(w4, sm80) is None and mma.reason(w4, None) is None
+    assert fused.reason(w4, sm80) == "wgmma needs sm_90 (target: sm_80)"
+    assert fused.reason(f32, sm90) == fused.reason(f32, None) == \
+        "A_dtype='float32': the fused wgmma GEMM takes float16 / bfloat16 activations"
+    assert fused.reason(w4, sm90) is None

@@ -1,7 +1,7 @@
 """Shared by the template adapters: the nvfp4 split, and what the schedule / tune modules take."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 NVFP4_ONLY = "nvfp4 activations: the nvfp4 templates"
 
@@ -11,6 +11,19 @@ def not_nvfp4(plan, kind: str) -> Optional[str]:
     if plan.target_kind != kind:
         return f"not a {kind.upper()} plan"
     return "nvfp4 activations (the nvfp4 templates take them)" if plan.nvfp4_acts else None
+
+
+def cuda_reason(plan, arch, feature: str, what: str, check: Callable[[object, object], Optional[str]]) -> Optional[str]:
+    """``reason`` of a CUDA template for non-nvfp4 plans that needs an :class:`~bitblas.arch.Arch`
+    feature: :func:`not_nvfp4`, then ``"{what} (target: {arch.name()})"`` where ``arch`` lacks
+    ``feature`` (an Arch flag such as ``"mma"`` or ``"wgmma"``; None arch: not checked), then the
+    template's own ``check(plan, arch)`` (None: the template may take the plan)."""
+    why = not_nvfp4(plan, "cuda")
+    if why:
+        return why
+    if arch is not None and not getattr(arch, feature):
+        return f"{what} (target: {arch.name()})"
+    return check(plan, arch)
 
 
 def spec_of(arch):

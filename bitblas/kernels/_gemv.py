@@ -1,18 +1,20 @@
 """What the four GEMV templates share (gemv_rows.py, gemv_ksplit.py, gemv_mma.py, gemv_wgmma.py):
 the plans the GEMV kernels take, the default GEMV kernel (one decision, schedule/gemv/template.py's
 ``default_gemv_hint``, whose hint class names the template), the rows a kernel is built for, and
-the build. Each template adds its hint class, its space and its cost."""
+the build, and what the GEMV cost estimates start from (:func:`cost_inputs`). Each template adds its
+hint class, its space and its cost."""
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 from ..plan import make_plan
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import gemv_default_takes, gemv_unsupported, schedule_cuda_gemv
-from ._common import not_nvfp4
+from ._common import need_spec, not_nvfp4
+from .costmodel import gemv_prelude
 
-__all__ = ["GEMVTemplate", "serves_untuned", "space_plan"]
+__all__ = ["CostInputs", "GEMVTemplate", "cost_inputs", "serves_untuned", "space_plan"]
 
 
 def serves_untuned(config, rows: int, arch) -> bool:
@@ -27,6 +29,27 @@ def space_plan(config, bucket: int):
         return None
     plan = make_plan(config, "cuda", bucket)
     return plan if gemv_unsupported(plan) is None else None
+
+
+class CostInputs(NamedTuple):
+    """What every GEMV ``cost`` starts from (:func:`cost_inputs`)."""
+    spec: object        # the DeviceSpec
+    vb: int             # weight vector bytes
+    vals: int           # codes per weight vector
+    vectors: int        # weight vectors per channel (K / vals, rounded up)
+    N: int
+    K: int
+
+
+def cost_inputs(plan, hint, arch) -> Optional[CostInputs]:
+    """The arch's DeviceSpec (ValueError without one), the weight vectors of ``hint`` on ``plan``
+    (costmodel's :func:`gemv_prelude`) and N, K; None where the kernel does not take ``hint``
+    (the cost is infinite)."""
+    spec = need_spec(arch)
+    pre = gemv_prelude(plan, hint)
+    if pre is None:
+        return None
+    return CostInputs(spec, *pre, plan.config.N, plan.config.K)
 
 
 class GEMVTemplate:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..schedule.fused_wgmma import FusedWgmmaHint, fused_default, fused_wgmma_unsupported, schedule_fused_wgmma
-from ._common import not_nvfp4
+from ._common import cuda_reason
 
 
 class FusedWgmma:
@@ -18,12 +18,7 @@ class FusedWgmma:
     tune_fallback = False
 
     def reason(self, plan, arch) -> Optional[str]:
-        why = not_nvfp4(plan, "cuda")
-        if why:
-            return why
-        if arch is not None and not arch.wgmma:
-            return f"wgmma needs sm_90 (target: {arch.name()})"
-        return fused_wgmma_unsupported(plan, FusedWgmmaHint.default(plan))
+        return cuda_reason(plan, arch, "wgmma", "wgmma needs sm_90", _unsupported)
 
     def default(self, plan, arch, rows=None):
         return None                   # never a plan's default (see for_rows)
@@ -41,6 +36,11 @@ class FusedWgmma:
 
     def build(self, plan, hint, arch, func=None):
         return schedule_fused_wgmma(None, plan, hint, arch)
+
+
+def _unsupported(plan, arch) -> Optional[str]:
+    """Why the fused GEMM's default tile cannot take ``plan`` (the arch is checked before)."""
+    return fused_wgmma_unsupported(plan, FusedWgmmaHint.default(plan))
 
 
 TEMPLATE = FusedWgmma()

@@ -9,10 +9,10 @@ from typing import List
 
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVKSplitHint
-from ._common import need_spec, spec_of
-from ._gemv import GEMVTemplate, space_plan
+from ._common import spec_of
+from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
-from .costmodel import gemv_alu_s, gemv_prelude, gemv_stream, gemv_total
+from .costmodel import gemv_alu_s, gemv_stream, gemv_total
 
 
 class GEMVKSplit(GEMVTemplate):
@@ -41,13 +41,11 @@ class GEMVKSplit(GEMVTemplate):
     def cost(self, plan, hint, rows, arch) -> float:
         """``k_warps`` warps share a channel batch's K; each lane holds its vectors of all
         ``rows_per_warp`` channels; one barrier and shared-memory reduction per batch."""
-        spec, m = need_spec(arch), rows
-        pre = gemv_prelude(plan, hint)
-        if pre is None:
+        x = cost_inputs(plan, hint, arch)
+        if x is None:
             return math.inf
-        vb, vals, vectors = pre
-        N, K = plan.config.N, plan.config.K
-        R, kw = hint.rows_per_warp, hint.k_warps
+        spec, vb, vals, vectors, N, K = x
+        m, R, kw = rows, hint.rows_per_warp, hint.k_warps
         warps, nj = kw, math.ceil(vectors / (32 * kw))
         loads = R * nj
         regs = 40 + R * nj * vb // 4 + m * nj * vals // 2 + 3 * R * nj + R * m

@@ -10,10 +10,9 @@ from typing import List
 
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVMmaHint, chunk_loop
-from ._common import need_spec
-from ._gemv import GEMVTemplate, space_plan
+from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
-from .costmodel import L1_WAVEFRONTS_PER_CLK, gemv_alu_s, gemv_prelude, gemv_stream, gemv_total
+from .costmodel import L1_WAVEFRONTS_PER_CLK, gemv_alu_s, gemv_stream, gemv_total
 
 
 class GEMVMma(GEMVTemplate):
@@ -69,13 +68,11 @@ class GEMVMma(GEMVTemplate):
         fragments once per 2 * R / 16 vectors and token tile (the mma on the tensor pipe); L1's
         load wavefronts, which keep L1 busy with 8+ warps of loads per SM (measured on the H200:
         4 warps of 64 channels per SM lost clearly to 8 warps of 32)."""
-        spec, m = need_spec(arch), rows
-        pre = gemv_prelude(plan, hint)
-        if pre is None:
+        x = cost_inputs(plan, hint, arch)
+        if x is None:
             return math.inf
-        vb, vals, vectors = pre
-        N, K = plan.config.N, plan.config.K
-        R, kw = hint.rows_per_warp, hint.k_warps
+        spec, vb, vals, vectors, N, K = x
+        m, R, kw = rows, hint.rows_per_warp, hint.k_warps
         tiles, U = R // 16, hint.unroll
         warps = max(1, kw)
         loads = 2 * tiles * U

@@ -9,10 +9,9 @@ from typing import List
 
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVRowsHint
-from ._common import need_spec
-from ._gemv import GEMVTemplate, space_plan
+from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
-from .costmodel import gemv_alu_s, gemv_prelude, gemv_stream, gemv_total
+from .costmodel import gemv_alu_s, gemv_stream, gemv_total
 
 
 class GEMVRows(GEMVTemplate):
@@ -47,12 +46,11 @@ class GEMVRows(GEMVTemplate):
     def cost(self, plan, hint, rows, arch) -> float:
         """Lanes walk K, ``unroll`` vectors per channel and step: the weight stream (costmodel's
         :func:`gemv_stream`) against the decode and the m-row dot products."""
-        spec, m = need_spec(arch), rows
-        pre = gemv_prelude(plan, hint)
-        if pre is None:
+        x = cost_inputs(plan, hint, arch)
+        if x is None:
             return math.inf
-        vb, vals, vectors = pre
-        N = plan.config.N
+        spec, vb, vals, vectors, N, _ = x
+        m = rows
         R, warps, U = hint.rows_per_warp, hint.warps, hint.unroll
         loads = R * min(U, math.ceil(vectors / 32))
         regs = 40 + U * R * vb // 4 + R * m + R * vals // 2 + 3 * U * R

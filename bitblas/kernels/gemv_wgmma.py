@@ -9,10 +9,9 @@ from typing import List
 
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVWgmmaHint, slab_codes, wgmma_rows
-from ._common import need_spec
-from ._gemv import GEMVTemplate, space_plan
+from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
-from .costmodel import LAUNCH_S, elem_bytes, gemv_prelude, scale_bytes_per_weight
+from .costmodel import LAUNCH_S, elem_bytes, scale_bytes_per_weight
 
 
 class GEMVWgmma(GEMVTemplate):
@@ -52,9 +51,10 @@ class GEMVWgmma(GEMVTemplate):
         SM holds; at least a lone warpgroup's chain of slabs (decode, wgmma, wait: ~1100 cycles per
         slab and 64-channel tile); or the weight bytes at the DRAM rate if that is longer; plus the
         permute kernel. Register-bound occupancy beyond one wave counts whole waves."""
-        spec, m = need_spec(arch), rows
-        if gemv_prelude(plan, hint) is None:
+        x = cost_inputs(plan, hint, arch)
+        if x is None:
             return math.inf
+        spec, m = x.spec, rows
         c, w = plan.config, plan.w
         R, KW = hint.rows_per_warp // 16, max(1, hint.k_warps)
         NT = wgmma_rows(m)

@@ -9,7 +9,7 @@ from typing import List, Optional
 from ..plan import make_plan
 from ..schedule import cuda_mma
 from ..schedule.cuda_mma import MMAHint, ir_options, mma_reason, schedule_cuda_mma
-from ._common import need_spec, not_nvfp4, spec_of
+from ._common import cuda_reason, need_spec, spec_of
 from .base import Candidate
 from .costmodel import DRAM_LATENCY_S, LAUNCH_S, elem_bytes, scale_bytes_per_weight
 
@@ -31,12 +31,7 @@ class MMA:
     tune_fallback = False
 
     def reason(self, plan, arch) -> Optional[str]:
-        why = not_nvfp4(plan, "cuda")
-        if why:
-            return why
-        if arch is not None and not arch.mma:
-            return f"mma.sync needs sm_80+ (target: {arch.name()})"
-        return mma_reason(plan, arch)
+        return cuda_reason(plan, arch, "mma", "mma.sync needs sm_80+", mma_reason)
 
     def default(self, plan, arch, rows=None):
         if plan.nvfp4_acts:

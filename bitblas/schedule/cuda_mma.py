@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
-from ..arch import arch_of, as_arch
+from ..arch import FP8_MIN_SM, arch_of, as_arch
 
 __all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
            "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
@@ -55,8 +55,6 @@ logger = logging.getLogger(__name__)
 
 # Static row counts up to this are left to the GEMV / simple schedules.
 MIN_ROWS = 16
-# mma.sync with e4m3 / e5m2 operands: sm_89 (Ada) and later.
-FP8_MIN_SM = 89                   # for messages; the check is Arch.fp8_mma
 _THREADS_PER_WARP = 32
 
 

@@ -1,6 +1,7 @@
 """The fused mixed-input wgmma GEMM (``FusedWgmmaHint``, bitblas/schedule/fused_wgmma.py), CPU side:
 
-* nvcc code generation for sm_90a (marked nvcc) of every tile shape and weight family it takes,
+* nvcc code generation for sm_90a (marked nvcc) of every tile shape and weight family it takes
+  (int/uint 2/4/8-bit codes; nf4, fp4_e2m1, float8 in the default tiles),
   with N and K off the tile and static row counts off the row tile: no spills, no local-memory
   accumulators, no serialized wgmma (C7513), each compile under 60 s;
 * where it refuses a plan or a hint, with the argument named;
@@ -37,6 +38,11 @@ FORMATS = {
     "i8-chan-f32": dict(W_dtype="int8", with_scaling=True, out_dtype="float32"),
     "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True,
                            with_zeros=True, zeros_mode="quantized", out_dtype="bfloat16"),
+    # the table formats (the mma GEMV's decoders)
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
+    "fp4-g64-bias": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True, with_bias=True),
+    "bf16-e4m3-chan": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True, out_dtype="bfloat16"),
+    "e5m2-g128-f32": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, out_dtype="float32"),
 }
 
 
@@ -56,6 +62,8 @@ def _cfg(name, N=1000, K=1536, M=None):
     # whole body of 8 slabs and a partial one; split over K: a partial one only)
     ("u4-g128", None, (128, 1, 2, "split_k", "overlap")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
     ("u8-g128-bias", None, (128, 1, 1, "overlap")),
+    ("nf4-g128", None, (256, 1, 2)), ("fp4-g64-bias", 300, (128, 1, 2, "split_k")),
+    ("bf16-e4m3-chan", None, (256, 1, 2)), ("e5m2-g128-f32", None, (128, 1, 2, "split_k")),
 ])
 def test_fused_codegen(name, m, tile):
     """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
@@ -97,8 +105,10 @@ def test_fused_refusals_name_the_argument():
         (plan, FusedWgmmaHint(row_tile=256, ring=3, overlap=True), "overlap=True"),
         (make_plan(_cfg("u2-g128"), "cuda", None), FusedWgmmaHint(row_tile=128, stages=4, overlap=True), "overlap=True"),
         (make_plan(_cfg("u4-g128", K=1152), "cuda", None), FusedWgmmaHint(warpgroups=2, split_k=True), "K=1152"),
-        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nf4", group_size=128,
-                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nf4'"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint1", group_size=128,
+                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='uint1'"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nvfp4", group_size=16,
+                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nvfp4'"),
         (make_plan(MatmulConfig(N=1000, K=1088, A_dtype="float16", W_dtype="uint2", group_size=64,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "K=1088"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4", with_scaling=True,

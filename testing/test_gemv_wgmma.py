@@ -39,28 +39,201 @@ def _cfg(W="uint4", N=28672, K=8192, **kw):
     return MatmulConfig(N=N, K=K, **base)
 
 
-def _prep_pairs(bits: int, signed: bool):
-    """(lo, hi) code positions of each paired activation word, read from the bb_prep helper."""
-    tag = f"t{bits}"
-    src = format_helpers(tag, "float16", bits, "offset" if signed and bits < 8 else "twos" if signed else "plain", 4,
-                   half_pairs=bits == 8)[f"bb_prep_{tag}"]
+# -- which codes each decoded word holds: the generated bb_dec traced bit by bit ----------------------
+class _Bits:
+    """A 32-bit register of the traced decoder: per bit, the set of input weight bits (bit ``b`` of
+    word ``j``: ``32 j + b``) its value depends on. Python ints are constants (no dependence)."""
+
+    def __init__(self, sets):
+        self.s = tuple(frozenset(x) for x in sets)
+
+    @staticmethod
+    def of(x):
+        return x if isinstance(x, _Bits) else _Bits([()] * 32)
+
+    def whole(self):
+        return frozenset().union(*self.s)
+
+    def __lshift__(self, k):
+        return _Bits([()] * k + list(self.s[:32 - k]))
+
+    def __rshift__(self, k):
+        return _Bits(list(self.s[k:]) + [()] * k)
+
+    def __and__(self, o):
+        if isinstance(o, int):
+            return _Bits([x if o >> i & 1 else () for i, x in enumerate(self.s)])
+        return _Bits([a | b for a, b in zip(self.s, o.s)])
+
+    __rand__ = __and__
+
+    def __xor__(self, o):
+        return self & 0xFFFFFFFF if isinstance(o, int) else self & o
+
+    def _arith(self, o=0):                     # carries / floats: every bit on everything
+        u = self.whole() | _Bits.of(o).whole()
+        return _Bits([u] * 32)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _arith
+
+
+def _halves(*xs):
+    """A float16x2 / bfloat16x2 (or float) operation: each 16-bit half of the result depends on
+    every bit of that half of each operand."""
+    lo = frozenset().union(*(frozenset().union(*_Bits.of(x).s[:16]) for x in xs))
+    hi = frozenset().union(*(frozenset().union(*_Bits.of(x).s[16:]) for x in xs))
+    return _Bits([lo] * 16 + [hi] * 16)
+
+
+def _bit(x, i):
+    return x.s[i] if isinstance(x, _Bits) else (x >> i) & 1
+
+
+def _lop3(a, b, c, lut):
+    """Per bit, the operands whose value can change lop3's output bit (constants fixed)."""
+    out = []
+    for i in range(32):
+        ops = [_bit(x, i) for x in (a, b, c)]
+        var = [k for k, o in enumerate(ops) if isinstance(o, frozenset)]
+        dep = frozenset()
+        for k in var:
+            others = [v for v in var if v != k]
+            for bits in range(1 << len(others)):
+                env = {v: (bits >> n) & 1 for n, v in enumerate(others)}
+                x0, x1 = ([t if j == k else env.get(j, o) for j, o in enumerate(ops)] for t in (0, 1))
+                if lut >> (4 * x0[0] + 2 * x0[1] + x0[2]) & 1 != lut >> (4 * x1[0] + 2 * x1[1] + x1[2]) & 1:
+                    dep |= ops[k]                 # toggling operand k changes the bit
+                    break
+        out.append(dep)
+    return _Bits(out)
+
+
+def _prmt(a, b, sel, sign_mode=True):
+    """prmt.b32 (``sign_mode``: selector bit 3 replicates the byte's sign; ``__byte_perm`` has none);
+    a traced selector makes each output byte depend on its selector nibble and on all of a and b."""
+    if isinstance(sel, _Bits):
+        src = _Bits.of(a).whole() | _Bits.of(b).whole()
+        return _Bits([src.union(*sel.s[4 * (i // 8): 4 * (i // 8) + 4]) for i in range(32)])
+    src = list(_Bits.of(a).s) + list(_Bits.of(b).s)
+    out = []
+    for i in range(4):
+        n = (sel >> (4 * i)) & 0xF
+        byte = src[8 * (n & 7): 8 * (n & 7) + 8]
+        out += [byte[7]] * 8 if sign_mode and n & 8 else byte
+    return _Bits(out)
+
+
+def _asm(text, ins):
+    op, args = re.fullmatch(r"(\w+)\.b32 %0, (.*)", text).groups()
+    vals = [ins[int(a[1:]) - 1] if a.startswith("%") else int(a, 0) for a in args.split(", ")]
+    return _lop3(*vals) if op == "lop3" else _prmt(*vals)
+
+
+def _trace_dec(src: str, nw: int):
+    """Run a generated ``bb_dec`` (C source) on traced weight words: {decoded word: its _Bits}."""
+    body = "\n".join(src.strip().splitlines()[1:-1])
+
+    def asm(m):
+        ins = ", ".join(re.findall(r'"r"\(([^)]*)\)', m[3]))
+        return f"{m[2]} = _asm({m[1]!r}, [{ins}])"
+    body = re.sub(r'asm\("([^";]*);"\s*:\s*"=r"\((\w+)\)\s*:\s*((?:"r"\([^)]*\)(?:,\s*)?)+)\)', asm, body)
+    body = re.sub(r"\*reinterpret_cast<[^>]*>\(&(\w+)\)", r"\1", body)
+    body = re.sub(r"\((?:unsigned|float)\)off", "off", body)
+    body = re.sub(r"\b(0x[0-9a-fA-F]+|\d+)u\b", r"\1", body)
+    body = re.sub(r"\b(\d+\.\d*(?:e[-+]?\d+)?)f\b", r"\1", body)
+    env = {"w": [_Bits([{32 * j + b} for b in range(32)]) for j in range(nw)], "d": {}, "off": 0, "_asm": _asm,
+           "__byte_perm": lambda a, b, s: _prmt(a, b, s, sign_mode=False),
+           "__uint_as_float": lambda x: _Bits.of(x)._arith(),
+           **{f: (lambda *xs: _halves(*xs)) for f in (
+               "__hmul2", "__hsub2", "__hfma2", "__half22float2", "__float22bfloat162_rn",
+               "__float2half2_rn", "__float2bfloat162_rn")},
+           "__floats2bfloat162_rn": lambda lo, hi: _Bits(list(_halves(lo).s[:16]) + list(_halves(hi).s[16:]))}
+    types = r"(?:const\s+)?(?:unsigned|float|int|__half2|__nv_bfloat162|float2)\s+"
+    for stmt in body.replace("{", ";").replace("}", ";").split(";"):
+        stmt = stmt.strip()
+        if not stmt:
+            continue
+        decl = re.match(types, stmt)
+        if not decl:
+            exec(stmt, env)
+            continue
+        depth, parts, cur = 0, [], ""
+        for ch in stmt[decl.end():]:
+            depth += (ch == "(") - (ch == ")")
+            if ch == "," and depth == 0:
+                parts.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        for part in parts + [cur]:
+            m = re.fullmatch(r"\s*(\w+)\[(\d+)\]\s*", part)
+            if m:                              # an array declaration
+                env[m[1]] = [0] * int(m[2])
+            elif "=" in part:
+                exec(part.strip(), env)
+    return env["d"]
+
+
+def _traced_pairs(src: str, bits: int, nw: int):
+    """(lo, hi) code positions of each decoded word of a generated bb_dec, from its trace: each half
+    must depend on every bit of exactly one code."""
+    pairs = []
+    d = _trace_dec(src, nw)
+    assert sorted(d) == list(range(len(d)))
+    for i in range(len(d)):
+        pair = []
+        for half in (d[i].s[:16], d[i].s[16:]):
+            dep = frozenset().union(*half)
+            codes = {b // bits for b in dep}
+            assert len(codes) == 1, (i, sorted(dep))
+            code = codes.pop()
+            assert dep == set(range(code * bits, code * bits + bits)), (i, sorted(dep))
+            pair.append(code)
+        pairs.append(tuple(pair))
+    return pairs
+
+
+def _prep_pairs(src: str):
+    """(lo, hi) code positions of each paired activation word, read from a bb_prep helper (the mma
+    GEMV's pairing: ``__byte_perm`` of two words, or the words as they are for adjacent pairs)."""
     pairs = {}
     for i, a, b, sel in re.findall(r"ap\[(\d+)\] = __byte_perm\(a\[(\d+)\], a\[(\d+)\], 0x([0-9a-f]+)\)", src):
         lo_half = 1 if sel.endswith("32") else 0                   # 0x7632: high halves, 0x5410: low halves
         pairs[int(i)] = (2 * int(a) + lo_half, 2 * int(b) + lo_half)
+    for i, a in re.findall(r"ap\[(\d+)\] = a\[(\d+)\];", src):
+        pairs[int(i)] = (2 * int(a), 2 * int(a) + 1)
     return [pairs[i] for i in range(len(pairs))]
 
 
-@pytest.mark.parametrize("bits", (2, 4, 8))
-@pytest.mark.parametrize("signed", (False, True))
-def test_slab_permutation_matches_decoder(bits, signed):
-    """Position 16 s + 2 q + e + 8 h of a permuted slab holds the activation that lane q's decoded
-    word 2 s + h, code e multiplies: summing the fragment products over a slab gives the plain
-    dot product."""
-    pairs = _prep_pairs(bits, signed)
+# every decoder of the wgmma kernels: (weight format, activation dtype)
+_DECODERS = [(W, act) for W in ("int2", "uint2", "int4", "uint4", "int8", "uint8", "fp4_e2m1", "nf4", "float8_e4m3",
+                                "float8_e5m2") for act in ("float16", "bfloat16")]
+
+
+@pytest.mark.parametrize("W,act", _DECODERS, ids=[f"{a[:2]}-{w}" for w, a in _DECODERS])
+def test_slab_permutation_matches_decoder(W, act):
+    """The K order of each decoder the wgmma kernels run, traced from its generated ``bb_dec`` (which
+    input bits each half of each decoded word depends on), is ``decode.pair_codes``, the mma GEMV's
+    ``bb_prep`` pairs the activations the same way, and the slab permutation for that decoder puts at
+    position 16 s + 2 q + e + 8 h of a permuted slab the activation that lane q's decoded word
+    2 s + h, code e multiplies: summing the fragment products over a slab gives the plain dot
+    product."""
+    from bitblas.formats import FORMATS
+    from bitblas.schedule.gemv.decode import decoder, pair_codes
+    fmt = FORMATS[W]
+    bits, dec = fmt.bits, decoder(fmt)
+    helpers = format_helpers("t", act, bits, fmt.storage, 4, dec, fmt.table, half_pairs=bits == 8)
+    pairs = _traced_pairs(helpers["bb_dec_t"], bits, 4)
+    assert pairs == pair_codes(dec, bits, 4)
+    assert _prep_pairs(helpers["bb_prep_t"]) == pairs
     V = 4 * 32 // bits
-    perm = slab_permutation(bits, 4)
+    perm = slab_permutation(bits, 4, dec)
     assert sorted(perm) == list(range(4 * V))
+    for s in range(V // 4):
+        for q in range(4):
+            for h in range(2):
+                for e in range(2):
+                    assert perm[16 * s + 2 * q + e + 8 * h] == V * q + pairs[2 * s + h][e]
     rng = random.Random(bits)
     w = [rng.randint(-7, 7) for _ in range(4 * V)]
     a = [rng.randint(-9, 9) for _ in range(4 * V)]
@@ -72,6 +245,18 @@ def test_slab_permutation_matches_decoder(bits, signed):
                 lo, hi = pairs[2 * s + h]
                 tot += w[V * q + lo] * p[16 * s + 2 * q + 8 * h] + w[V * q + hi] * p[16 * s + 2 * q + 1 + 8 * h]
     assert tot == sum(x * y for x, y in zip(w, a))
+
+
+def test_decoder_trace_sees_a_wrong_order():
+    """The trace is what the test relies on: a decoder whose pairs are swapped (its d[] indices
+    exchanged) traces to a different order, and one whose half mixes two codes is refused."""
+    from bitblas.schedule.gemv.decode import pair_codes
+    src = format_helpers("t", "float16", 4, "plain", 4, "lut4", __import__("bitblas").formats.NF4_TABLE)["bb_dec_t"]
+    swapped = src.replace("d[0] =", "d[@] =").replace("d[1] =", "d[0] =").replace("d[@] =", "d[1] =")
+    assert _traced_pairs(swapped, 4, 4) != pair_codes("lut4", 4, 4)
+    mixed = src.replace("__byte_perm(lo, hi, 0x5140)", "__byte_perm(lo, hi, 0x5150)", 1)
+    with pytest.raises(AssertionError):
+        _traced_pairs(mixed, 4, 4)
 
 
 def _emulate_perm(helper: str, src_halves, nchunks):
@@ -97,13 +282,14 @@ def _emulate_perm(helper: str, src_halves, nchunks):
     return halves
 
 
-@pytest.mark.parametrize("bits", (2, 4, 8))
-def test_permute_helper_emulated(bits):
+@pytest.mark.parametrize("bits,dec", [(2, "int"), (4, "int"), (8, "int"), (4, "lut4")])
+def test_permute_helper_emulated(bits, dec):
     """The permute kernel: thread (slab, group J) runs bb_perm on the input at J * stride chunks
-    and writes J * per chunks on; over every J that is the slab permutation."""
-    perm = slab_permutation(bits, 4)
+    and writes J * per chunks on; over every J that is the slab permutation (e2m1 and float8
+    decoders pair codes as the int ones; the 4-bit table decoder pairs adjacent codes)."""
+    perm = slab_permutation(bits, 4, dec)
     G, per, stride = _perm_groups(perm)
-    assert G > 1, "every int decoder's slab splits into independent groups"
+    assert G > 1, "every decoder's slab splits into independent groups"
     helper = _perm_helper(perm, per)
     src = list(range(1000, 1000 + len(perm)))
     got = [None] * len(perm)
@@ -113,13 +299,35 @@ def test_permute_helper_emulated(bits):
     assert got == [src[perm[t]] for t in range(len(perm))]
 
 
+@pytest.mark.parametrize("W", ["uint4", "nf4", "fp4_e2m1", "float8_e5m2"])
+def test_permute_kernel_follows_the_decoder(W):
+    """The permute kernel of a plan (the wgmma GEMV's and the fused GEMM's) reorders the activations
+    for the decoder of the plan's format: nf4's adjacent pairs, the others' (p, p + n/2)."""
+    from bitblas.formats import FORMATS
+    from bitblas.schedule.fused_wgmma import FusedWgmmaHint, _gemv_stand_in
+    from bitblas.schedule.gemv.decode import decoder
+    from bitblas.schedule.gemv.wgmma import permute_script
+    fmt = FORMATS[W]
+    perm = slab_permutation(fmt.bits, 4, decoder(fmt))
+    helper = repr(_perm_helper(perm, _perm_groups(perm)[1]))
+    other = slab_permutation(fmt.bits, 4, "int" if decoder(fmt) == "lut4" else "lut4") if fmt.bits == 4 else None
+    cfg = _cfg(W=W, N=1000, K=1536)
+    for plan, hint in ((make_plan(cfg, "cuda", 33), GEMVWgmmaHint(rows_per_warp=16, k_warps=1, stages=4)),
+                       (make_plan(cfg, "cuda", None), _gemv_stand_in(FusedWgmmaHint()))):
+        text = permute_script(plan, hint)
+        assert helper in text
+        if other is not None:
+            assert other != perm and repr(_perm_helper(other, _perm_groups(other)[1])) not in text
+
+
 def test_wgmma_default_tiles():
     """sm_90, 17..64 rows, N >= 8192: 4-bit codes take the wgmma GEMV (one warpgroup of 64
     channels, 128 above 40 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
     codes on wide layers, 8-bit codes above 48 rows; 9..16 rows: 2- and 4-bit codes on wide
-    layers (one warpgroup of 64 channels), 2-bit codes from N=8192 (4 warpgroups splitting K); sm_80, narrow layers, table formats, 8 rows or fewer
-    and int8 activations keep the mma.sync kernels (table formats and 8-bit codes from 9 rows
-    the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
+    layers (one warpgroup of 64 channels), 2-bit codes from N=8192 (4 warpgroups splitting K); the
+    table formats as the int codes of their width (nf4, fp4_e2m1: 4-bit; float8: 8-bit); sm_80,
+    narrow layers, 8 rows or fewer and int8 activations keep the mma.sync kernels (8-bit codes
+    from 9 rows the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
     def tile(cfg, m, target=SM90):
         h = default_hint(make_plan(cfg, "cuda", m), target)
         return (h.rows_per_warp, max(1, h.k_warps), h.stages) if isinstance(h, GEMVWgmmaHint) else None
@@ -136,16 +344,25 @@ def test_wgmma_default_tiles():
     assert tile(_cfg(with_zeros=True, A_dtype="bfloat16", out_dtype="bfloat16"), 40) == (16, 1, 4)
     assert tile(_cfg(), 64, SM80) is None
     assert tile(_cfg(N=4096), 64) is None
-    assert tile(_cfg(W="nf4"), 64) is None
+    # the table formats where their width's int codes go: nf4 / fp4_e2m1 as 4-bit, float8 as 8-bit codes
+    for W in ("nf4", "fp4_e2m1"):
+        assert tile(_cfg(W=W), 64) == tile(_cfg(), 64) and tile(_cfg(W=W), 24) == tile(_cfg(), 24)
+        assert tile(_cfg(W=W, N=8192), 33) == tile(_cfg(N=8192), 33) == (16, 4, 2)
+        assert tile(_cfg(W=W), 16) == tile(_cfg(), 16) == (16, 1, 4)
+        assert tile(_cfg(W=W, N=8192), 16) is None and tile(_cfg(W=W, N=4096), 64) is None
+    for W in ("float8_e4m3", "float8_e5m2"):
+        assert tile(_cfg(W=W, group_size=-1), 64) == tile(_cfg(W="int8", group_size=-1), 64) == (16, 1, 4)
+        assert tile(_cfg(W=W), 48) is None and tile(_cfg(W=W), 16) is None
     assert tile(_cfg(N=8192), 16) is None
     assert tile(_cfg(W="int2", N=8192), 9) == tile(_cfg(W="int2", N=8192), 16) == (16, 4, 2)
     assert tile(_cfg(W="int2", N=8192), 8) is None and tile(_cfg(W="int2", N=4096), 16) is None
     assert tile(_cfg(), 8) is None
     assert tile(_cfg(), 9) == tile(_cfg(), 16) == tile(_cfg(W="int2"), 12) == (16, 1, 4)
     assert tile(_cfg(with_zeros=True, A_dtype="bfloat16", out_dtype="bfloat16"), 16) == (16, 1, 4)
-    assert tile(_cfg(W="int8", group_size=-1), 16) is None and tile(_cfg(W="nf4"), 16) is None
+    assert tile(_cfg(W="int8", group_size=-1), 16) is None
     assert tile(_cfg(), 16, SM80) is None
-    for cfg in (_cfg(W="int8", group_size=-1), _cfg(W="nf4"), _cfg(W="fp4_e2m1")):
+    for cfg in (_cfg(W="int8", group_size=-1), _cfg(W="float8_e4m3"), _cfg(W="nf4", N=8192),
+                _cfg(W="fp4_e2m1", N=8192)):
         h = default_hint(make_plan(cfg, "cuda", 12), SM90)
         assert (type(h), h.rows_per_warp, h.k_warps, h.stages, h.min_blocks) == (GEMVMmaHint, 32, 8, 1, 2)
     h = default_hint(make_plan(_cfg(A_dtype="int8", W_dtype="int4", with_act_scaling=True), "cuda", 12), SM90)
@@ -156,7 +373,10 @@ def test_wgmma_default_tiles():
 def test_wgmma_refusals_name_the_argument():
     plan = make_plan(_cfg(), "cuda", 32)
     cases = [
-        (make_plan(_cfg(W="nf4"), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='nf4'"),
+        (make_plan(_cfg(W="int1"), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='int1'"),
+        (make_plan(MatmulConfig(N=28672, K=8192, A_dtype="float16", W_dtype="nvfp4", with_scaling=True,
+                                group_size=16), "cuda", 32),
+         GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='nvfp4'"),
         (plan, GEMVHint(rows_per_warp=48, k_warps=1, stages=4, **WG), "rows_per_warp=48"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=3, stages=4, **WG), "k_warps=3"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=0, **WG), "stages=0"),
@@ -198,21 +418,32 @@ def test_wgmma_row_classes_and_candidates():
 @pytest.mark.parametrize("name,m,hint", [
     ("u4", 17, (16, 1, 4)), ("u4-zeros-bias", 64, (32, 1, 2)), ("bf16-u4-qzeros", 40, (16, 4, 2)),
     ("i2", 24, (32, 1, 2)), ("i8-chan-f32", 64, (16, 2, 4)), ("u4-noscale", 9, (16, 1, 1)),
+    ("nf4", 33, (16, 1, 4)), ("bf16-fp4-chan-bias", 17, (32, 1, 2)), ("e4m3", 64, (16, 4, 2)),
+    ("bf16-e5m2-noscale-f32", 48, (16, 1, 4)),
 ])
 def test_wgmma_codegen(name, m, hint):
     """Generated sources compile with nvcc for sm_90a: the main kernel without spills and without
-    ptxas serializing the wgmma (C7513), the permute kernel beside it."""
+    ptxas serializing the wgmma (C7513), the permute kernel beside it; the table formats with the
+    mma GEMV's decoder of the format."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     kw = {"u4": {}, "u4-zeros-bias": dict(with_zeros=True, with_bias=True),
           "bf16-u4-qzeros": dict(A_dtype="bfloat16", with_zeros=True, zeros_mode="quantized", out_dtype="bfloat16"),
           "i2": dict(W="int2"), "i8-chan-f32": dict(W="int8", group_size=-1, out_dtype="float32"),
-          "u4-noscale": dict(with_scaling=False, group_size=-1)}[name]
+          "u4-noscale": dict(with_scaling=False, group_size=-1), "nf4": dict(W="nf4"),
+          "bf16-fp4-chan-bias": dict(W="fp4_e2m1", group_size=-1, with_bias=True, A_dtype="bfloat16",
+                                     out_dtype="bfloat16"),
+          "e4m3": dict(W="float8_e4m3"),
+          "bf16-e5m2-noscale-f32": dict(W="float8_e5m2", with_scaling=False, group_size=-1, A_dtype="bfloat16",
+                                        out_dtype="float32")}[name]
     cfg = _cfg(N=1000, K=4096, **kw)
     R, KW, st = hint
     src = cuda_source(make_plan(cfg, "cuda", m), SM90, GEMVHint(rows_per_warp=R, k_warps=KW, stages=st, pdl=True, **WG))
     assert "wgmma.mma_async.sync.aligned.m64n" + str(wgmma_rows(m)) + "k16" in src
     assert "permute_kernel" in src and "cp.async.bulk.tensor" in src
+    mark = {"nf4": "prmt.b32 %0, %1, %2, %3;", "bf16-fp4-chan-bias": "0x01c001c0", "e4m3": "f8k",
+            "bf16-e5m2-noscale-f32": "__byte_perm(q, 0u, 0x2404)"}.get(name)      # the table decoder's
+    assert mark is None or mark in src
     text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
     assert "C7513" not in text, text[-2000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", text)]

@@ -4,7 +4,8 @@ x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile
 (N off the channel tile), each tile shape (row tiles 64 / 128 / 256, 1 / 2 channel tiles, 1 / 2
 warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
-for rows past the GEMV. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
+for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2) in the default tiles
+at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
 the tolerance table.
 
     python -m pytest testing/test_gpu_fused_wgmma.py -m gpu
@@ -87,6 +88,58 @@ def test_fused_8192(name, hk):
     assert not errors, errors
 
 
+# the table formats (the mma GEMV's decoders; nf4 pairs adjacent codes, so its activations are
+# permuted differently): group / per-channel / no scales, bias, bfloat16 and float32 outputs
+TABLE_FORMATS = {
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
+    "bf16-nf4-chan-bias": dict(A_dtype="bfloat16", W_dtype="nf4", with_scaling=True, with_bias=True,
+                               out_dtype="bfloat16"),
+    "fp4-g64": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True),
+    "bf16-fp4-noscale-f32": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", out_dtype="float32"),
+    "e4m3-chan": dict(W_dtype="float8_e4m3", with_scaling=True),
+    "bf16-e4m3-g128": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
+                           out_dtype="bfloat16"),
+    "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
+    "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
+}
+
+
+# each format in one of the two default tiles (256-row tiles of two warpgroups side by side; 128-row
+# tiles of two warpgroups splitting K), nf4 (its own activation order) in both
+TABLE_CASES = [(name, "t128w2k" if i % 2 else "t256w2") for i, name in enumerate(TABLE_FORMATS)] + [
+    ("nf4-g128", "t128w2k"), ("bf16-nf4-chan-bias", "t256w2")]
+
+
+@pytest.mark.parametrize("name,hk", TABLE_CASES)
+@gpu
+def test_fused_table_formats(name, hk):
+    """N=1000, K=1536: one kernel (symbolic rows) per table format and default tile, run at 128,
+    300 and 1024 rows."""
+    cfg = MatmulConfig(N=1000, K=1536, **{"A_dtype": "float16", **TABLE_FORMATS[name]})
+    errors = _check(cfg, HINTS[hk], (128, 300, 1024))
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("name", ["nf4-g128", "e4m3-chan"])
+@gpu
+def test_table_formats_through_matmul(name):
+    """A dynamic-M operator (N=8192, K=1024) of a table format with default kernels on sm_90: the
+    wgmma GEMV where it takes the rows (nf4: 17..64; float8: above 48), the fused GEMM past the GEMV
+    (128..1024 rows), correct at every row count across the boundary."""
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = MatmulConfig(M=None, N=8192, K=1024, **{"A_dtype": "float16", **TABLE_FORMATS[name]})
+    op = bitblas.Matmul(cfg)
+    for m in (17, 33, 64, 128, 300, 1024):
+        inp = random_inputs(cfg, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(cfg, **inp))
+        assert err <= tolerance(cfg), (m, err)
+    used = {c.template for kind, c in op._kernels if kind == "cuda"}
+    assert {"gemv-wgmma", "fused-wgmma"} <= used, used
+
+
 @gpu
 def test_fused_k_off_slab_falls_back():
     """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose
@@ -94,8 +147,10 @@ def test_fused_k_off_slab_falls_back():
     import bitblas
     from bitblas.dispatch import BucketTable
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    for name in ("u4-g128", "u2-g128", "u8-g128"):
-        cfg = _cfg(name, 8192, 1000, M=None, group_size=-1)
+    for name in ("u4-g128", "u2-g128", "u8-g128", "nf4", "e4m3"):
+        cfg = (_cfg(name, 8192, 1000, M=None, group_size=-1) if name in FORMATS else
+               MatmulConfig(M=None, N=8192, K=1000, A_dtype="float16", with_scaling=True,
+                            W_dtype={"nf4": "nf4", "e4m3": "float8_e4m3"}[name]))
         hint = HINTS["t128"]
         why = fused_wgmma_unsupported(make_plan(cfg, "cuda", None), hint)
         assert why is not None and "K=1000" in why, why

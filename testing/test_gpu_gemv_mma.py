@@ -211,7 +211,7 @@ def test_gemv_mma_default_tile_choice():
     """Float activations from 2 rows: 4-bit codes take 8 K warps, 4 vectors per step and 2 blocks
     per SM up to 8 rows (nvfp4's float8 scales keep the 2-vector tile); 4- and 8-bit codes from 9
     rows take the same without the next step in flight (on wide layers since the 14th session; on
-    sm_90 int/uint 2- and 4-bit codes there take the wgmma GEMV: test_gemv_wgmma.py); 1- and 2-bit
+    sm_90 2- and 4-bit codes there take the wgmma GEMV: test_gemv_wgmma.py); 1- and 2-bit
     codes keep the base tiles."""
     t90 = cuda_target(TARGETS["sm_90"])
 
@@ -227,9 +227,9 @@ def test_gemv_mma_default_tile_choice():
         assert tile(name, 2) == tile(name, 8) == tile(name, 8, n=28672) == (32, 8, 4, 2, 2), name
         assert tile(name, 9) == tile(name, 16) == (32, 8, 4, 1, 2), name
         assert tile(name, 16, n=28672, t=t80) == (32, 8, 4, 1, 2), name
+        # wide layers on sm_90: the wgmma GEMV (the table formats too, as 4-bit codes)
         h16 = default_gemv_hint(make_plan(MatmulConfig(N=28672, K=8192, **CONFIGS[name]), "cuda", 16), t90)
-        assert isinstance(h16, GEMVWgmmaHint) == (name not in ("nf4", "bf16-fp4")), name
-        assert isinstance(h16, GEMVWgmmaHint) or tile(name, 16, n=28672) == (32, 8, 4, 1, 2), name
+        assert isinstance(h16, GEMVWgmmaHint), name
     assert tile("nvfp4-bias", 2) == tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
     assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
     assert tile("u4", 2, W_dtype="int8", group_size=-1) == tile("u4", 4, W_dtype="int8", group_size=-1) \
@@ -265,7 +265,7 @@ def test_gemv_mma_default_tile_choice():
             assert tile(name, m, n=28672, t=t80) == (64 if wide else 32, 4, u, 1, 1), (name, m)
             h90 = default_gemv_hint(plan, t90)
             assert isinstance(h90, GEMVWgmmaHint) or h90 == dataclasses.replace(h, pdl=True), (name, m)
-        assert tile("nf4", 33, n=28672)[0] == tile("nf4", 48, n=28672)[0] == 64
+        assert tile("nf4", 33, n=28672, t=t80)[0] == tile("nf4", 48, n=28672, t=t80)[0] == 64
         h8 = default_gemv_hint(make_plan(MatmulConfig(N=8192, K=8192, W_dtype="int8", with_scaling=True), "cuda", m),
                               t80)
         assert (h8.vec_bytes, h8.unroll, h8.chunk_loop) == (0, 2, True)
@@ -314,7 +314,7 @@ def test_gemv_mma_scale_placement(name, at_store):
 
 
 # wide layers (N >= 16896) at 9..16 rows: the default kernel of each family on the GPU (on sm_90
-# the first takes the wgmma GEMV, nf4 and 8-bit codes the 32-channel tile, int8 activations 64)
+# uint4 and nf4 take the wgmma GEMV, 8-bit codes the 32-channel tile, int8 activations 64)
 WIDE_DEFAULTS = {
     "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
     "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
@@ -328,7 +328,7 @@ WIDE_DEFAULTS = {
 @gpu
 def test_gemv_wide_layer_defaults(name):
     """N=16896 (a wide layer), K=1024: the default kernels of 9..16 rows (14th session: the wgmma
-    GEMV for 2-/4-bit int codes on sm_90, the 32-channel tile under 2 blocks per SM for the
+    GEMV for 2-/4-bit codes on sm_90, the 32-channel tile under 2 blocks per SM for the
     others, the 64-channel one for int8 activations) through a dynamic-M operator, against the
     reference, output poisoned first."""
     import bitblas

@@ -1,6 +1,7 @@
 """The wgmma GEMV (``GEMVWgmmaHint``, bitblas/schedule/gemv/wgmma.py) on an sm_90
 GPU: every int/uint 2-, 4- and 8-bit family it takes (group scales, float / quantized / rescale
-zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) at row counts that are
+zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) and the table formats
+(nf4, fp4_e2m1, float8_e4m3, float8_e5m2: ``test_gemv_wgmma_table_formats``) at row counts that are
 no multiple of 8 or of the kernel's B width, N no multiple of 64, and each tile shape (64 / 128
 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K); the kernel takes its row count at run
 time; a dynamic-M operator on a wide layer runs it through ``Matmul``.
@@ -81,6 +82,41 @@ def test_gemv_wgmma_few_rows(name, hk):
     fn = build_plan(plan, cuda_target(), HINTS[hk])
     errors = [check_kernel(cfg, plan, fn, m) for m in (9, 13, 16)]
     assert not [e for e in errors if e], errors
+
+
+# the table formats (the mma GEMV's decoders; nf4 pairs adjacent codes, so its activations are
+# permuted differently): group / per-channel / no scales, bias, bfloat16 and float32 outputs
+TABLE_CONFIGS = {
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
+    "bf16-nf4-chan-bias": dict(A_dtype="bfloat16", W_dtype="nf4", with_scaling=True, with_bias=True,
+                               out_dtype="bfloat16"),
+    "fp4-g64": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True),
+    "bf16-fp4-noscale-f32": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", out_dtype="float32"),
+    "e4m3-chan": dict(W_dtype="float8_e4m3", with_scaling=True),
+    "bf16-e4m3-g128": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
+                           out_dtype="bfloat16"),
+    "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
+    "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_CONFIGS))
+@gpu
+def test_gemv_wgmma_table_formats(name):
+    """N=1000, K=1536 (N off the 64-channel tile): 64 channels, one warpgroup, 4 slots, built for 40
+    rows (run at 17 and 33) and 64 rows; a second tile (128 channels, or 4 warpgroups splitting K)
+    built for 64 rows and run at 17, 33 and 64 (the kernels take their row count at run time)."""
+    cfg = MatmulConfig(N=1000, K=1536, **{"A_dtype": "float16", **TABLE_CONFIGS[name]})
+    runs = [(HINTS["r16k1s4"], 40, (17, 33)), (HINTS["r16k1s4"], 64, (64,))]
+    runs.append((HINTS["r32k1s2" if list(TABLE_CONFIGS).index(name) % 2 else "r16k4s2"], 64, (17, 33, 64)))
+    errors = []
+    for hint, top, rows in runs:
+        plan = make_plan(cfg, "cuda", top)
+        why = gemv_hint_unsupported(plan, hint)
+        assert why is None, why
+        fn = build_plan(plan, cuda_target(), hint)
+        errors += [f"{hint} m={m}: {e}" for m in rows for e in [check_kernel(cfg, plan, fn, m)] if e]
+    assert not errors, errors
 
 
 @gpu

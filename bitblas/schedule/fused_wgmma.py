@@ -1,5 +1,6 @@
 """The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
-sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes): packed weights stay
+sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2m1, nf4 (4-bit
+tables) and float8 weights; the mma GEMV's decoder of the format): packed weights stay
 packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 
@@ -49,7 +50,7 @@ docs/performance.md.
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
 in natural K order would remove the permute kernel); no persistent tile loop, split-K or
-warp-specialized producer; no table formats, int8 / fp8 activations.
+warp-specialized producer; no nvfp4 weights, int8 / fp8 activations.
 """
 from __future__ import annotations
 
@@ -124,8 +125,8 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     """None when the fused wgmma GEMM takes ``plan`` with ``hint``, else why not (naming the field)."""
-    from .gemv.decode import decoder
     from .gemv.emit import vec_bytes
+    from .gemv.wgmma import weights_unsupported
     c, w = plan.config, plan.w
     if plan.target_kind != "cuda":
         return "not a CUDA plan"
@@ -135,8 +136,9 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 activations"
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
-    if decoder(w) != "int" or w.bits not in (2, 4, 8):
-        return f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM decodes int/uint 2-, 4- and 8-bit codes"
+    why = weights_unsupported(plan, "the fused wgmma GEMM")
+    if why:
+        return why
     if c.with_act_scaling:
         return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
     if c.with_scaling and plan.scale_dtype != c.A_dtype:

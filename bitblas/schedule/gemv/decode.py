@@ -42,6 +42,22 @@ def decoder(w) -> Optional[str]:
     return None
 
 
+def pair_codes(dec: str, bits: int, nw: int):
+    """(lo, hi) positions in its vector of ``nw`` words of the two codes that decoded word ``i`` of
+    the half-pair decoders (the tensor-core kernels' ``bb_dec``) holds in its low / high half:
+    "int", "e2m1" and the float8 pairs (:func:`f8_pair_dec`) pair code ``p`` of a word's ``n``
+    codes with code ``p + n/2``; "lut4" pairs adjacent codes (its ``prmt`` interleave). The mma
+    GEMV's ``bb_prep`` pairs the activations the same way; the wgmma kernels' slab permutation
+    follows it (testing/test_gemv_wgmma.py traces each generated decoder against it)."""
+    n = 32 // bits
+    if dec == "lut4":
+        return [(2 * i, 2 * i + 1) for i in range(nw * n // 2)]
+    if dec not in ("int", "e2m1", "e4m3", "e5m2"):
+        raise ValueError(f"dec={dec!r}: no half-pair decoder (accepted: int, e2m1, lut4, e4m3, e5m2)")
+    P = n // 2
+    return [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
+
+
 def _act_bits(v: float, act: str) -> int:
     """16-bit pattern of ``v`` rounded as the TensorIR does (float64 -> float32 -> act, nearest even)."""
     import struct

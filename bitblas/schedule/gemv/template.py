@@ -171,7 +171,7 @@ def float_mma_tile(plan, m, base) -> "GEMVHint":
     if m <= 8 and b == 4 and not f8_scales(plan):
         return _MMA_WIDE
     if m > 8 and b in (4, 8):
-        # wide layers too (on sm_90 int codes take the wgmma GEMV instead)
+        # wide layers too (on sm_90 the wgmma GEMV where wgmma_tile takes the plan)
         return dataclasses.replace(_MMA_WIDE, stages=1)
     return base
 
@@ -221,7 +221,9 @@ def chunk_tile(plan) -> "GEMVHint":
 
 def wgmma_tile(plan) -> Optional["GEMVHint"]:
     """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
-    than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None.
+    than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. Codes by width: the
+    table formats as the int codes of theirs (nf4, fp4_e2m1: 4-bit; float8: 8-bit; measured for
+    int / uint codes).
 
     17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
     above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128

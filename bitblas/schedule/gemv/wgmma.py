@@ -1,8 +1,8 @@
-"""The Hopper tensor-core GEMV (``GEMVWgmmaHint``, sm_90a, float activations,
-int/uint weight codes): ``wgmma.mma_async m64nNk16`` with the *decoded weights in registers* as
-the 64 x 16 A operand (64 output channels per warpgroup, or 128 as two tiles) and the activation
-rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read by the tensor cores straight
-from shared memory.
+"""The Hopper tensor-core GEMV (``GEMVWgmmaHint``, sm_90a, float activations x int/uint 2-/4-/8-bit
+codes, fp4_e2m1, 4-bit tables (nf4) and float8 weights): ``wgmma.mma_async m64nNk16`` with the
+*decoded weights in registers* as the 64 x 16 A operand (64 output channels per warpgroup, or 128 as
+two tiles) and the activation rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read
+by the tensor cores straight from shared memory.
 
 Why: the ``mma.sync`` GEMV (mma) gathers every token tile's activation fragments through
 the L1 load pipe, per warp and per weight vector; from ~17 rows that pipe is the limit (ncu:
@@ -13,11 +13,12 @@ the weights.
 The A fragment of ``wgmma`` (per warp, 16 rows) is the ``mma.sync m16n8k16`` one: lane
 ``(g, q)`` holds channels ``g`` and ``g + 8``, K slots ``2q, 2q+1`` and ``2q+8, 2q+9``. As in
 mma, lane ``q`` of a quad streams the 16-byte vectors ``4 * slab + q`` of its channels and
-its decoded pairs (``bb_dec``: codes ``lo_i``, ``hi_i`` of the vector) are the fragment registers
-as they come: k16 step ``s`` of a slab takes pairs ``2s`` and ``2s + 1``. A dot product does not
-care about the order of K, but B must then hold the activations in the same order. So a small
-first kernel (``permute``) writes the activations with each slab of ``4 V`` values (``V`` codes per
-vector) reordered (:func:`slab_permutation`); the main kernel TMA-loads that copy in boxes of
+its decoded pairs (``bb_dec``, the mma GEMV's decoder of the format: codes ``lo_i``, ``hi_i`` of
+the vector, ``decode.pair_codes``) are the fragment registers as they come: k16 step ``s`` of a
+slab takes pairs ``2s`` and ``2s + 1``. A dot product does not care about the order of K, but B
+must then hold the activations in the same order. So a small first kernel (``permute``) writes the
+activations with each slab of ``4 V`` values (``V`` codes per vector) reordered
+(:func:`slab_permutation`, for the format's decoder); the main kernel TMA-loads that copy in boxes of
 64 values x N rows (128-byte swizzle) into a ring of shared-memory slots. With programmatic
 dependent launch (``pdl``, the sm_90 default) the permute kernel lets the main kernel launch as
 soon as it has waited for the kernel before it; the main kernel loads the weights of its first
@@ -40,11 +41,12 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .decode import decoder
-from .emit import device_entry, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
+from .decode import decoder, pair_codes
+from .emit import device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
 from .mma import mma_helpers
 
-__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "wgmma_gemv_unsupported", "wgmma_rows", "permute_script", "WgmmaGemvFn",
+__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
+           "wgmma_rows", "permute_script", "WgmmaGemvFn",
            "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
            "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
 
@@ -53,20 +55,13 @@ BOX = 64                                # activation values per TMA box row (128
 _SMEM_MAX = 200 * 1024                   # activation slots of a block (and the K-split reduction) within sm_90's 227 KB
 
 
-def _pairs(bits: int, nw: int):
-    """(lo, hi) positions in its vector of the two codes of each decoded word of the int decoder
-    (emit's ``bb_dec`` / ``bb_prep``: word j, pair p -> codes j*n + p and j*n + p + n/2)."""
-    n = 32 // bits
-    P = n // 2
-    return [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
-
-
-def slab_permutation(bits: int, nw: int) -> List[int]:
+def slab_permutation(bits: int, nw: int, dec: str) -> List[int]:
     """``perm[t]``: the natural K position (within a slab of 4 vectors of ``V`` codes) of the
     activation at position ``t`` of the permuted slab. Position ``16 s + 2 q + e + 8 h`` is k16 step
-    ``s``'s B row of K slot ``2q + e + 8h``: lane ``q``'s decoded word ``2 s + h``, code ``e``."""
+    ``s``'s B row of K slot ``2q + e + 8h``: lane ``q``'s decoded word ``2 s + h``, code ``e`` (the
+    codes of each decoded word: :func:`~.decode.pair_codes` of decoder ``dec``)."""
     V = nw * 32 // bits
-    pairs = _pairs(bits, nw)
+    pairs = pair_codes(dec, bits, nw)
     perm = [0] * (4 * V)
     for s in range(V // 4):
         for q in range(4):
@@ -86,6 +81,21 @@ def wgmma_rows(m: int) -> int:
     return 8 * -(-m // 8)
 
 
+def weights_unsupported(plan, kernel: str) -> Optional[str]:
+    """None when the wgmma kernels (``kernel``: their name in the message) decode the plan's
+    weights: the half-pair decoders of the mma GEMV (:func:`~.emit.mma_decodable`) for 2-, 4- and
+    8-bit codes (int/uint, fp4_e2m1, 4-bit tables such as nf4, float8), scales (if any) in the
+    activation dtype; else why not."""
+    c, w = plan.config, plan.w
+    if not mma_decodable(w) or w.bits not in (2, 4, 8):
+        return (f"W_dtype={c.W_dtype!r}: {kernel} decodes int/uint 2-, 4- and 8-bit codes, fp4_e2m1, 4-bit "
+                f"tables (nf4) and float8_e4m3 / float8_e5m2")
+    if f8_scales(plan):
+        return (f"W_dtype={c.W_dtype!r}: {kernel} takes scales in the activation dtype (not float8_e4m3 "
+                f"scales per 16 codes)")
+    return None
+
+
 def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     """None when the wgmma GEMV takes ``plan`` with ``hint``, else why not."""
     c, w = plan.config, plan.w
@@ -93,8 +103,9 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
         return "the wgmma GEMV passes the activations as the first argument"
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"A_dtype={c.A_dtype!r}: the wgmma GEMV takes float16 / bfloat16 activations"
-    if decoder(w) != "int" or w.bits not in (2, 4, 8):
-        return f"W_dtype={c.W_dtype!r}: the wgmma GEMV decodes int/uint 2-, 4- and 8-bit codes"
+    why = weights_unsupported(plan, "the wgmma GEMV")
+    if why:
+        return why
     if hint.rows_per_warp not in (16, 32):
         return f"rows_per_warp={hint.rows_per_warp}: the wgmma GEMV takes 16 or 32 (64 or 128 channels per block)"
     if hint.k_warps not in (0, 1, 2, 4):
@@ -118,7 +129,7 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
 def _perm_groups(perm: List[int]):
     """(groups, output chunks per group, input chunk stride per group): the permuted slab's 16-byte
     output chunks fall into groups that read the same input chunks; group ``J`` is group 0 shifted
-    by ``J`` * (its output chunks) and ``J`` * stride input chunks (every int decoder's layout)."""
+    by ``J`` * (its output chunks) and ``J`` * stride input chunks (every decoder's layout)."""
     S = len(perm)
     nout = S // 8
     ins = [sorted({perm[8 * c + x] // 8 for x in range(8)}) for c in range(nout)]
@@ -164,7 +175,7 @@ def permute_script(plan, hint) -> str:
     ``mv`` rows at run time."""
     c, w = plan.config, plan.w
     nw = vec_bytes(plan, hint.vec_bytes) // 4
-    perm = slab_permutation(w.bits, nw)
+    perm = slab_permutation(w.bits, nw, decoder(w))
     S = len(perm)
     NS = c.K // S
     G, per, stride = _perm_groups(perm)

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
-from transformers.core_model_loading import ConversionOps
+from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
 from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
 from transformers.quantizers.quantizers_utils import should_convert_module
@@ -135,6 +135,7 @@ class _Deserialize(ConversionOps):
     def convert(self, input_dict, model=None, full_layer_name=None, missing_keys=None, **kwargs):
         name = full_layer_name.rpartition(".")[0]
         layer = model.get_submodule(name)
+        self.hf_quantizer._deserialized.add(name)
         state = {k.lstrip("."): (v[0] if isinstance(v, list) else v) for k, v in input_dict.items()}
         if not isinstance(layer, Linear) and set(state) != {"_extra_state"}:
             raise ValueError(f"{name}: the checkpoint holds bitblas tensors ({sorted(state)}) but the model's "
@@ -147,7 +148,8 @@ class _Deserialize(ConversionOps):
             raise ValueError(f"layer {name!r}: unexpected tensors {result.unexpected_keys}")
         layer._is_hf_initialized = True
         if missing_keys is not None:
-            for k in state:
+            # a state without a format record is Microsoft BitBLAS's Linear's: the record is not missing
+            for k in set(state) | {"_extra_state"}:
                 missing_keys.discard(f"{name}.{k}")
         return {}
 
@@ -162,6 +164,8 @@ class BitBLASHfQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self._pending: Dict[str, Linear] = {}
         self.serialized_names = {}
+        self._skeletons: Dict[str, Dict[str, torch.Tensor]] = {}     # pre-quantized: each layer's meta buffers
+        self._deserialized = set()                                   # layers _Deserialize loaded
 
     def validate_environment(self, *args, **kwargs):
         device_map = kwargs.get("device_map")
@@ -192,9 +196,10 @@ class BitBLASHfQuantizer(HfQuantizer):
             # the bitblas layers as they were saved (meta buffers), filled by _Deserialize
             quantize_model(model, cfg, skip=skip, skip_unsupported=self.quantization_config.skip_unsupported)
             names = set()
-            for m in model.modules():
+            for n, m in model.named_modules():
                 if isinstance(m, Linear):
                     names |= set(m.state_dict(keep_vars=True)) | set(m._buffers)
+                    self._skeletons[n] = {k: t for k, t in m._buffers.items() if t is not None}
             # the names a plain nn.Linear has load as usual; the others are collected per layer
             names -= {"weight", "bias"}
             if names:
@@ -219,10 +224,43 @@ class BitBLASHfQuantizer(HfQuantizer):
     def get_quantize_ops(self):
         return _Quantize(self)
 
-    def get_load_operations(self):
-        return {"deserialize": _Deserialize}
+    def get_weight_conversions(self):
+        # transformers 5.24's HfQuantizer builds these from get_load_operations() and serialized_names;
+        # 5.17's returns [] and knows neither, so its loader assigned the tensors without the layers' load
+        # hook: built here for both (update_weight_conversions appends them in both)
+        if not self.pre_quantized:
+            return []
+        return [WeightConverter(names, param, [_Deserialize(self)]) for param, names in self.serialized_names.items()]
+
+    def _load_assigned(self, model):
+        """Layers whose tensors transformers assigned itself instead of handing them to _Deserialize (a
+        loader that does not run the quantizer's converters): their tensors and format record (kept by
+        ``Linear.set_extra_state``) go through the layer's ``load_state_dict`` now, checked against the
+        skeleton's shapes and converted once (a ``bitblas.Linear/1`` save, Microsoft BitBLAS's bytes)."""
+        for name, skeleton in self._skeletons.items():
+            layer = model.get_submodule(name)
+            if not isinstance(layer, Linear):
+                continue
+            record = layer.pop_assigned_record()
+            if name in self._deserialized:
+                continue
+            # transformers marks each tensor it assigned from the checkpoint (not the missing ones it allocated)
+            state = {k: t for k, t in layer._buffers.items() if getattr(t, "_is_hf_initialized", False)}
+            if record is not None:
+                state["_extra_state"] = record
+            if not state:
+                continue
+            layer._buffers.update({k: skeleton[k] for k in state if k in skeleton})
+            try:
+                result = layer.load_state_dict(state, strict=False, assign=True)
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise type(e)(f"layer {name!r}: {e}") from e
+            if result.unexpected_keys:
+                raise ValueError(f"layer {name!r}: unexpected tensors {result.unexpected_keys}")
 
     def _process_model_after_weight_loading(self, model, **kwargs):
+        if self.pre_quantized:
+            self._load_assigned(model)
         if self._pending:
             # layers whose weight the checkpoint did not hold (initialized by transformers): quantize now
             left = set(self._pending)

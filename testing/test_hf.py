@@ -4,6 +4,7 @@ torch.compile, on small Llama, Qwen2 and Mistral models built from configs with 
 Skips without transformers (``pip install -e ".[hf]"``)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -308,3 +309,129 @@ def test_gptq_act_order_checkpoint_saves_and_reloads(tmp_path):
     assert torch.equal(again.model.layers[0].self_attn.q_proj.perm, model.model.layers[0].self_attn.q_proj.perm)
     with torch.no_grad():
         assert torch.equal(again(_ids()).logits, model(_ids()).logits)
+
+
+# -- checkpoints that need converting on load, whichever way transformers fills the layers ----------------
+# A /1 save (signed codes two's complement) and a record-less one (Microsoft BitBLAS's Linear: qweight
+# lop3-interleaved) only read right through bitblas.Linear's load hook. Loaders: "installed" (the
+# installed transformers, through the quantizer's converter); "5.17-api" (transformers 5.17's HfQuantizer
+# base class: no get_load_operations / serialized_names, get_weight_conversions() returns []); "assigning"
+# (a loader that uses none of the quantizer's converters: every tensor assigned to the layer as it is).
+_OLD_QCFG = dict(W_dtype="int4", group_size=64)      # signed: /1 bytes differ from /2; lop3-interleaved
+_DEVICE_MAPS = {"none": None, "cpu": "cpu", "auto": "auto", "dict": {"": "cpu"}}
+
+
+def _twos_complement_packed(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes [N, K] as bitblas.Linear/1 stored them: two 4-bit two's complement fields a byte, the
+    first in the low nibble."""
+    u = (codes.long() & 15).reshape(codes.shape[0], -1, 2)
+    return (u[..., 0] | (u[..., 1] << 4)).to(torch.uint8).view(torch.int8)
+
+
+def _with_format(record: torch.Tensor, fmt: str) -> torch.Tensor:
+    rec = json.loads(bytes(record.numpy()).decode())
+    return torch.frombuffer(bytearray(json.dumps({**rec, "format": fmt}, sort_keys=True).encode()), dtype=torch.uint8)
+
+
+class OldCheckpoints:
+    """A tiny int4 Llama quantized on load and saved (bitblas.Linear/2), and its tensors rewritten into
+    the /1 form and Microsoft BitBLAS's record-less form, each a from_pretrained folder."""
+
+    def __init__(self, tmp):
+        import shutil
+        from safetensors.torch import load_file, save_file
+        from bitblas.quantization import to_bitblas_weight
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(_config("llama", num_hidden_layers=1), dtype=torch.float16) \
+            .save_pretrained(tmp / "f")
+        self.q = AutoModelForCausalLM.from_pretrained(tmp / "f", dtype=torch.float16,
+                                                      quantization_config=BitBLASConfig(**_OLD_QCFG)).eval()
+        self.dirs = {"v2": tmp / "v2"}
+        self.q.save_pretrained(tmp / "v2")
+        sd = load_file(str(tmp / "v2" / "model.safetensors"))
+        self.layers = {n: m for n, m in self.q.named_modules() if isinstance(m, bitblas.Linear)}
+        v1, bb = dict(sd), dict(sd)
+        for n, m in self.layers.items():
+            v1[f"{n}.qweight"] = _twos_complement_packed(m.unpacked()["codes"])
+            v1[f"{n}._extra_state"] = _with_format(sd[f"{n}._extra_state"], "bitblas.Linear/1")
+            bb[f"{n}.qweight"] = to_bitblas_weight(m.config, sd[f"{n}.qweight"])
+            del bb[f"{n}._extra_state"]
+            for form in (v1, bb):       # read as they are, the rewritten bytes give another model
+                assert not torch.equal(form[f"{n}.qweight"], sd[f"{n}.qweight"])
+        for name, tensors in (("v1", v1), ("bitblas", bb)):
+            shutil.copytree(tmp / "v2", tmp / name)
+            save_file(tensors, str(tmp / name / "model.safetensors"), metadata={"format": "pt"})
+            self.dirs[name] = tmp / name
+
+    @functools.cached_property
+    def logits(self):           # CPU kernels: built on first use only
+        with torch.no_grad():
+            return self.q(_ids()).logits
+
+
+@pytest.fixture(scope="module")
+def old_checkpoints(tmp_path_factory):
+    return OldCheckpoints(tmp_path_factory.mktemp("old"))
+
+
+def _load_counting_deserialize(path, loader, monkeypatch, **kw):
+    """from_pretrained with ``loader`` (see above); returns the model, its loading info and how many layers
+    the quantizer's deserialize converter loaded."""
+    from transformers.quantizers.base import HfQuantizer
+    from bitblas import hf
+    if loader == "5.17-api":
+        monkeypatch.delattr(HfQuantizer, "get_load_operations", raising=False)
+        monkeypatch.setattr(HfQuantizer, "get_weight_conversions", lambda self: [])
+        monkeypatch.setattr(HfQuantizer, "update_weight_conversions",
+                            lambda self, conversions, *args: conversions + self.get_weight_conversions())
+    elif loader == "assigning":
+        monkeypatch.setattr(hf.BitBLASHfQuantizer, "get_weight_conversions", lambda self: [], raising=False)
+        monkeypatch.setattr(hf.BitBLASHfQuantizer, "get_load_operations", lambda self: {}, raising=False)
+    calls = []
+    orig = hf._Deserialize.convert
+
+    def convert(self, input_dict, full_layer_name=None, **k):
+        calls.append(full_layer_name)
+        return orig(self, input_dict, full_layer_name=full_layer_name, **k)
+    monkeypatch.setattr(hf._Deserialize, "convert", convert)
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kw)
+    monkeypatch.undo()
+    return model, info, len(calls)
+
+
+@pytest.mark.parametrize("device_map", list(_DEVICE_MAPS))
+@pytest.mark.parametrize("loader", ["installed", "5.17-api", "assigning"])
+@pytest.mark.parametrize("form", ["v2", "v1", "bitblas"])
+def test_old_checkpoints_convert_on_every_loading_path(old_checkpoints, form, loader, device_map, monkeypatch):
+    """Each form reloads to the saved model's logits exactly, whatever fills the layers: through the
+    quantizer's converter (all layers) or assigned by transformers and converted after loading; a /2
+    save is not converted twice."""
+    kw = {} if _DEVICE_MAPS[device_map] is None else {"device_map": _DEVICE_MAPS[device_map]}
+    model, info, deserialized = _load_counting_deserialize(old_checkpoints.dirs[form], loader, monkeypatch, **kw)
+    assert deserialized == (0 if loader == "assigning" else len(old_checkpoints.layers))
+    if loader != "assigning":       # a record-less state is complete (the assigning loader's report is its own)
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    for n, m in old_checkpoints.layers.items():
+        assert torch.equal(model.get_submodule(n).qweight, m.qweight), n
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, old_checkpoints.logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("loader", ["installed", "assigning"])
+@pytest.mark.parametrize("form", ["v2", "v1", "bitblas"])
+def test_gpu_old_checkpoints_convert_with_cuda_device_map(old_checkpoints, form, loader, monkeypatch):
+    import copy
+    ref = copy.deepcopy(old_checkpoints.q).cuda()
+    model, info, deserialized = _load_counting_deserialize(old_checkpoints.dirs[form], loader, monkeypatch,
+                                                           device_map="cuda")
+    assert deserialized == (0 if loader == "assigning" else len(old_checkpoints.layers))
+    if loader != "assigning":
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = _ids().cuda()
+    for n, m in old_checkpoints.layers.items():
+        got = model.get_submodule(n).qweight
+        assert got.is_cuda and torch.equal(got.cpu(), m.qweight), n
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)

@@ -38,10 +38,10 @@ logger = logging.getLogger(__name__)
 # The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
 # quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
 # quantized zero points [groups, N * bits / 8]) with qweight in the kernels' code order (as the
-# buffer holds it: loaders that fill the buffers without the module's load hook, e.g. transformers
-# with a CUDA device_map, read back what was saved). /1 checkpoints are migrated on load; a state
-# dict without a record is Microsoft BitBLAS's Linear's: qweight lop3-interleaved where its fast
-# decoding is on (quantization.bitblas_weight_order), converted once on load.
+# buffer holds it: loaders that fill the buffers without the module's load hook read back what was
+# saved). /1 checkpoints are migrated on load; a state dict without a record is Microsoft BitBLAS's
+# Linear's: qweight lop3-interleaved where its fast decoding is on (quantization.bitblas_weight_order),
+# converted once on load.
 _FORMAT_TAG = "bitblas.Linear/2"
 _FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
@@ -441,7 +441,15 @@ class Linear(nn.Module):
                                 dtype=torch.uint8)
 
     def set_extra_state(self, state):
-        pass      # checked in _load_from_state_dict, before any tensor is copied
+        # load_state_dict checks and applies the record in _load_from_state_dict, before any tensor is
+        # copied (dropped again there). A loader that assigns the buffers itself and hands the record
+        # here (transformers without the quantizer's converter) leaves it for bitblas.hf to load them.
+        self.__dict__["_assigned_record"] = state
+
+    def pop_assigned_record(self):
+        """The format record a loader handed to :meth:`set_extra_state` outside ``load_state_dict`` (None:
+        none), cleared."""
+        return self.__dict__.pop("_assigned_record", None)
 
     @staticmethod
     def _record(state, prefix) -> dict:
@@ -568,6 +576,7 @@ class Linear(nn.Module):
             self._buffers["perm"] = None       # the checkpoint's weight is in input order
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        self.__dict__.pop("_assigned_record", None)
 
     # -- copies and pickles: the shared operator is not copied, it is looked up again by its key --
     def __getstate__(self):

@@ -1,7 +1,7 @@
 """The fused mixed-input wgmma GEMM (``FusedWgmmaHint``, bitblas/schedule/fused_wgmma.py), CPU side:
 
 * nvcc code generation for sm_90a (marked nvcc) of every tile shape and weight family it takes
-  (int/uint 2/4/8-bit codes; nf4, fp4_e2m1, float8 in the default tiles),
+  (int/uint 2/4/8-bit codes; nf4, fp4_e2m1, float8, nvfp4 in the default tiles),
   with N and K off the tile and static row counts off the row tile: no spills, no local-memory
   accumulators, no serialized wgmma (C7513), each compile under 60 s;
 * where it refuses a plan or a hint, with the argument named;
@@ -43,6 +43,10 @@ FORMATS = {
     "fp4-g64-bias": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True, with_bias=True),
     "bf16-e4m3-chan": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True, out_dtype="bfloat16"),
     "e5m2-g128-f32": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, out_dtype="float32"),
+    # nvfp4: two float8 block scales per 16-byte vector, applied per decoded pair
+    "nvfp4": dict(W_dtype="nvfp4", group_size=16, with_scaling=True),
+    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
+                            out_dtype="bfloat16"),
 }
 
 
@@ -64,6 +68,7 @@ def _cfg(name, N=1000, K=1536, M=None):
     ("u8-g128-bias", None, (128, 1, 1, "overlap")),
     ("nf4-g128", None, (256, 1, 2)), ("fp4-g64-bias", 300, (128, 1, 2, "split_k")),
     ("bf16-e4m3-chan", None, (256, 1, 2)), ("e5m2-g128-f32", None, (128, 1, 2, "split_k")),
+    ("nvfp4", None, (128, 1, 2, "split_k", "overlap")), ("bf16-nvfp4-bias", 300, (256, 1, 2, "overlap")),
 ])
 def test_fused_codegen(name, m, tile):
     """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
@@ -107,8 +112,9 @@ def test_fused_refusals_name_the_argument():
         (make_plan(_cfg("u4-g128", K=1152), "cuda", None), FusedWgmmaHint(warpgroups=2, split_k=True), "K=1152"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint1", group_size=128,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='uint1'"),
-        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nvfp4", group_size=16,
-                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "W_dtype='nvfp4'"),
+        # two groups per 16-byte vector: only nvfp4's float8 block scales (applied per decoded pair)
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="int4", group_size=16,
+                                with_scaling=True), "cuda", None), FusedWgmmaHint(), "group_size=16"),
         (make_plan(MatmulConfig(N=1000, K=1088, A_dtype="float16", W_dtype="uint2", group_size=64,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "K=1088"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4", with_scaling=True,

@@ -207,7 +207,7 @@ def _prep_pairs(src: str):
 
 # every decoder of the wgmma kernels: (weight format, activation dtype)
 _DECODERS = [(W, act) for W in ("int2", "uint2", "int4", "uint4", "int8", "uint8", "fp4_e2m1", "nf4", "float8_e4m3",
-                                "float8_e5m2") for act in ("float16", "bfloat16")]
+                                "float8_e5m2", "nvfp4") for act in ("float16", "bfloat16")]
 
 
 @pytest.mark.parametrize("W,act", _DECODERS, ids=[f"{a[:2]}-{w}" for w, a in _DECODERS])
@@ -245,6 +245,48 @@ def test_slab_permutation_matches_decoder(W, act):
                 lo, hi = pairs[2 * s + h]
                 tot += w[V * q + lo] * p[16 * s + 2 * q + 8 * h] + w[V * q + hi] * p[16 * s + 2 * q + 1 + 8 * h]
     assert tot == sum(x * y for x, y in zip(w, a))
+
+
+@pytest.mark.parametrize("act", ["float16", "bfloat16"])
+def test_nvfp4_block_scales_follow_the_pairs(act):
+    """nvfp4 in the wgmma kernels: a 16-byte vector holds 32 e2m1 codes, two float8 blocks of 16.
+    The kernel loads both scale bytes of vector ``c`` (scale columns 2c, 2c + 1, one 16-bit load)
+    and ``bb_sclb`` multiplies each decoded word (codes traced from the generated ``bb_dec``) by the
+    half2 of its two codes' block scales (low byte: block 0); a wrong block fails the check."""
+    from bitblas.schedule.fused_wgmma import FusedWgmmaHint, main_script
+    from bitblas.schedule.gemv.decode import pair_codes
+    from bitblas.schedule.gemv.emit import block_scale_helpers
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype=act, W_dtype="nvfp4", group_size=16, with_scaling=True)
+    pairs = _traced_pairs(format_helpers("t", act, 4, "plain", 4, "e2m1", None)["bb_dec_t"], 4, 4)
+    assert pairs == pair_codes("e2m1", 4, 4)
+    which = {"s00": (0, 0), "s11": (1, 1), "s01": (0, 1), "s10": (1, 0)}
+
+    def blocks_of(src):
+        got = dict(re.findall(r"__hmul2\(\*reinterpret_cast<[\w:]+\*>\(&d\[(\d+)\]\), (s\d\d)\)", src))
+        return [which[got[str(i)]] for i in range(len(pairs))]
+    helper = block_scale_helpers("t", act, pairs, 32, 16)["bb_sclb_t"]
+    assert blocks_of(helper) == [(lo // 16, hi // 16) for lo, hi in pairs]
+    assert {b for b in blocks_of(helper)} == {(0, 0), (1, 1)}      # e2m1 pairs stay inside a word
+    # a pairing across blocks takes the half2 of both scales (low half: the low code's block)
+    cross = [(i, i + 16) for i in range(16)]
+    assert blocks_of(block_scale_helpers("t", act, cross, 32, 16)["bb_sclb_t"]) == [(0, 1)] * 16
+    assert "cvt.rn.f16x2.e4m3x2" in helper and ("__float22bfloat162_rn" in helper) == (act == "bfloat16")
+    # exact: every e2m1 value times every finite e4m3 scale is representable in the activation dtype
+    import torch
+    from bitblas.formats import E2M1_TABLE, E4M3_TABLE
+    w = torch.tensor(E2M1_TABLE, dtype=torch.float64)[:, None]
+    sc = torch.tensor([v for v in E4M3_TABLE if v == v], dtype=torch.float64)[None, :]
+    dt = torch.float16 if act == "float16" else torch.bfloat16
+    assert torch.equal((w.to(dt) * sc.to(dt)).double(), w * sc)
+    wrong = helper.replace("&d[0]), s00)", "&d[0]), s11)")
+    assert blocks_of(wrong) != blocks_of(helper)
+    for text in (schedule_cuda_gemv.__globals__["kernel_script"](
+            make_plan(cfg, "cuda", 33), GEMVWgmmaHint(rows_per_warp=16, k_warps=1, stages=4)),
+            main_script(make_plan(cfg, "cuda", None), FusedWgmmaHint())):
+        loads = re.findall(r"sr\[[^\]]*\] = T\.cuda\.func_call\('bb_ldsb_\w+', "
+                           r"scale\.ptr_to\(\[[^,]*, (.*?) \* 2\]\)", text)
+        assert loads and all(x.endswith("+ q)") for x in loads), loads
+        assert "bb_sclb_" in text and "bb_scl_" not in text and "bb_e4m3f" not in text
 
 
 def test_decoder_trace_sees_a_wrong_order():
@@ -325,7 +367,7 @@ def test_wgmma_default_tiles():
     channels, 128 above 40 rows, on wide layers; 4 warpgroups splitting K below 16896), 2-bit
     codes on wide layers, 8-bit codes above 48 rows; 9..16 rows: 2- and 4-bit codes on wide
     layers (one warpgroup of 64 channels), 2-bit codes from N=8192 (4 warpgroups splitting K); the
-    table formats as the int codes of their width (nf4, fp4_e2m1: 4-bit; float8: 8-bit); sm_80,
+    table formats as the int codes of their width (nf4, fp4_e2m1, nvfp4: 4-bit; float8: 8-bit); sm_80,
     narrow layers, 8 rows or fewer and int8 activations keep the mma.sync kernels (8-bit codes
     from 9 rows the 32-channel tile of 8 K warps under 2 blocks per SM, wide layers too)."""
     def tile(cfg, m, target=SM90):
@@ -350,6 +392,10 @@ def test_wgmma_default_tiles():
         assert tile(_cfg(W=W, N=8192), 33) == tile(_cfg(N=8192), 33) == (16, 4, 2)
         assert tile(_cfg(W=W), 16) == tile(_cfg(), 16) == (16, 1, 4)
         assert tile(_cfg(W=W, N=8192), 16) is None and tile(_cfg(W=W, N=4096), 64) is None
+    nv = dict(W="nvfp4", group_size=16)       # nvfp4 (float8 block scales of 16 codes) as 4-bit codes too
+    assert tile(_cfg(**nv), 64) == tile(_cfg(), 64) and tile(_cfg(**nv), 24) == tile(_cfg(), 24)
+    assert tile(_cfg(**nv, N=8192), 33) == (16, 4, 2) and tile(_cfg(**nv), 16) == (16, 1, 4)
+    assert tile(_cfg(**nv, N=8192), 16) is None and tile(_cfg(**nv, N=4096), 64) is None
     for W in ("float8_e4m3", "float8_e5m2"):
         assert tile(_cfg(W=W, group_size=-1), 64) == tile(_cfg(W="int8", group_size=-1), 64) == (16, 1, 4)
         assert tile(_cfg(W=W), 48) is None and tile(_cfg(W=W), 16) is None
@@ -374,9 +420,9 @@ def test_wgmma_refusals_name_the_argument():
     plan = make_plan(_cfg(), "cuda", 32)
     cases = [
         (make_plan(_cfg(W="int1"), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='int1'"),
-        (make_plan(MatmulConfig(N=28672, K=8192, A_dtype="float16", W_dtype="nvfp4", with_scaling=True,
-                                group_size=16), "cuda", 32),
-         GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG), "W_dtype='nvfp4'"),
+        # two groups per 16-byte vector: only nvfp4's float8 block scales (applied per decoded pair)
+        (make_plan(_cfg(W="int4", group_size=16), "cuda", 32), GEMVHint(rows_per_warp=16, k_warps=1, stages=4, **WG),
+         "vec_bytes=0"),
         (plan, GEMVHint(rows_per_warp=48, k_warps=1, stages=4, **WG), "rows_per_warp=48"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=3, stages=4, **WG), "k_warps=3"),
         (plan, GEMVHint(rows_per_warp=16, k_warps=1, stages=0, **WG), "stages=0"),
@@ -419,7 +465,7 @@ def test_wgmma_row_classes_and_candidates():
     ("u4", 17, (16, 1, 4)), ("u4-zeros-bias", 64, (32, 1, 2)), ("bf16-u4-qzeros", 40, (16, 4, 2)),
     ("i2", 24, (32, 1, 2)), ("i8-chan-f32", 64, (16, 2, 4)), ("u4-noscale", 9, (16, 1, 1)),
     ("nf4", 33, (16, 1, 4)), ("bf16-fp4-chan-bias", 17, (32, 1, 2)), ("e4m3", 64, (16, 4, 2)),
-    ("bf16-e5m2-noscale-f32", 48, (16, 1, 4)),
+    ("bf16-e5m2-noscale-f32", 48, (16, 1, 4)), ("nvfp4", 33, (16, 1, 4)), ("bf16-nvfp4-bias", 64, (32, 1, 2)),
 ])
 def test_wgmma_codegen(name, m, hint):
     """Generated sources compile with nvcc for sm_90a: the main kernel without spills and without
@@ -435,14 +481,18 @@ def test_wgmma_codegen(name, m, hint):
                                      out_dtype="bfloat16"),
           "e4m3": dict(W="float8_e4m3"),
           "bf16-e5m2-noscale-f32": dict(W="float8_e5m2", with_scaling=False, group_size=-1, A_dtype="bfloat16",
-                                        out_dtype="float32")}[name]
+                                        out_dtype="float32"),
+          "nvfp4": dict(W="nvfp4", group_size=16),
+          "bf16-nvfp4-bias": dict(W="nvfp4", group_size=16, A_dtype="bfloat16", with_bias=True,
+                                  out_dtype="bfloat16")}[name]
     cfg = _cfg(N=1000, K=4096, **kw)
     R, KW, st = hint
     src = cuda_source(make_plan(cfg, "cuda", m), SM90, GEMVHint(rows_per_warp=R, k_warps=KW, stages=st, pdl=True, **WG))
     assert "wgmma.mma_async.sync.aligned.m64n" + str(wgmma_rows(m)) + "k16" in src
     assert "permute_kernel" in src and "cp.async.bulk.tensor" in src
     mark = {"nf4": "prmt.b32 %0, %1, %2, %3;", "bf16-fp4-chan-bias": "0x01c001c0", "e4m3": "f8k",
-            "bf16-e5m2-noscale-f32": "__byte_perm(q, 0u, 0x2404)"}.get(name)      # the table decoder's
+            "bf16-e5m2-noscale-f32": "__byte_perm(q, 0u, 0x2404)", "nvfp4": "bb_sclb_f16_e2m1_v16(",
+            "bf16-nvfp4-bias": "bb_sclb_bf16_e2m1_v16("}.get(name)      # the table decoder's
     assert mark is None or mark in src
     text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
     assert "C7513" not in text, text[-2000:]

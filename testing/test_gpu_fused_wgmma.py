@@ -4,7 +4,7 @@ x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile
 (N off the channel tile), each tile shape (row tiles 64 / 128 / 256, 1 / 2 channel tiles, 1 / 2
 warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
-for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2) in the default tiles
+for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2, nvfp4) in the default tiles
 at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
 the tolerance table.
 
@@ -101,13 +101,20 @@ TABLE_FORMATS = {
                            out_dtype="bfloat16"),
     "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
     "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
+    # nvfp4: two float8_e4m3 block scales per 16-byte vector (per decoded pair), global scale at the store
+    "nvfp4": dict(W_dtype="nvfp4", group_size=16, with_scaling=True),
+    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
+                            out_dtype="bfloat16"),
 }
 
 
 # each format in one of the two default tiles (256-row tiles of two warpgroups side by side; 128-row
 # tiles of two warpgroups splitting K), nf4 (its own activation order) in both
-TABLE_CASES = [(name, "t128w2k" if i % 2 else "t256w2") for i, name in enumerate(TABLE_FORMATS)] + [
-    ("nf4-g128", "t128w2k"), ("bf16-nf4-chan-bias", "t256w2")]
+TABLE_CASES = [(name, "t128w2k" if i % 2 else "t256w2") for i, name in enumerate(TABLE_FORMATS)
+               if "nvfp4" not in name] + [
+    ("nf4-g128", "t128w2k"), ("bf16-nf4-chan-bias", "t256w2"),
+    # nvfp4 in the default tiles of 4-bit codes (overlap=True) and one without overlap
+    ("nvfp4", "t128w2k-ov"), ("bf16-nvfp4-bias", "t256w2-ov"), ("nvfp4", "t256w2")]
 
 
 @pytest.mark.parametrize("name,hk", TABLE_CASES)
@@ -120,12 +127,24 @@ def test_fused_table_formats(name, hk):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("name", ["nf4-g128", "e4m3-chan"])
+@gpu
+def test_fused_nvfp4_8192():
+    """nvfp4, N = K = 8192 (64 slabs per warpgroup: whole unrolled overlap bodies) in the default
+    tile for 128 rows, run at 128 and 200 rows."""
+    from bitblas.schedule.fused_wgmma import fused_default
+    cfg = MatmulConfig(N=8192, K=8192, A_dtype="float16", **TABLE_FORMATS["nvfp4"])
+    hint = fused_default(make_plan(cfg, "cuda", None), 128)
+    assert hint is not None and hint.overlap, hint
+    errors = _check(cfg, hint, (128, 200))
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("name", ["nf4-g128", "e4m3-chan", "nvfp4"])
 @gpu
 def test_table_formats_through_matmul(name):
     """A dynamic-M operator (N=8192, K=1024) of a table format with default kernels on sm_90: the
-    wgmma GEMV where it takes the rows (nf4: 17..64; float8: above 48), the fused GEMM past the GEMV
-    (128..1024 rows), correct at every row count across the boundary."""
+    wgmma GEMV where it takes the rows (nf4, nvfp4: 17..64; float8: above 48), the fused GEMM past
+    the GEMV (128..1024 rows), correct at every row count across the boundary."""
     import bitblas
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     cfg = MatmulConfig(M=None, N=8192, K=1024, **{"A_dtype": "float16", **TABLE_FORMATS[name]})

@@ -232,6 +232,8 @@ def test_gemv_mma_default_tile_choice():
         assert isinstance(h16, GEMVWgmmaHint), name
     assert tile("nvfp4-bias", 2) == tile("nvfp4-bias", 4) == (32, 8, 2, 2, 0)
     assert tile("nvfp4-bias", 16) == (32, 8, 4, 1, 2)
+    h16 = default_gemv_hint(make_plan(MatmulConfig(N=28672, K=8192, **CONFIGS["nvfp4-bias"]), "cuda", 16), t90)
+    assert isinstance(h16, GEMVWgmmaHint)      # nvfp4 as 4-bit codes on wide layers (per-pair block scales)
     assert tile("u4", 2, W_dtype="int8", group_size=-1) == tile("u4", 4, W_dtype="int8", group_size=-1) \
         == (32, 8, 2, 2, 0)
     assert tile("u4", 12, W_dtype="int8", group_size=-1) == (32, 8, 4, 1, 2)

@@ -1,12 +1,13 @@
 """The wgmma GEMV (``GEMVWgmmaHint``, bitblas/schedule/gemv/wgmma.py) on an sm_90
 GPU: every int/uint 2-, 4- and 8-bit family it takes (group scales, float / quantized / rescale
 zeros, no scales, per-channel scales, bias, float32 and bfloat16 outputs) and the table formats
-(nf4, fp4_e2m1, float8_e4m3, float8_e5m2: ``test_gemv_wgmma_table_formats``) at row counts that are
+(nf4, fp4_e2m1, float8_e4m3, float8_e5m2, nvfp4: ``test_gemv_wgmma_table_formats``) at row counts that are
 no multiple of 8 or of the kernel's B width, N no multiple of 64, and each tile shape (64 / 128
 channels per warpgroup, 1 / 2 / 4 warpgroups splitting K); the kernel takes its row count at run
 time; a dynamic-M operator on a wide layer runs it through ``Matmul``.
 
     python -m pytest testing/test_gpu_gemv_wgmma.py -m gpu
+    python -m pytest testing/test_gpu_gemv_wgmma.py testing/test_gpu_fused_wgmma.py -m gpu -k nvfp4
 """
 from __future__ import annotations
 
@@ -97,6 +98,11 @@ TABLE_CONFIGS = {
                            out_dtype="bfloat16"),
     "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
     "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
+    # nvfp4: e2m1 codes, two float8_e4m3 block scales per 16-byte vector (per decoded pair), the
+    # float32 global scale at the store
+    "nvfp4": dict(W_dtype="nvfp4", group_size=16, with_scaling=True),
+    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
+                            out_dtype="bfloat16"),
 }
 
 
@@ -116,6 +122,21 @@ def test_gemv_wgmma_table_formats(name):
         assert why is None, why
         fn = build_plan(plan, cuda_target(), hint)
         errors += [f"{hint} m={m}: {e}" for m in rows for e in [check_kernel(cfg, plan, fn, m)] if e]
+    assert not errors, errors
+
+
+@gpu
+def test_gemv_wgmma_nvfp4_8192():
+    """nvfp4, N = K = 8192: the default tile (wgmma_tile: 4 warpgroups splitting K) built for 64
+    rows, run at 17, 33 and 64 rows."""
+    from bitblas.kernels import default_hint
+    from bitblas.schedule import GEMVWgmmaHint
+    cfg = MatmulConfig(N=8192, K=8192, A_dtype="float16", **TABLE_CONFIGS["nvfp4"])
+    plan = make_plan(cfg, "cuda", 64)
+    hint = default_hint(plan, cuda_target())
+    assert isinstance(hint, GEMVWgmmaHint), hint
+    fn = build_plan(plan, cuda_target(), hint)
+    errors = [e for e in (check_kernel(cfg, plan, fn, m) for m in (17, 33, 64)) if e]
     assert not errors, errors
 
 

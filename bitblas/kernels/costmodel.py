@@ -62,7 +62,7 @@ def scale_bytes_per_weight(plan) -> float:
 def gemv_prelude(plan, hint):
     """(weight vector bytes, codes per vector, vectors per channel) of a GEMV ``hint`` on ``plan``,
     or None where the kernel does not take it (infinite cost)."""
-    vb = gemv.vec_bytes(plan, hint.vec_bytes)
+    vb = gemv.vec_bytes(plan, hint.vec_bytes, blocks=gemv.vec_blocks(plan, hint))
     if vb is None or gemv.gemv_hint_unsupported(plan, hint) is not None:
         return None
     vals = vb * 8 // plan.w.bits

@@ -1,5 +1,5 @@
 """Template "gemv-wgmma": the wgmma GEMV (schedule/gemv/wgmma.py, :class:`GEMVWgmmaHint`), sm_90a,
-float activations x int/uint 2-, 4- and 8-bit codes, nf4, fp4_e2m1 and float8 weights, 9..64 rows
+float activations x int/uint 2-, 4- and 8-bit codes, nf4, fp4_e2m1, nvfp4 and float8 weights, 9..64 rows
 in classes of 8 rows (one kernel per class, its row count given at run time)."""
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
-sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2m1, nf4 (4-bit
-tables) and float8 weights; the mma GEMV's decoder of the format): packed weights stay
+sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2m1, nvfp4 (two
+float8 block scales per vector, per decoded pair), nf4 (4-bit tables) and float8 weights; the mma
+GEMV's decoder of the format): packed weights stay
 packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 
@@ -50,7 +51,7 @@ docs/performance.md.
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
 in natural K order would remove the permute kernel); no persistent tile loop, split-K or
-warp-specialized producer; no nvfp4 weights, int8 / fp8 activations.
+warp-specialized producer; no int8 / fp8 activations.
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     """None when the fused wgmma GEMM takes ``plan`` with ``hint``, else why not (naming the field)."""
-    from .gemv.emit import vec_bytes
+    from .gemv.emit import vec_blocks, vec_bytes
     from .gemv.wgmma import weights_unsupported
     c, w = plan.config, plan.w
     if plan.target_kind != "cuda":
@@ -141,8 +142,9 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return why
     if c.with_act_scaling:
         return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
-    if c.with_scaling and plan.scale_dtype != c.A_dtype:
-        return f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype"
+    if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+        return (f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype "
+                f"(or nvfp4's float8_e4m3 block scales)")
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return f"out_dtype={c.out_dtype!r}: the fused wgmma GEMM writes float16, bfloat16 or float32"
     if hint.row_tile not in (64, 128, 256):
@@ -163,7 +165,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
                 f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
                 f"(ptxas would spill)")
-    if vec_bytes(plan, 16) != 16:
+    if vec_bytes(plan, 16, blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
     kw = hint.warpgroups if hint.split_k else 1

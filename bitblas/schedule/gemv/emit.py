@@ -47,7 +47,8 @@ scale stays a float32 multiply after the dot product, as for int codes:
   8-bit ints through the 1024 magic (float16) or through float32 (bfloat16);
 * nvfp4: e2m1 codes, 8-byte vectors (16 codes, one float8_e4m3 scale each); the scale byte is
   decoded to float32 exactly (``bb_e4m3f``), the optional float32 global scale multiplies the
-  result before the bias.
+  result before the bias. The wgmma kernels stream 16-byte vectors (two blocks): both scale bytes
+  in one register, applied per decoded pair (:func:`block_scale_helpers`).
 
 measurements: docs/performance.md
 """
@@ -58,7 +59,8 @@ from typing import Optional
 from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, prep_adjacent, table_dec
 from .int8 import i8_helpers
 
-__all__ = ["vec_bytes", "span_vectors", "decode_ops_per_weight", "f8_scales", "mma_decodable", "uses_f32_path",
+__all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "span_vectors", "decode_ops_per_weight", "f8_scales",
+           "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
 
@@ -68,21 +70,67 @@ def f8_scales(plan) -> bool:
     return plan.config.A_dtype != "int8" and plan.config.with_scaling and plan.scale_dtype != plan.config.A_dtype
 
 
-def vec_bytes(plan, want: int = 0, group_vectors: int = 1) -> Optional[int]:
+def vec_bytes(plan, want: int = 0, group_vectors: int = 1, blocks: int = 1) -> Optional[int]:
     """Weight bytes per lane vector (``want``, or the largest of 16 / 8 / 4 that fits): at least
     one 16-byte activation load of values, K a multiple of the values, <= 64 values unless asked,
     and with group scales ``group_vectors`` vectors inside one group (the int8 tensor-core GEMV: 4,
-    one mma k-step of a lane quad)."""
+    one mma k-step of a lane quad), or (``blocks`` > 1, :func:`vec_blocks`) up to ``blocks`` whole
+    groups in one vector."""
     c, b = plan.config, plan.w.bits
     vmin = 8 if plan.float_acts else 16      # values per 16-byte activation load
     for vb in ((want,) if want else (16, 8, 4)):
         v = vb * 8 // b
         if v < vmin or c.K % v or (not want and v > 64):   # <= 64 values per vector: registers
             continue
-        if plan.groups > 1 and c.group_size % (group_vectors * v):
+        if plan.groups > 1 and c.group_size % (group_vectors * v) and not (
+                group_vectors == 1 and v % c.group_size == 0 and v // c.group_size <= blocks):
             continue
         return vb
     return None
+
+
+def vec_blocks(plan, hint) -> int:
+    """Scale groups one weight vector of ``hint``'s kernel may hold: 2 for float8 block scales
+    (nvfp4: one per 16 codes) in a kernel that applies them per decoded pair (``hint.block_scales``,
+    the wgmma kernels: 32 codes per 16-byte vector, :func:`block_scale_helpers`), else 1."""
+    return 2 if hint.block_scales and f8_scales(plan) else 1
+
+
+def block_scale_helpers(tag: str, act: str, pairs, V: int, G: int) -> dict:
+    """``bb_ldsb_{tag}(p)``: the two float8_e4m3 block scales of a vector of ``V`` = 2 ``G`` codes
+    (adjacent bytes of the scale row, the first in the low byte); ``bb_sclb_{tag}(d, s)``: the decoded pairs
+    ``d`` (word ``i`` holds codes ``pairs[i]`` of the vector, :func:`~.decode.pair_codes`) times
+    their blocks' scales, ``cvt.rn.f16x2.e4m3x2`` (sm_89+: exact, the low byte in the low half;
+    bfloat16 through float32, exact) and one ``hmul2`` per pair with the half2 of the scales of its
+    two codes' blocks. Exact: an e2m1 value times an e4m3 scale has at most 6 significant bits and
+    lies within 2**-10 .. 2688. NaN scale bytes (0x7f / 0xff, never written by the quantizers)
+    give NaN."""
+    t2 = ACT[act][1]
+    lines = [f"__device__ __forceinline__ void bb_sclb_{tag}(unsigned* d, unsigned s) {{",
+             "  unsigned h;",
+             "  asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h) : \"h\"((unsigned short)(s & 0xFFFFu)));"]
+    if act == "bfloat16":
+        lines.append("  { __nv_bfloat162 b = __float22bfloat162_rn(__half22float2("
+                     "*reinterpret_cast<const __half2*>(&h))); h = *reinterpret_cast<unsigned*>(&b); }")
+    lines.append(f"  const {t2} s01 = *reinterpret_cast<const {t2}*>(&h);")
+    names = {(0, 0): "s00", (1, 1): "s11", (0, 1): "s01", (1, 0): "s10"}
+    used = sorted({(lo // G, hi // G) for lo, hi in pairs})
+    assert all(max(k) < 2 for k in used), (pairs, G)
+    low, high = ("__low2half2", "__high2half2") if act == "float16" else ("__low2bfloat162", "__high2bfloat162")
+    make = {(0, 0): f"{low}(s01)", (1, 1): f"{high}(s01)", (1, 0): "__lowhigh2highlow(s01)"}
+    for k in used:
+        if k != (0, 1):
+            lines.append(f"  const {t2} {names[k]} = {make[k]};")
+    for i, (lo, hi) in enumerate(pairs):
+        lines.append(f"  {{ {t2} v = __hmul2(*reinterpret_cast<{t2}*>(&d[{i}]), {names[(lo // G, hi // G)]}); "
+                     f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
+    lines.append("}")
+    # two byte loads: any view of the scales (no alignment beyond a byte)
+    ld = [f"__device__ __forceinline__ unsigned bb_ldsb_{tag}(const void* p) {{",
+          "  const unsigned char* b = reinterpret_cast<const unsigned char*>(p);",
+          "  return (unsigned)__ldg(b) | ((unsigned)__ldg(b + 1) << 8);", "}"]
+    assert V == 2 * G
+    return {f"bb_sclb_{tag}": "\n" + "\n".join(lines) + "\n", f"bb_ldsb_{tag}": "\n" + "\n".join(ld) + "\n"}
 
 
 def span_vectors(plan) -> Optional[tuple]:

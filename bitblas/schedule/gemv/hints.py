@@ -52,6 +52,8 @@ class GEMVHint(metaclass=_LegacyCall):
     hint those fields select (:func:`from_legacy`)."""
 
     tensor_cores: ClassVar[bool] = False   # the kernel takes its row count at run time (a class of rows)
+    block_scales: ClassVar[bool] = False   # float8 block scales (nvfp4) applied per decoded pair: a vector may
+                                           # hold two 16-code blocks (emit.vec_blocks)
     __slots__ = ()
 
 
@@ -109,6 +111,7 @@ class GEMVWgmmaHint(GEMVHint):
     warpgroup (16: 64 channels, 32: 128), ``k_warps`` warpgroups splitting K (1, 2 or 4; 0 as 1),
     ``stages`` register slots of decoded weights; ``vec_bytes`` must give 16-byte vectors."""
     tensor_cores: ClassVar[bool] = True
+    block_scales: ClassVar[bool] = True
     rows_per_warp: int = 16
     k_warps: int = 1
     stages: int = 4

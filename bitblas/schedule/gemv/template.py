@@ -50,10 +50,10 @@ from ..._tvm import tvm
 from ..epilogue import scaled_sum
 from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
-from .decode import ACT, decoder, e4m3_consts
+from .decode import ACT, decoder, e4m3_consts, pair_codes
 from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .emit import (act_smem_bytes, f8_scales, fmt_float, format_helpers, mma_decodable, prep_words, span_vectors,
-                   uses_f32_path, vec_bytes)
+from .emit import (act_smem_bytes, block_scale_helpers, f8_scales, fmt_float, format_helpers, mma_decodable,
+                   prep_words, span_vectors, uses_f32_path, vec_blocks, vec_bytes)
 from .ksplit import body as ksplit_body
 from .mma import body as mma_body, mma_gemv_unsupported
 from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
@@ -222,8 +222,8 @@ def chunk_tile(plan) -> "GEMVHint":
 def wgmma_tile(plan) -> Optional["GEMVHint"]:
     """The wgmma GEMV's tile for 9..64 rows on sm_90 (wgmma.py), where it measured faster
     than the chunk loop (17..64) or the tensor-core GEMV (9..16), else None. Codes by width: the
-    table formats as the int codes of theirs (nf4, fp4_e2m1: 4-bit; float8: 8-bit; measured for
-    int / uint codes).
+    table formats as the int codes of theirs (nf4, fp4_e2m1, nvfp4: 4-bit; float8: 8-bit; measured
+    for int / uint codes).
 
     17..64 rows: 4-bit codes from N=8192, 2-bit codes on wide layers (N >= 16896), 8-bit codes
     above 48 rows. Wide layers: one warpgroup of 64 channels per block; above 16 rows 128
@@ -356,11 +356,14 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # int8 tensor cores: the 4 vectors of a lane quad inside one group
-    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.tensor_cores else 1)
+    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.tensor_cores else 1,
+                   blocks=vec_blocks(plan, hint))
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
     V = VB * 8 // b                         # values per vector
+    # scale blocks per vector: 2 for nvfp4 in the wgmma kernels (two float8 bytes, one register)
+    SB = V // c.group_size if plan.groups > 1 and V > c.group_size else 1
     AV = 16 if i8 else 8                    # activation values per 16-byte load
     NA = V // 4 if i8 else V // 2           # activation words (4 int8 / 2 float16 values) per vector
     NC = K // V                             # vectors per row
@@ -382,6 +385,9 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     float_zeros = c.with_zeros and not quant_zeros
     # register dtypes of raw scales / zeros (int8 activations: group scales only, per-channel ones at the store)
     sdt = plan.arg("scale").dtype if c.with_scaling and not plan.scale_in_epilogue else None
+    if SB > 1:
+        sdt = "uint32"
+        helpers = {**helpers, **block_scale_helpers(tag, act, pair_codes(dec, b, NW), V, c.group_size)}
     zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
     acc_dtype = "int32" if i8 and not sdt else "float32"    # int8: exact int32 sums unless group scales
@@ -436,6 +442,8 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         cv * sum(a)."""
         if i8:                                 # int8: the group scale only (dp4a sums are exact)
             return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
+        if SB > 1:                             # the block scales: bb_sclb on the decoded pairs
+            return [f"{ind}ov[{idx}] = {x_shift}", f"{ind}cv[{idx}] = T.float32(0)"]
         s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
         if s_f8:
             s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
@@ -473,7 +481,10 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         """Weight vector ``cidx`` of row ``nr`` into slot ``at`` (index text) of ``wq``, its raw
         scale (``scales``) / zero element into ``sr`` / ``zr`` at the same index."""
         out = [ldw_line(ind, nr, cidx, f"wq.ptr_to([{at}, 0])")]
-        if sdt and scales:
+        if sdt and scales and SB > 1:
+            out.append(f"{ind}sr[{at}] = T.cuda.func_call('bb_ldsb_{tag}', scale.ptr_to([{nr}, {cidx} * {SB}]), "
+                       f"source_code={src(f'bb_ldsb_{tag}')}, return_type='uint32')")
+        elif sdt and scales:
             out.append(f"{ind}sr[{at}] = scale[{nr}, {gidx(cidx)}]")
         if zdt:
             out.append(f"{ind}zr[{at}] = {zsrc(nr, cidx)}")

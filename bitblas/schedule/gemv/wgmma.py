@@ -1,5 +1,5 @@
 """The Hopper tensor-core GEMV (``GEMVWgmmaHint``, sm_90a, float activations x int/uint 2-/4-/8-bit
-codes, fp4_e2m1, 4-bit tables (nf4) and float8 weights): ``wgmma.mma_async m64nNk16`` with the
+codes, fp4_e2m1, nvfp4, 4-bit tables (nf4) and float8 weights): ``wgmma.mma_async m64nNk16`` with the
 *decoded weights in registers* as the 64 x 16 A operand (64 output channels per warpgroup, or 128 as
 two tiles) and the activation rows, rounded up to N = 8, 16, .., 64, as the 16 x N B operand, read
 by the tensor cores straight from shared memory.
@@ -42,7 +42,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .decode import decoder, pair_codes
-from .emit import device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_bytes
+from .emit import (device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_blocks,
+                   vec_bytes)
 from .mma import mma_helpers
 
 __all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
@@ -85,14 +86,15 @@ def weights_unsupported(plan, kernel: str) -> Optional[str]:
     """None when the wgmma kernels (``kernel``: their name in the message) decode the plan's
     weights: the half-pair decoders of the mma GEMV (:func:`~.emit.mma_decodable`) for 2-, 4- and
     8-bit codes (int/uint, fp4_e2m1, 4-bit tables such as nf4, float8), scales (if any) in the
-    activation dtype; else why not."""
+    activation dtype, or nvfp4's float8_e4m3 scales per 16 e2m1 codes (two per 16-byte vector,
+    applied per decoded pair: :func:`~.emit.block_scale_helpers`); else why not."""
     c, w = plan.config, plan.w
     if not mma_decodable(w) or w.bits not in (2, 4, 8):
         return (f"W_dtype={c.W_dtype!r}: {kernel} decodes int/uint 2-, 4- and 8-bit codes, fp4_e2m1, 4-bit "
                 f"tables (nf4) and float8_e4m3 / float8_e5m2")
-    if f8_scales(plan):
-        return (f"W_dtype={c.W_dtype!r}: {kernel} takes scales in the activation dtype (not float8_e4m3 "
-                f"scales per 16 codes)")
+    if f8_scales(plan) and (decoder(w) != "e2m1" or c.group_size != 16):
+        return (f"W_dtype={c.W_dtype!r}: {kernel} takes float8_e4m3 scales with e2m1 codes in blocks of 16 "
+                f"(nvfp4), else scales in the activation dtype")
     return None
 
 
@@ -116,7 +118,7 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     if KW * 2 * _slab_bytes(plan) > _SMEM_MAX:
         return (f"{plan.m} rows, k_warps={hint.k_warps}: two activation slots per warpgroup need "
                 f"{KW * 2 * _slab_bytes(plan)} bytes of shared memory, more than {_SMEM_MAX}")
-    VB = vec_bytes(plan, hint.vec_bytes)
+    VB = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint))
     if VB != 16:
         return f"vec_bytes={hint.vec_bytes}: the wgmma GEMV streams 16-byte weight vectors"
     slab = slab_codes(w.bits) * KW
@@ -174,7 +176,7 @@ def permute_script(plan, hint) -> str:
     one thread per group of output chunks that read the same input chunks (:func:`_perm_groups`),
     ``mv`` rows at run time."""
     c, w = plan.config, plan.w
-    nw = vec_bytes(plan, hint.vec_bytes) // 4
+    nw = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) // 4
     perm = slab_permutation(w.bits, nw, decoder(w))
     S = len(perm)
     NS = c.K // S
@@ -324,7 +326,10 @@ def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str, dq: str =
     for ln in e["scale_lines"](ind1, cidx, "h", s_raw, f"zr[{ws}, r, h]" if zdt else None):
         add(ln)
     add(e["dec_line"](ind1, f"wq.ptr_to([{ws}, r, h, 0])", "ov[h]", f"{dq}.ptr_to([r, h, 0])"))
-    if (c.with_scaling or e["float_zeros"]) and not at_store:
+    if e["SB"] > 1:                           # nvfp4: the two blocks' float8 scales per decoded pair
+        add(f"{ind1}T.cuda.func_call('bb_sclb_{tag}', {dq}.ptr_to([r, h, 0]), sr[{ws}, r, h], "
+            f"source_code={e['helpers'][f'bb_sclb_{tag}']!r})")
+    elif (c.with_scaling or e["float_zeros"]) and not at_store:
         scl = mma_helpers(tag, c.A_dtype, e["NA"])[f"bb_scl_{tag}"]
         add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', {dq}.ptr_to([r, h, 0]), sv[h], cv[h], "
             f"source_code={scl!r})")

@@ -341,7 +341,7 @@ def test_permute_helper_emulated(bits, dec):
     assert got == [src[perm[t]] for t in range(len(perm))]
 
 
-@pytest.mark.parametrize("W", ["uint4", "nf4", "fp4_e2m1", "float8_e5m2"])
+@pytest.mark.parametrize("W", ["uint4", "nf4", "fp4_e2m1", "float8_e5m2", "nvfp4"])
 def test_permute_kernel_follows_the_decoder(W):
     """The permute kernel of a plan (the wgmma GEMV's and the fused GEMM's) reorders the activations
     for the decoder of the plan's format: nf4's adjacent pairs, the others' (p, p + n/2)."""
@@ -353,7 +353,7 @@ def test_permute_kernel_follows_the_decoder(W):
     perm = slab_permutation(fmt.bits, 4, decoder(fmt))
     helper = repr(_perm_helper(perm, _perm_groups(perm)[1]))
     other = slab_permutation(fmt.bits, 4, "int" if decoder(fmt) == "lut4" else "lut4") if fmt.bits == 4 else None
-    cfg = _cfg(W=W, N=1000, K=1536)
+    cfg = _cfg(W=W, N=1000, K=1536, **({"group_size": 16} if W == "nvfp4" else {}))
     for plan, hint in ((make_plan(cfg, "cuda", 33), GEMVWgmmaHint(rows_per_warp=16, k_warps=1, stages=4)),
                        (make_plan(cfg, "cuda", None), _gemv_stand_in(FusedWgmmaHint()))):
         text = permute_script(plan, hint)

@@ -122,6 +122,16 @@ class _Quantize(ConversionOps):
         return {}
 
 
+def _load_layer(name: str, layer, state: dict) -> None:
+    """``layer.load_state_dict(state)`` (assigning, format record checked), errors naming the layer."""
+    try:
+        result = layer.load_state_dict(state, strict=False, assign=True)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise type(e)(f"layer {name!r}: {e}") from e
+    if result.unexpected_keys:
+        raise ValueError(f"layer {name!r}: unexpected tensors {result.unexpected_keys}")
+
+
 class _Deserialize(ConversionOps):
     """Load a saved bitblas layer: all its tensors (those a plain ``nn.Linear`` does not have) go
     through the layer's own ``load_state_dict`` (format record checked, packed tensors assigned)."""
@@ -140,12 +150,7 @@ class _Deserialize(ConversionOps):
         if not isinstance(layer, Linear) and set(state) != {"_extra_state"}:
             raise ValueError(f"{name}: the checkpoint holds bitblas tensors ({sorted(state)}) but the model's "
                              f"module is a {type(layer).__name__}")
-        try:
-            result = layer.load_state_dict(state, strict=False, assign=True)
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise type(e)(f"layer {name!r}: {e}") from e
-        if result.unexpected_keys:
-            raise ValueError(f"layer {name!r}: unexpected tensors {result.unexpected_keys}")
+        _load_layer(name, layer, state)
         layer._is_hf_initialized = True
         if missing_keys is not None:
             # a state without a format record is Microsoft BitBLAS's Linear's: the record is not missing
@@ -251,12 +256,7 @@ class BitBLASHfQuantizer(HfQuantizer):
             if not state:
                 continue
             layer._buffers.update({k: skeleton[k] for k in state if k in skeleton})
-            try:
-                result = layer.load_state_dict(state, strict=False, assign=True)
-            except (ValueError, TypeError, RuntimeError) as e:
-                raise type(e)(f"layer {name!r}: {e}") from e
-            if result.unexpected_keys:
-                raise ValueError(f"layer {name!r}: unexpected tensors {result.unexpected_keys}")
+            _load_layer(name, layer, state)
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         if self.pre_quantized:

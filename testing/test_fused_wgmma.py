@@ -65,10 +65,10 @@ def _cfg(name, N=1000, K=1536, M=None):
     # overlap=True: two decoded register sets, wait_group 1 inside the unrolled body (K=1536: one
     # whole body of 8 slabs and a partial one; split over K: a partial one only)
     ("u4-g128", None, (128, 1, 2, "split_k", "overlap")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
-    ("u8-g128-bias", None, (128, 1, 1, "overlap")),
+    ("u8-g128-bias", None, (128, 1, 1, "overlap")), ("u4-g128-zeros", None, (128, 1, 2, "split_k", "overlap", "s4r4")),
     ("nf4-g128", None, (256, 1, 2)), ("fp4-g64-bias", 300, (128, 1, 2, "split_k")),
     ("bf16-e4m3-chan", None, (256, 1, 2)), ("e5m2-g128-f32", None, (128, 1, 2, "split_k")),
-    ("nvfp4", None, (128, 1, 2, "split_k", "overlap")), ("bf16-nvfp4-bias", 300, (256, 1, 2, "overlap")),
+    ("nvfp4", None, (128, 1, 2, "split_k", "overlap", "s4r4")), ("bf16-nvfp4-bias", 300, (256, 1, 2, "overlap")),
 ])
 def test_fused_codegen(name, m, tile):
     """Generated sources (N=1000, K=1536; symbolic rows or a static count off the row tile) compile
@@ -79,7 +79,8 @@ def test_fused_codegen(name, m, tile):
         pytest.skip("nvcc not found")
     RT, R, CW, *flags = tile
     split = "split_k" in flags
-    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=split, overlap="overlap" in flags)
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=split, overlap="overlap" in flags,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
     src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
     assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
     assert ("wgmma.wait_group.sync.aligned 1;" in src) == hint.overlap

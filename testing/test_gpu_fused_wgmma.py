@@ -47,6 +47,7 @@ HINTS = {
     "t128-ov": FusedWgmmaHint(row_tile=128, stages=4, overlap=True),
     "t256w2-ov": FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True),
     "t128w2k-ov": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True),
+    "t128w2k-ov4": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -66,7 +67,8 @@ def _check(cfg, hint, rows):
 # uint2 with 2 channel tiles of n128 would spill, as would its two decoded slabs with overlap=True at
 # n256; and its slab of 4 boxes leaves no room for the 2 slabs overlap=True keeps in the ring of t128 and
 # t128w2k (refused: test_fused_wgmma.py)
-REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov"), ("u2-g128", "t256w2-ov")}
+REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov"), ("u2-g128", "t256w2-ov"),
+           ("u2-g128", "t128w2k-ov4")}
 CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) not in REFUSED]
 
 
@@ -79,7 +81,8 @@ def test_fused_formats(name, hk):
 
 
 @pytest.mark.parametrize("name,hk", [(name, hk) for name in FORMATS
-                                     for hk in ("t128", "t256w2", "t128w2k", "t256w2-ov", "t128w2k-ov")
+                                     for hk in ("t128", "t256w2", "t128w2k", "t256w2-ov", "t128w2k-ov",
+                                                "t128w2k-ov4")
                                      if (name, hk) not in REFUSED])
 @gpu
 def test_fused_8192(name, hk):
@@ -114,7 +117,7 @@ TABLE_CASES = [(name, "t128w2k" if i % 2 else "t256w2") for i, name in enumerate
                if "nvfp4" not in name] + [
     ("nf4-g128", "t128w2k"), ("bf16-nf4-chan-bias", "t256w2"),
     # nvfp4 in the default tiles of 4-bit codes (overlap=True) and one without overlap
-    ("nvfp4", "t128w2k-ov"), ("bf16-nvfp4-bias", "t256w2-ov"), ("nvfp4", "t256w2")]
+    ("nvfp4", "t128w2k-ov4"), ("bf16-nvfp4-bias", "t256w2-ov"), ("nvfp4", "t256w2")]
 
 
 @pytest.mark.parametrize("name,hk", TABLE_CASES)

@@ -116,3 +116,24 @@ def past_gemv(choice) -> bool:
     decode-then-GEMM, or the fused wgmma GEMM where it is the default (schedule/fused_wgmma.py)."""
     from bitblas.schedule import FusedWgmmaHint
     return isinstance(choice, FusedWgmmaHint) or (isinstance(choice, tuple) and choice[0] == "dequant-gemm")
+
+
+# the table formats of the wgmma GEMV and the fused wgmma GEMM tests (the mma GEMV's decoders; nf4
+# pairs adjacent codes, so its activations are permuted differently): group / per-channel / no
+# scales, bias, bfloat16 and float32 outputs
+WGMMA_TABLE_FORMATS = {
+    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
+    "bf16-nf4-chan-bias": dict(A_dtype="bfloat16", W_dtype="nf4", with_scaling=True, with_bias=True,
+                               out_dtype="bfloat16"),
+    "fp4-g64": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True),
+    "bf16-fp4-noscale-f32": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", out_dtype="float32"),
+    "e4m3-chan": dict(W_dtype="float8_e4m3", with_scaling=True),
+    "bf16-e4m3-g128": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
+                           out_dtype="bfloat16"),
+    "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
+    "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
+    # nvfp4: two float8_e4m3 block scales per 16-byte vector (per decoded pair), global scale at the store
+    "nvfp4": dict(W_dtype="nvfp4", group_size=16, with_scaling=True),
+    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
+                            out_dtype="bfloat16"),
+}

@@ -19,7 +19,7 @@ from bitblas.build import build_plan, cuda_target
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint
 from bitblas.schedule.gemv import gemv_hint_unsupported
-from kernel_helpers import check_kernel
+from kernel_helpers import WGMMA_TABLE_FORMATS, check_kernel
 
 _skip = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
                            reason="needs an sm_90 GPU")
@@ -85,25 +85,7 @@ def test_gemv_wgmma_few_rows(name, hk):
     assert not [e for e in errors if e], errors
 
 
-# the table formats (the mma GEMV's decoders; nf4 pairs adjacent codes, so its activations are
-# permuted differently): group / per-channel / no scales, bias, bfloat16 and float32 outputs
-TABLE_CONFIGS = {
-    "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
-    "bf16-nf4-chan-bias": dict(A_dtype="bfloat16", W_dtype="nf4", with_scaling=True, with_bias=True,
-                               out_dtype="bfloat16"),
-    "fp4-g64": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True),
-    "bf16-fp4-noscale-f32": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", out_dtype="float32"),
-    "e4m3-chan": dict(W_dtype="float8_e4m3", with_scaling=True),
-    "bf16-e4m3-g128": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
-                           out_dtype="bfloat16"),
-    "e5m2-g128-bias": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, with_bias=True),
-    "e5m2-noscale-f32": dict(W_dtype="float8_e5m2", out_dtype="float32"),
-    # nvfp4: e2m1 codes, two float8_e4m3 block scales per 16-byte vector (per decoded pair), the
-    # float32 global scale at the store
-    "nvfp4": dict(W_dtype="nvfp4", group_size=16, with_scaling=True),
-    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
-                            out_dtype="bfloat16"),
-}
+TABLE_CONFIGS = WGMMA_TABLE_FORMATS            # the table formats (kernel_helpers)
 
 
 @pytest.mark.parametrize("name", list(TABLE_CONFIGS))

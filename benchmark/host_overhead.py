@@ -147,6 +147,15 @@ def _cases(lin, args, device):
 _TORCH_ONLY = ("torch.empty(out)", "F.linear", "nn.Linear()")   # no bitblas kernel to swap
 
 
+class _PyNop:
+    """A kernel that does nothing, in pure Python. It says it checks its arguments (as a compiled
+    kernel's prologue does), so the operator's call path is the one the real kernel gets."""
+    checks_args = True
+
+    def __call__(self, *args):
+        return None
+
+
 def _with_kernel(op, fake):
     """Context: every kernel ``op`` resolves is ``fake`` (None: the real ones)."""
     from bitblas.cache import kernels
@@ -201,7 +210,7 @@ def main(argv=None):
     op = lin.bitblas_matmul
     cases = _cases(lin, args, device)
     modes = [m for m in args.modes.split(",") if m]
-    fakes = {"kernel": None, "py-nop": lambda *a: None}
+    fakes = {"kernel": None, "py-nop": _PyNop()}
     import tvm_ffi
     nop = tvm_ffi.get_global_func("testing.nop", allow_missing=True)
     if nop is not None:

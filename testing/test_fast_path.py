@@ -283,3 +283,45 @@ def test_op_hot_path_checks(naming):
 def test_cuda_op_hot_path_checks(naming):
     """test_op_hot_path_checks on CUDA (the offset A view is misaligned there)."""
     _op_hot_path_checks("cuda", naming)
+
+
+def test_unbound_direct_call_leaves_checks_to_the_kernel():
+    """Where every tensor goes to the kernel as given, the unbound call leaves the argument checks
+    to the compiled kernel's own prologue (tvm's: dtype, shape, device, strides) and checks only what
+    that does not (A, W and output alignment on CUDA). A call the kernel refuses still ends in the
+    operator's error naming the argument, and turns the shortcut off for that shape: a caller whose
+    tensors always need converting (float16 scales for an int8 kernel's float32 ones) gets the right
+    result on every call without an exception per call."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, K, generator=g).to(torch.float16)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(torch.float16)
+    op = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="float16", W_dtype="float16"), target="llvm")
+    want = (x.double() @ w.double().T).to(torch.float16)
+    for _ in range(3):
+        out = torch.full((2, N), float("nan"), dtype=torch.float16)
+        assert op(x, w, out) is out
+        _close(out, want)
+    cell = op._calls[(x.device, x.shape)][8]
+    assert cell is not None and cell[0] is not None             # the kernel checks, nothing refused yet
+    _close(op(x, w), want)                                      # fresh output through the shortcut
+    assert cell[0] is not None
+    picks = cell[0]
+    for bad, exc, name in ((w.float(), TypeError, "W: expected dtype"), (w[:, :K // 2], ValueError, "W"),
+                           (w.t(), ValueError, "W"), (torch.empty(N, K, dtype=torch.float16, device="meta"),
+                                                  ValueError, "W")):
+        with pytest.raises(exc, match=name):
+            op(x, bad)
+        assert cell[0] is None                                  # refused once: the checked path from now on
+        _close(op(x, w), want)
+        cell[0] = picks                                         # on again, for the next refusal
+    # int8 x int8 with float32 per-channel scales: float16 scales shaped [N, 1] are converted per call
+    xi = torch.randint(-8, 8, (2, K), generator=g, dtype=torch.int8)
+    wi = torch.randint(-8, 8, (N, K), generator=g, dtype=torch.int8)
+    s16 = (torch.rand(N, 1, generator=g) * 0.1).to(torch.float16)
+    op8 = bitblas.Matmul(MatmulConfig(M=2, N=N, K=K, A_dtype="int8", W_dtype="int8", accum_dtype="int32",
+                                      out_dtype="float16", with_scaling=True), target="llvm")
+    want8 = ((xi.double() @ wi.double().T) * s16.double().T).to(torch.float16)
+    for i in range(3):
+        _close(op8(xi, wi, scale=s16), want8)
+        entry = op8._calls[(xi.device, xi.shape)]
+        assert entry is not None and (entry[8] is None or entry[8][0] is None)

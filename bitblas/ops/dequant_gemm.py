@@ -59,6 +59,10 @@ class DequantGemm:
     """A kernel-like callable for ``plan`` (arguments in ``plan.args`` order): dequantize into a
     temporary buffer, then the dense wgmma GEMM with ``hint`` (None: the dense plan's default)."""
 
+    # both kernels check their arguments before launching, and the decode writes only its temporary:
+    # a refused call has written nothing of the caller's (ops.matmul._checks_args)
+    checks_args = True
+
     def __init__(self, plan: Plan, target, hint=None):
         from ..cache.kernels import get_kernel
         from ..schedule.cuda_dequant import weight_arg_names

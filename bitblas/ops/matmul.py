@@ -228,7 +228,14 @@ class Matmul(BitBLASOperatorAPI):
                     slots = tuple(_CALL_SLOTS.index(s) if s != "output" else len(_CALL_SLOTS)
                                   for s in _POSITIONAL if taken[s])
                     rejected = tuple(i for i, a in enumerate(accepted) if not a)
-                    entry = (fn, rejected, tuple(specs), out, dev_index, kind == "cuda", slots, device)
+                    # every tensor goes to the kernel as given (no row view, no int8 bits view) and the
+                    # kernel checks its arguments before it launches: then the call leaves those checks
+                    # to it (see _fast_call); a mutable cell, emptied when the kernel refuses a call
+                    direct = None
+                    if (_checks_args(fn) and out[2] is None and out[3] is not None
+                            and all(s[3] is None and not s[4] for s in specs)):
+                        direct = [tuple((s[0], s[5]) for s in specs)]
+                    entry = (fn, rejected, tuple(specs), out, dev_index, kind == "cuda", slots, device, direct)
         if len(self._calls) >= 4096:
             self._calls.clear()
         self._calls[key] = entry
@@ -648,6 +655,15 @@ def bias_for(config: MatmulConfig, bias) -> torch.Tensor:
     return bias.to(want).contiguous()
 
 
+def _checks_args(fn) -> bool:
+    """Whether ``fn`` checks every tensor argument before it launches or writes anything: a compiled
+    tvm-ffi function (its packed-function prologue), or a wrapper of such kernels that says so
+    (``checks_args``: each of its kernels checks its own arguments, and nothing but its own
+    temporaries is written before the last one's checks pass)."""
+    import tvm_ffi
+    return isinstance(fn, tvm_ffi.Function) or getattr(fn, "checks_args", False) is True
+
+
 # the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 
@@ -656,10 +672,41 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
     take the general path, which then accepts the other legal forms or raises naming the argument.
     ``vals``: the tensors of _CALL_SLOTS, then the output (None: allocate it)."""
-    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda, _, _ = entry
+    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda, _, _, direct = entry
     for i in rejected:                 # tensors this config takes none of
         if vals[i] is not None:
             return None
+    picks = direct[0] if direct is not None else None
+    if picks is not None:
+        # The kernel's own argument checks (tvm's packed-function prologue: type, ndim, dtype, device
+        # type and id, shape, compact strides, byte offset, non-NULL data) run before anything is
+        # launched; only the 16-byte alignment of A, W and the output (GEMV vector loads, TMA bases)
+        # is checked here. A call the kernel refuses empties the cell, so this entry's calls take
+        # the checks below from then on (and this one the general path, which converts or raises
+        # naming the argument): no exception per call for a caller that passes, say, float16 scales.
+        call = []
+        for idx, const in picks:
+            if idx < 0:
+                call.append(const)
+                continue
+            t = vals[idx]
+            if t is None:
+                if const is None:
+                    return None        # a required tensor missing: the general path says which
+                t = const
+            call.append(t)
+        output = vals[8]
+        try:
+            if output is None:
+                output = torch.empty_like(tmpl)
+            if cuda and (vals[0].data_ptr() % 16 or vals[1].data_ptr() % 16 or output.data_ptr() % 16):
+                return None            # the general path realigns by a copy
+            call.append(output)
+            fn(*call)
+            return output
+        except Exception:  # noqa: BLE001 - refused before launch: the checked path and the general one
+            direct[0] = None
+            output = vals[8]
     call = []
     for idx, want, shape, view, bits_view, const in specs:
         if idx < 0:

@@ -479,6 +479,10 @@ class WgmmaGemvFn:
     first): the ``permute`` kernel writes the reordered activations into a temporary buffer
     (torch's caching allocator, rows x K values), then ``main`` runs on it."""
 
+    # both kernels check their arguments before launching, and permute writes only its temporary:
+    # a refused call has written nothing of the caller's (ops.matmul._checks_args)
+    checks_args = True
+
     def __init__(self, permute, main):
         self.permute = permute
         self.main = main

@@ -451,6 +451,30 @@ def test_gemv_hint_limits():
     assert "warps" in nvfp4_gemv_unsupported(make_plan(cfg(N=64, K=64), "cuda", 1), NVFP4GemvHint(warps=0), 90)
 
 
+@pytest.mark.parametrize("sm", [70, 75, 80, 86, 89, 90, 100, 120])
+def test_gemv_staging_fits_the_opt_in_limit(sm):
+    """The GEMV never stages more activation rows than a block may opt in to on its arch (sm_86,
+    sm_89 and sm_120: 99 KB, not the 160 / 200 KB of sm_80 / sm_90), and an operator for that arch
+    launches it with as many rows as fit."""
+    from bitblas.arch import Arch
+    from bitblas.ops.nvfp4 import NVFP4Matmul
+    from bitblas.schedule.nvfp4 import NVFP4_GEMV_MAX_ROWS, NVFP4GemvHint, gemv_smem_bytes, gemv_smem_cap, \
+        nvfp4_gemv_unsupported
+    optin = Arch.from_sm(sm).optin_smem_per_block
+    cap = gemv_smem_cap(sm)
+    assert cap <= optin and cap >= min(optin, 160 * 1024)
+    K = 32768
+    from bitblas.build import cuda_target
+    tgt = cuda_target(f"sm_{sm}")
+    nv = NVFP4Matmul(cfg(N=64, K=K), lambda: tgt)
+    rows = nv.gemv_rows()
+    assert 1 <= rows <= NVFP4_GEMV_MAX_ROWS and gemv_smem_bytes(K, rows) <= optin
+    assert rows == NVFP4_GEMV_MAX_ROWS or gemv_smem_bytes(K, rows + 1) > cap
+    if rows < NVFP4_GEMV_MAX_ROWS and sm >= 61:
+        reason = nvfp4_gemv_unsupported(make_plan(cfg(N=64, K=K), "cuda", rows + 1), NVFP4GemvHint(), sm)
+        assert "shared memory" in reason and str(cap) in reason
+
+
 def test_torch_op(cpu_ops):
     """The torch custom op (bitblas.torch_op.matmul) runs a batched nvfp4 config, eagerly and through
     its fake implementation (shapes under torch.compile's tracing)."""

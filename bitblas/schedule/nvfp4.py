@@ -106,9 +106,13 @@ def gemv_smem_bytes(K: int, m: int) -> int:
 
 def gemv_smem_cap(sm=None) -> int:
     """Shared memory the GEMV may stage activation rows in on ``sm`` (an Arch or a compute
-    capability; None: unknown, taken as Hopper's 227 KB)."""
+    capability; None: unknown, taken as Hopper's 227 KB): 200 KB with TMA-class shared memory,
+    160 KB before, and never more than the family's opt-in limit per block (sm_86 / sm_89 /
+    sm_120: 99 KB)."""
     arch = as_arch(sm)
-    return GEMV_SMEM_MAX if not arch.known or arch.tma else _SMEM_MAX_SM80
+    cap = GEMV_SMEM_MAX if not arch.known or arch.tma else _SMEM_MAX_SM80
+    optin = arch.optin_smem_per_block
+    return cap if optin is None else min(cap, optin)
 
 
 def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:

@@ -681,9 +681,10 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
         # The kernel's own argument checks (tvm's packed-function prologue: type, ndim, dtype, device
         # type and id, shape, compact strides, byte offset, non-NULL data) run before anything is
         # launched; only the 16-byte alignment of A, W and the output (GEMV vector loads, TMA bases)
-        # is checked here. A call the kernel refuses empties the cell, so this entry's calls take
-        # the checks below from then on (and this one the general path, which converts or raises
-        # naming the argument): no exception per call for a caller that passes, say, float16 scales.
+        # is checked here. A call the kernel refuses empties the cell, so this call and the entry's
+        # later ones take the checks below (a mismatch there: the general path, which converts or
+        # raises naming the argument): no exception per call for a caller that passes, say, float16
+        # scales.
         call = []
         for idx, const in picks:
             if idx < 0:
@@ -706,7 +707,6 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
             return output
         except Exception:  # noqa: BLE001 - refused before launch: the checked path and the general one
             direct[0] = None
-            output = vals[8]
     call = []
     for idx, want, shape, view, bits_view, const in specs:
         if idx < 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from .config import MatmulConfig
+from .code_order import weight_order
 from .formats import FORMATS, Format, code_storage
 
 __all__ = ["ArgSpec", "Plan", "make_plan", "M_VAR"]
@@ -55,6 +56,7 @@ class Plan:
     args: Tuple[ArgSpec, ...]
     w_storage: str                   # how W's codes (and quantized zeros) are stored: formats.code_storage
     a_storage: str                   # how A's codes are stored
+    w_order: Optional[Tuple[int, ...]] = None   # code order inside W's 32-bit words (code_order.weight_order)
 
     @property
     def float_acts(self) -> bool:
@@ -176,7 +178,8 @@ def _build_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int]
         add("a_table", (len(a.table),), "float32", role="table")
     add("output", (rows, c.N), c.out_dtype, role="output")
     return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args),
-                code_storage(w, "W", None if float_acts else a), code_storage(a, "A"))
+                code_storage(w, "W", None if float_acts else a), code_storage(a, "A"),
+                None if c.layout == "nn" else weight_order(c))
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_build_plan)

@@ -18,6 +18,10 @@ tensors and compares with a float64 product written here:
   BitBLAS's; the magnitudes are the OCP e2m1 values 0, 0.5 .. 6 (BitBLAS's decoder places the low
   3 bits in the exponent, 2**(e - 7): see the README's format table);
 * ``general_compress`` and ``interleave_weight`` return BitBLAS's bytes.
+
+The configs of int / uint 1-, 2- and 4-bit weights here say ``fast_decoding=False``: BitBLAS's bytes
+are then ``general_compress``'s as they are; with its fast decoding on they are lop3-interleaved as
+well, which testing/test_fast_decoding.py checks (and ``repack_from_gptq`` below).
 """
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ def test_signed_weights_offset_binary(bits, group_size):
     W = bb_general_compress(q + maxq, bits)
     g = K if group_size == -1 else group_size
     scale = (rng.random((N, K // g)) + 0.5).astype(np.float16)
-    config = bitblas.MatmulConfig(M=None, N=N, K=K, W_dtype=f"int{bits}", group_size=group_size, with_scaling=True)
+    config = bitblas.MatmulConfig(M=None, N=N, K=K, fast_decoding=False, W_dtype=f"int{bits}", group_size=group_size, with_scaling=True)
     A = torch.randn(3, K, dtype=torch.float16)
     out = _op(config)(A, _t(W), _t(scale))
     ref = A.double() @ (_t(q).double() * _t(scale).double().repeat_interleave(g, 1)).T
@@ -127,7 +131,7 @@ def test_signed_weights_int8_activations(bits):
     maxq = 2 ** (bits - 1)
     q = rng.integers(-maxq, maxq, size=(N, K))
     A = rng.integers(-128, 128, size=(5, K)).astype(np.int8)
-    config = bitblas.MatmulConfig(M=None, N=N, K=K, A_dtype="int8", W_dtype=f"int{bits}", out_dtype="int32")
+    config = bitblas.MatmulConfig(M=None, N=N, K=K, fast_decoding=False, A_dtype="int8", W_dtype=f"int{bits}", out_dtype="int32")
     out = _op(config)(_t(A), _t(bb_general_compress(q + maxq, bits)))
     assert torch.equal(out, _t(A).long() @ _t(q).long().T)
 
@@ -166,7 +170,7 @@ def test_int4_activations_int2_weights_twos_complement():
     A = rng.integers(-8, 8, size=(5, K))
     q = rng.integers(-2, 2, size=(N, K))
     a = ((A[:, ::2] & 0x0F) + ((A[:, 1::2] & 0x0F) << 4)).astype(np.uint8).view(np.int8)
-    config = bitblas.MatmulConfig(M=None, N=N, K=K, A_dtype="int4", W_dtype="int2", out_dtype="int32")
+    config = bitblas.MatmulConfig(M=None, N=N, K=K, fast_decoding=False, A_dtype="int4", W_dtype="int2", out_dtype="int32")
     out = _op(config)(_t(a), _t(bb_general_compress(q & 0x3, 2)))
     assert torch.equal(out, _t(A).long() @ _t(q).long().T)
 
@@ -185,8 +189,8 @@ def test_quantized_zeros_bitblas_layout(bits):
     W = bb_general_compress(B, bits) if bits < 8 else B.astype(np.uint8).view(np.int8)
     qzeros = bb_general_compress(zeros, bits) if bits < 8 else zeros.astype(np.uint8).view(np.int8)
     assert np.array_equal(bb_dequant_qzeros(qzeros, bits, N), zeros)
-    config = bitblas.MatmulConfig(M=None, N=N, K=K, W_dtype=f"uint{bits}", group_size=gs, with_scaling=True,
-                                  with_zeros=True, zeros_mode="quantized")
+    config = bitblas.MatmulConfig(M=None, N=N, K=K, fast_decoding=False, W_dtype=f"uint{bits}", group_size=gs,
+                                  with_scaling=True, with_zeros=True, zeros_mode="quantized")
     A = torch.randn(4, K, dtype=torch.float16)
     out = _op(config)(A, _t(W), _t(scale), _t(qzeros))
     zexp = _t(bb_dequant_qzeros(qzeros, bits, N)).double().T.repeat_interleave(gs, 1)     # [N, K]
@@ -216,7 +220,9 @@ def test_repack_from_gptq_quantized_zeros_bytes():
     i32 = lambda x: _t(x.astype(np.uint32).view(np.int32))       # noqa: E731
     lin.repack_from_gptq(qweight=i32(qweight), qzeros=i32(qzeros), scales=_t(scales))
     assert np.array_equal(lin.zeros.numpy(), bb_general_compress(z, bits))
-    assert np.array_equal(lin.qweight.numpy(), bb_general_compress(codes.T, bits))
+    # BitBLAS's repack_from_gptq goes through its transform_weight: lop3-interleaved (fast decoding)
+    from test_fast_decoding import bb_lop3_permutate
+    assert np.array_equal(lin.qweight.numpy(), bb_lop3_permutate(bb_general_compress(codes.T, bits), bits, "float16"))
     x = torch.randn(3, K, dtype=torch.float16)
     deq = (_t(codes).double() - _t(z).double().repeat_interleave(gs, 0)) * _t(scales).double().repeat_interleave(gs, 0)
     assert relative_error(lin(x), x.double() @ deq) <= 4e-3

@@ -140,7 +140,7 @@ def _single_rounding(cfg, inputs) -> bool:
 def _terms(cfg, inputs) -> torch.Tensor:
     """M: the largest magnitude among the intermediates, per element (float64 [N, K])."""
     plan = make_plan(cfg, "cuda")
-    v = decode_values(unpack_codes(inputs["W"].cpu().view(torch.int8), plan.w, plan.w_storage), plan.w)
+    v = decode_values(unpack_codes(inputs["W"].cpu().view(torch.int8), plan.w, plan.w_storage, plan.w_order), plan.w)
     if not cfg.with_scaling:
         return v.abs()
     gs = cfg.K if plan.groups == 1 else cfg.group_size

@@ -9,12 +9,13 @@ saves that ``qweight``. Here:
   the lane loop, then float16 2-bit byte swap, int8 1-bit nibble swaps, and the float16 1-bit move,
   which writes two nibbles to one place) and compared with ours, and with slot lists written by
   hand for a few words;
+* the operator's weight is in that order (``Plan.w_order``): ``transform_weight`` gives BitBLAS's
+  bytes and the kernels read them, so a weight BitBLAS packed (a GPTQModel / vLLM "bitblas"
+  checkpoint) goes to ``Matmul`` as it is;
 * a state dict built the way BitBLAS's ``Linear`` saves one (pack the codes, interleave, no format
-  record) loads into ``bitblas.Linear`` and computes dequantize-then-matmul;
-* ``bitblas.Linear/2`` state dicts (the kernels' order, which is what the layer saves: a loader
-  that fills the buffers without the module's load hook reads them right) load; save -> load round
-  trips; ``to_bitblas_weight`` of the saved bytes gives BitBLAS's;
-* BitBLAS-packed weights handed to ``Matmul`` directly go through ``from_bitblas_weight`` once.
+  record) loads into ``bitblas.Linear`` as it is and computes dequantize-then-matmul;
+* ``bitblas.Linear/3`` state dicts hold the same bytes; ``/2`` ones (natural order, earlier
+  bitblas) are converted on load, and so are layers pickled by an earlier bitblas.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch
 import bitblas
 from bitblas import MatmulConfig
 from bitblas.quantization import bitblas_fast_decoding, from_bitblas_weight, to_bitblas_weight
-from bitblas.quantization.utils import bitblas_weight_order, lop3_permute
+from bitblas.quantization.utils import bitblas_weight_order, lop3_permute, reorder_codes
 from nn_helpers import rel_err
 from test_bitblas_layouts import bb_general_compress
 
@@ -139,7 +140,10 @@ def test_bitblas_fast_decoding_rule(A, W, given, expect):
     c = MatmulConfig(M=1, N=N, K=K, A_dtype=A, W_dtype=W, fast_decoding=given)
     assert bitblas_fast_decoding(c) is expect
     op = bitblas.Matmul(c)
-    assert op.fast_decoding is False and op.config.fast_decoding is given      # we never interleave
+    lossy = A == "float16" and W in ("uint1", "int1")       # BitBLAS's bytes lose codes: natural order here
+    assert op.fast_decoding is (expect and not lossy) and op.config.fast_decoding is given
+    order = None if lossy else bitblas_weight_order(c)
+    assert op.plan().w_order == (None if order is None else tuple(order))
 
 
 @pytest.mark.parametrize("A, W, interleaved", [
@@ -199,8 +203,7 @@ def _record(lin, fmt):
 @pytest.mark.parametrize("name", list(CASES))
 def test_bitblas_saved_state_dict_loads(name):
     """A state dict as Microsoft BitBLAS's Linear saves it computes dequantize-then-matmul; the
-    caller's tensors are not changed; our own state dict holds the kernels' order (bitblas.Linear/2),
-    which converts back to BitBLAS's bytes exactly."""
+    caller's tensors are not changed; our own state dict (bitblas.Linear/3) holds the same bytes."""
     sd, deq = _bitblas_saved(name, seed=1)
     keep = sd["qweight"].clone()
     lin = _layer(name)
@@ -212,16 +215,16 @@ def test_bitblas_saved_state_dict_loads(name):
     lin(x, output=out)
     assert rel_err(out, x.double() @ deq.T) <= 4e-3
     mine = lin.state_dict()
-    assert torch.equal(mine["qweight"], lin.qweight)
+    assert torch.equal(mine["qweight"], lin.qweight) and torch.equal(mine["qweight"], keep)
     assert torch.equal(to_bitblas_weight(lin.config, mine["qweight"]), keep)
-    assert b'"format": "bitblas.Linear/2"' in bytes(mine["_extra_state"].numpy())
+    assert b'"format": "bitblas.Linear/3"' in bytes(mine["_extra_state"].numpy())
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_round_trip_and_v2(name):
     """save -> load gives the same buffers and outputs; the saved qweight is the buffer's bytes (so a
-    loader that bypasses the module's load hook reads it right); a hand-made bitblas.Linear/2 state
-    dict loads to the same layer."""
+    loader that bypasses the module's load hook reads it right); a bitblas.Linear/2 state dict (an
+    earlier bitblas: qweight in natural code order) loads to the same layer, converted."""
     sd, deq = _bitblas_saved(name, seed=3)
     lin = _layer(name)
     lin.load_state_dict(sd)
@@ -233,14 +236,35 @@ def test_round_trip_and_v2(name):
     assert torch.equal(again(x), lin(x))
     assert torch.equal(saved["qweight"], lin.qweight)
 
-    v2 = dict(saved, qweight=lin.qweight.clone(), _extra_state=_record(lin, "bitblas.Linear/2"))
+    bits = CASES[name][1]
+    natural = reorder_codes(lin.qweight, bits, lin._plan.w_order, inverse=True)
+    assert not torch.equal(natural, lin.qweight)
+    v2 = dict(saved, qweight=natural, _extra_state=_record(lin, "bitblas.Linear/2"))
     old = _layer(name)
     old.check_state_dict(v2)
     old.load_state_dict(v2)
+    assert torch.equal(v2["qweight"], natural)                 # the caller's tensor is not changed
     assert torch.equal(old.qweight, lin.qweight)
     assert rel_err(old(x), x.double() @ deq.T) <= 4e-3
-    assert b'"format": "bitblas.Linear/2"' in bytes(old.state_dict()["_extra_state"].numpy())
+    assert b'"format": "bitblas.Linear/3"' in bytes(old.state_dict()["_extra_state"].numpy())
     assert torch.equal(old.state_dict()["qweight"], saved["qweight"])
+
+
+def test_layer_pickled_by_an_earlier_bitblas():
+    """A layer pickled by a bitblas whose layers held qweight in natural code order (no
+    ``_code_order`` attribute) is converted when unpickled, and computes the same."""
+    import pickle
+    sd, deq = _bitblas_saved("u4_g32_zeros", seed=9)
+    lin = _layer("u4_g32_zeros")
+    lin.load_state_dict(sd)
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(10)).half()
+    want = lin(x)
+    old = pickle.loads(pickle.dumps(lin))
+    assert torch.equal(old.qweight, lin.qweight) and torch.equal(old(x), want)      # a current pickle: as it is
+    del lin.__dict__["_code_order"]
+    lin._buffers["qweight"] = reorder_codes(lin.qweight, 4, lin._plan.w_order, inverse=True)
+    old = pickle.loads(pickle.dumps(lin))
+    assert torch.equal(old.qweight, sd["qweight"]) and torch.equal(old(x), want)
 
 
 def test_int8_activations_int2_weights():
@@ -252,7 +276,7 @@ def test_int8_activations_int2_weights():
     scales = (torch.rand(lin.scales.shape, generator=g) + 0.5).to(lin.scales.dtype)
     lin.load_state_dict({"qweight": torch.from_numpy(packed.copy()), "scales": scales})
     assert torch.equal(lin.unpacked()["codes"].long(), q)
-    assert torch.equal(to_bitblas_weight(lin.config, lin.state_dict()["qweight"]), torch.from_numpy(packed))
+    assert torch.equal(lin.state_dict()["qweight"], torch.from_numpy(packed))
 
 
 def test_one_bit_float16_checkpoint_refused():
@@ -271,22 +295,39 @@ def test_one_bit_float16_checkpoint_refused():
 
 
 # -- weights BitBLAS packed, handed to the operator --------------------------------------------
-def test_operator_takes_bitblas_weight_after_conversion():
-    """GPTQModel / vLLM "bitblas" checkpoints hold BitBLAS's transform_weight output; the operator
-    takes its own layout, so such a weight converts once (from_bitblas_weight) and then computes
-    dequantize-then-matmul; to_bitblas_weight gives BitBLAS's bytes back."""
-    c = MatmulConfig(M=[1, 16], N=N, K=K, A_dtype="float16", W_dtype="uint4", with_scaling=True, with_zeros=True,
-                     group_size=32, zeros_mode="quantized")
+@pytest.mark.parametrize("A, W", [("float16", "uint4"), ("float16", "int4"), ("float16", "uint2"), ("int8", "int2"),
+                                  ("int8", "uint1")])
+def test_operator_takes_bitblas_weight_as_is(A, W):
+    """GPTQModel / vLLM "bitblas" checkpoints hold BitBLAS's transform_weight output (packed, then
+    its LOP3Permutate, here written from its TIR); the operator takes those bytes as they are and
+    computes dequantize-then-matmul; its own transform_weight gives the same bytes; the natural
+    order is not what it reads."""
+    from bitblas.formats import FORMATS
+    f = FORMATS[W]
+    bits, signed = f.bits, f.kind == "int"
+    int_acts = A == "int8"
+    gs = -1 if int_acts else 32
+    c = MatmulConfig(M=[1, 16], N=N, K=K, A_dtype=A, W_dtype=W, with_scaling=True, group_size=gs,
+                     out_dtype="float16")
     op = bitblas.Matmul(c)
+    assert op.fast_decoding
     g = torch.Generator().manual_seed(8)
-    q = torch.randint(0, 16, (N, K), generator=g)
-    z = torch.randint(0, 16, (K // 32, N), generator=g)
-    s = (torch.rand(N, K // 32, generator=g) * 0.05 + 0.01).half()
-    bb_qweight = torch.from_numpy(bb_lop3_permutate(bb_general_compress(q.numpy().astype(np.int8), 4), 4, "float16"))
-    qzeros = torch.from_numpy(bb_general_compress(z.numpy().astype(np.int8), 4))
-    W = from_bitblas_weight(op.config, bb_qweight)
-    assert torch.equal(W, op.transform_weight(q.to(torch.int8)))
-    assert torch.equal(to_bitblas_weight(op.config, W), bb_qweight)
-    x = torch.randn(5, K, generator=g).half()
-    deq = (q.double() - z.double().T.repeat_interleave(32, 1)) * s.double().repeat_interleave(32, 1)
-    assert rel_err(op(x, W, s, qzeros), x.double() @ deq.T) <= 4e-3
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    q = torch.randint(lo, hi + 1, (N, K), generator=g)
+    stored = (q + (1 << (bits - 1)) if signed else q).numpy().astype(np.int8)
+    bb_qweight = torch.from_numpy(bb_lop3_permutate(bb_general_compress(stored, bits), bits, A))
+    assert torch.equal(op.transform_weight(q.to(torch.int8)), bb_qweight)
+    assert from_bitblas_weight(op.config, bb_qweight) is bb_qweight
+    G = 1 if gs == -1 else K // gs
+    s = (torch.rand(N, G, generator=g) * 0.05 + 0.01)
+    s = s.float() if int_acts else s.half()
+    deq = q.double() * s.double().repeat_interleave(K // G, 1)
+    if int_acts:
+        x = torch.randint(-127, 128, (5, K), generator=g).to(torch.int8)
+        out = op(x, bb_qweight, s)
+    else:
+        x = torch.randn(5, K, generator=g).half()
+        out = op(x, bb_qweight, s)
+    assert rel_err(out, x.double() @ deq.T) <= 4e-3
+    natural = torch.from_numpy(bb_general_compress(stored, bits))
+    assert rel_err(op(x, natural, s), x.double() @ deq.T) > 0.1

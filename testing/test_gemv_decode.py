@@ -230,18 +230,25 @@ I8_WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1"
 
 @pytest.mark.parametrize("wd", I8_WEIGHTS)
 @pytest.mark.parametrize("nw", (1, 2, 4))
-def test_int8_act_decode_dot(wd, nw):
+@pytest.mark.parametrize("order_of", (None, "int8", "float16"))
+def test_int8_act_decode_dot(wd, nw, order_of):
     """bb_prep / bb_dec / bb_dot of int8 activations: for weight vectors covering every byte value
     at every byte position (then random ones) and random int8 activations (one-hot ones too, which
     pick single codes), the dp4a dot product equals sum(a_k * q_k) with q_k decoded by the format's
-    rule (bitblas.quantization.unpack_codes, int16), exactly."""
+    rule (bitblas.quantization.unpack_codes, int16), exactly. ``order_of``: the weight words hold
+    their codes in BitBLAS's fast-decoding order for that decode target (``Plan.w_order``; int8 is
+    the one int8 activations use, float16 another permutation the gather must follow too)."""
+    from bitblas.code_order import interleave_positions
     from bitblas.formats import FORMATS
     from bitblas.quantization.utils import unpack_codes
     from bitblas.schedule.gemv.int8 import i8_helpers
     fmt = FORMATS[wd]
+    if order_of and fmt.bits == 8:
+        pytest.skip("8-bit codes have no order inside a word")
+    order = interleave_positions(fmt.bits, order_of) if order_of else None
     V = nw * 32 // fmt.bits                                  # values per vector
     na = V // 4
-    src = i8_helpers("t", fmt.bits, fmt.storage, nw)
+    src = i8_helpers("t", fmt.bits, fmt.storage, nw, order)
     rng = random.Random(nw * 31 + fmt.bits)
     nb = 4 * nw
     vecs = [bytes((i * nb + j) & 0xFF for j in range(nb)) for i in range(-(-256 // nb))]       # every byte value
@@ -249,7 +256,7 @@ def test_int8_act_decode_dot(wd, nw):
     acts = [[rng.choice((-128, 127, rng.randint(-128, 127))) for _ in range(V)] for _ in range(3)]
     acts += [[-128 if k == j else 0 for k in range(V)] for j in range(V)]             # one-hot: each code alone
     for wb in vecs:
-        q = unpack_codes(torch.tensor(list(wb), dtype=torch.uint8).view(torch.int8), fmt).tolist()
+        q = unpack_codes(torch.tensor(list(wb), dtype=torch.uint8).view(torch.int8), fmt, order=order).tolist()
         words = {f"w{j}": int.from_bytes(wb[4 * j:4 * j + 4], "little") for j in range(nw)}
         d = _run_helper(src["bb_dec_t"], dict(words))
         for a in acts:
@@ -488,3 +495,48 @@ def test_quantized_zero_reads(family, wd):
             assert got == int(codes[n, g]), (family, wd, expr, env, n, g)
             checked += 1
     assert checked > 30, (family, wd)     # reads of steps past K (guarded in the kernel) have no valid group
+
+
+@pytest.mark.parametrize("wd", ("int4", "uint4", "int2", "uint2", "int1", "uint1"))
+@pytest.mark.parametrize("nw", (1, 2, 4))
+@pytest.mark.parametrize("order_of", (None, "float16", "int8"))
+def test_float_prep_pairs_follow_code_order(wd, nw, order_of):
+    """bb_prep of the float-activation GEMV under a code order (``Plan.w_order``, BitBLAS's
+    fast-decoding interleave), run from its source: activation word i (a half pair) holds the
+    activations of the codes that decoded word i holds in its low and high half, i.e. of the
+    fields in slots p and p + n/2 of the weight word, which unpack_codes(order=...) names; and
+    decode.pair_codes says the same (the wgmma kernels' slab permutation is built from it)."""
+    import re
+    from bitblas.code_order import interleave_positions
+    from bitblas.formats import FORMATS
+    from bitblas.quantization.utils import pack_codes, unpack_codes, unpack_fields
+    from bitblas.schedule.gemv.decode import pair_codes
+    from bitblas.schedule.gemv.emit import format_helpers
+    fmt = FORMATS[wd]
+    b = fmt.bits
+    n, P = 32 // b, 16 // b
+    order = interleave_positions(b, order_of) if order_of else None
+    src = format_helpers("t", "float16", b, fmt.storage, nw, order=order)["bb_prep_t"]
+    # activation value of K position k: its index (16-bit), two per word
+    env = {j: (2 * j) | (2 * j + 1) << 16 for j in range(nw * n // 2)}
+    got = {}
+    for line in src.splitlines():
+        m = re.fullmatch(r"\s*ap\[(\d+)\] = __byte_perm\(a\[(\d+)\], a\[(\d+)\], 0x([0-9a-f]+)\);", line)
+        if m:
+            x = g._emu_prmt(env[int(m[2])], env[int(m[3])], int(m[4], 16))
+            got[int(m[1])] = (x & 0xFFFF, x >> 16)
+    assert len(got) == nw * P
+    # which code sits in slot s of the words: pack each code alone (a one-hot row) and find its field
+    code_of_slot = [None] * (nw * n)
+    for k in range(nw * n):
+        one = torch.zeros(1, nw * n, dtype=torch.int32)
+        one[0, k] = 1
+        fields = unpack_fields(pack_codes(one, f"uint{b}", "plain", order), b)[0].tolist()
+        code_of_slot[fields.index(1)] = k
+    want = {j * P + p: (code_of_slot[j * n + p], code_of_slot[j * n + p + P]) for j in range(nw) for p in range(P)}
+    assert got == want, (wd, nw, order_of)
+    assert [tuple(x) for x in pair_codes("int", b, nw, order)] == [want[i] for i in range(nw * P)]
+    # and unpack_codes reads the codes back in natural order
+    codes = torch.randint(0, 1 << b, (1, nw * n))
+    assert torch.equal(unpack_codes(pack_codes(codes, f"uint{b}", "plain", order), f"uint{b}", "plain", order)
+                       .to(torch.int64), codes)

@@ -344,16 +344,22 @@ def test_permute_helper_emulated(bits, dec):
 @pytest.mark.parametrize("W", ["uint4", "nf4", "fp4_e2m1", "float8_e5m2", "nvfp4"])
 def test_permute_kernel_follows_the_decoder(W):
     """The permute kernel of a plan (the wgmma GEMV's and the fused GEMM's) reorders the activations
-    for the decoder of the plan's format: nf4's adjacent pairs, the others' (p, p + n/2)."""
+    for the decoder of the plan's format: nf4's adjacent pairs, the others' (p, p + n/2), in the
+    weight's code order (int / uint codes: BitBLAS's fast-decoding interleave, ``Plan.w_order``)."""
     from bitblas.formats import FORMATS
     from bitblas.schedule.fused_wgmma import FusedWgmmaHint, _gemv_stand_in
     from bitblas.schedule.gemv.decode import decoder
     from bitblas.schedule.gemv.wgmma import permute_script
     fmt = FORMATS[W]
-    perm = slab_permutation(fmt.bits, 4, decoder(fmt))
-    helper = repr(_perm_helper(perm, _perm_groups(perm)[1]))
-    other = slab_permutation(fmt.bits, 4, "int" if decoder(fmt) == "lut4" else "lut4") if fmt.bits == 4 else None
     cfg = _cfg(W=W, N=1000, K=1536, **({"group_size": 16} if W == "nvfp4" else {}))
+    order = make_plan(cfg, "cuda", None).w_order
+    assert (order is not None) == (fmt.kind in ("int", "uint") and fmt.bits < 8)
+    perm = slab_permutation(fmt.bits, 4, decoder(fmt), order)
+    helper = repr(_perm_helper(perm, _perm_groups(perm)[1]))
+    # another decoder's (or order's) permutation is not in the kernel: 4-bit codes in BitBLAS's order
+    # pair adjacent codes as nf4's decoder does, so their other is the natural order's
+    others = [slab_permutation(fmt.bits, 4, d) for d in (("int", "lut4") if fmt.bits == 4 else ("int",))]
+    other = next((o for o in others if o != perm), None)
     for plan, hint in ((make_plan(cfg, "cuda", 33), GEMVWgmmaHint(rows_per_warp=16, k_warps=1, stages=4)),
                        (make_plan(cfg, "cuda", None), _gemv_stand_in(FusedWgmmaHint()))):
         text = permute_script(plan, hint)

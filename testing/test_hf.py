@@ -317,7 +317,7 @@ def test_gptq_act_order_checkpoint_saves_and_reloads(tmp_path):
 # installed transformers, through the quantizer's converter); "5.17-api" (transformers 5.17's HfQuantizer
 # base class: no get_load_operations / serialized_names, get_weight_conversions() returns []); "assigning"
 # (a loader that uses none of the quantizer's converters: every tensor assigned to the layer as it is).
-_OLD_QCFG = dict(W_dtype="int4", group_size=64)      # signed: /1 bytes differ from /2; lop3-interleaved
+_OLD_QCFG = dict(W_dtype="int4", group_size=64)      # signed: /1 bytes differ; lop3-interleaved: /2 bytes differ
 _DEVICE_MAPS = {"none": None, "cpu": "cpu", "auto": "auto", "dict": {"": "cpu"}}
 
 
@@ -334,32 +334,35 @@ def _with_format(record: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 class OldCheckpoints:
-    """A tiny int4 Llama quantized on load and saved (bitblas.Linear/2), and its tensors rewritten into
-    the /1 form and Microsoft BitBLAS's record-less form, each a from_pretrained folder."""
+    """A tiny int4 Llama quantized on load and saved (bitblas.Linear/3), and its tensors rewritten into
+    the /2 form (natural code order), the /1 form (also two's complement codes) and Microsoft BitBLAS's
+    record-less form (the same bytes as /3), each a from_pretrained folder."""
 
     def __init__(self, tmp):
         import shutil
         from safetensors.torch import load_file, save_file
-        from bitblas.quantization import to_bitblas_weight
+        from bitblas.quantization.utils import reorder_codes
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(_config("llama", num_hidden_layers=1), dtype=torch.float16) \
             .save_pretrained(tmp / "f")
         self.q = AutoModelForCausalLM.from_pretrained(tmp / "f", dtype=torch.float16,
                                                       quantization_config=BitBLASConfig(**_OLD_QCFG)).eval()
-        self.dirs = {"v2": tmp / "v2"}
-        self.q.save_pretrained(tmp / "v2")
-        sd = load_file(str(tmp / "v2" / "model.safetensors"))
+        self.dirs = {"v3": tmp / "v3"}
+        self.q.save_pretrained(tmp / "v3")
+        sd = load_file(str(tmp / "v3" / "model.safetensors"))
         self.layers = {n: m for n, m in self.q.named_modules() if isinstance(m, bitblas.Linear)}
-        v1, bb = dict(sd), dict(sd)
+        v2, v1, bb = dict(sd), dict(sd), dict(sd)
         for n, m in self.layers.items():
+            assert b'"format": "bitblas.Linear/3"' in bytes(sd[f"{n}._extra_state"].numpy())
+            v2[f"{n}.qweight"] = reorder_codes(sd[f"{n}.qweight"], 4, m._plan.w_order, inverse=True)
+            v2[f"{n}._extra_state"] = _with_format(sd[f"{n}._extra_state"], "bitblas.Linear/2")
             v1[f"{n}.qweight"] = _twos_complement_packed(m.unpacked()["codes"])
             v1[f"{n}._extra_state"] = _with_format(sd[f"{n}._extra_state"], "bitblas.Linear/1")
-            bb[f"{n}.qweight"] = to_bitblas_weight(m.config, sd[f"{n}.qweight"])
             del bb[f"{n}._extra_state"]
-            for form in (v1, bb):       # read as they are, the rewritten bytes give another model
+            for form in (v2, v1):       # read as they are, the rewritten bytes give another model
                 assert not torch.equal(form[f"{n}.qweight"], sd[f"{n}.qweight"])
-        for name, tensors in (("v1", v1), ("bitblas", bb)):
-            shutil.copytree(tmp / "v2", tmp / name)
+        for name, tensors in (("v2", v2), ("v1", v1), ("bitblas", bb)):
+            shutil.copytree(tmp / "v3", tmp / name)
             save_file(tensors, str(tmp / name / "model.safetensors"), metadata={"format": "pt"})
             self.dirs[name] = tmp / name
 
@@ -401,11 +404,11 @@ def _load_counting_deserialize(path, loader, monkeypatch, **kw):
 
 @pytest.mark.parametrize("device_map", list(_DEVICE_MAPS))
 @pytest.mark.parametrize("loader", ["installed", "5.17-api", "assigning"])
-@pytest.mark.parametrize("form", ["v2", "v1", "bitblas"])
+@pytest.mark.parametrize("form", ["v3", "v2", "v1", "bitblas"])
 def test_old_checkpoints_convert_on_every_loading_path(old_checkpoints, form, loader, device_map, monkeypatch):
     """Each form reloads to the saved model's logits exactly, whatever fills the layers: through the
-    quantizer's converter (all layers) or assigned by transformers and converted after loading; a /2
-    save is not converted twice."""
+    quantizer's converter (all layers) or assigned by transformers and converted after loading; a /3
+    save is not converted."""
     kw = {} if _DEVICE_MAPS[device_map] is None else {"device_map": _DEVICE_MAPS[device_map]}
     model, info, deserialized = _load_counting_deserialize(old_checkpoints.dirs[form], loader, monkeypatch, **kw)
     assert deserialized == (0 if loader == "assigning" else len(old_checkpoints.layers))
@@ -420,7 +423,7 @@ def test_old_checkpoints_convert_on_every_loading_path(old_checkpoints, form, lo
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("loader", ["installed", "assigning"])
-@pytest.mark.parametrize("form", ["v2", "v1", "bitblas"])
+@pytest.mark.parametrize("form", ["v3", "v2", "v1", "bitblas"])
 def test_gpu_old_checkpoints_convert_with_cuda_device_map(old_checkpoints, form, loader, monkeypatch):
     import copy
     ref = copy.deepcopy(old_checkpoints.q).cuda()

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 import bitblas
 from bitblas.quantization import dequantize_activation, interleave_weight, quantize_activation
+from bitblas.quantization.utils import reorder_codes
 from bitblas.reference import tolerance
 from nn_helpers import rel_err
 
@@ -178,10 +179,13 @@ def test_v1_signed_codes_migrated(bits):
     x = torch.randn(3, K, generator=g).half()
     assert rel_err(lin(x), x.double() @ (q.double() * scales.double().repeat_interleave(32, 1)).T) <= 4e-3
     new = lin.state_dict()
-    assert b'"format": "bitblas.Linear/2"' in bytes(new["_extra_state"].numpy())
+    assert b'"format": "bitblas.Linear/3"' in bytes(new["_extra_state"].numpy())
     plain = _twos_packed(q + (1 << (bits - 1)), bits)                                # offset-binary
-    # saved in the kernels' order, offset-binary (bitblas.Linear/2)
-    assert torch.equal(new["qweight"], plain)
+    # saved in the kernels' code order (lop3-interleaved for 2- and 4-bit codes: BitBLAS's fast
+    # decoding; 1-bit codes with float16 activations: natural), offset-binary (bitblas.Linear/3)
+    order = lin._plan.w_order
+    assert (order is not None) == (bits > 1)
+    assert torch.equal(new["qweight"], plain if order is None else reorder_codes(plain, bits, order))
     fresh = bitblas.Linear(K, N, W_dtype=f"int{bits}", group_size=32, opt_M=1)
     fresh.load_state_dict(new)
     assert torch.equal(fresh.qweight, lin.qweight)

@@ -128,7 +128,10 @@ def test_pack_weight_dequantize_round_trip(name):
     spec = bitblas.Matmul(config).plan().arg("W")
     assert packed["W"].dtype == TORCH_DTYPES[spec.user_dtype]
     assert list(packed["W"].shape) == list(spec.shape)
-    assert torch.equal(unpack_codes(packed["W"], fmt).to(torch.int32), codes)
+    # in the operator's code order (BitBLAS's fast-decoding interleave where it is on: Plan.w_order)
+    order = bitblas.Matmul(config).plan().w_order
+    assert (order is not None) == (fmt.kind in ("int", "uint") and fmt.bits in (2, 4))
+    assert torch.equal(unpack_codes(packed["W"], fmt, order=order).to(torch.int32), codes)
     assert torch.equal(dequantize(config, **packed), decode_values(codes, fmt))
 
 

@@ -19,18 +19,40 @@ from tvm import te, tirx
 from ..formats import FORMATS, Format
 from ..plan import M_VAR, Plan
 
-__all__ = ["emit_matmul", "decode_code", "decoded_weight", "scale_value", "zero_value", "placeholders"]
+__all__ = ["emit_matmul", "decode_code", "slot_of", "decoded_weight", "scale_value", "zero_value", "placeholders"]
 
 
-def decode_code(buf, row, k, fmt: Format, storage: str):
+def slot_of(k, order):
+    """The slot (in code units along the row) of code ``k`` of a weight whose 32-bit words hold
+    their codes in ``order`` (``Plan.w_order``: code ``j`` of a word in slot ``order[j]``; every
+    such order is a permutation of the bits of ``j``, so the slot is a sum of shifted bits)."""
+    n = len(order)
+    nb = n.bit_length() - 1
+    img = [order[1 << i].bit_length() - 1 for i in range(nb)]
+    if n != 1 << nb or any(order[j] != sum(1 << img[i] for i in range(nb) if j >> i & 1) for j in range(n)):
+        raise ValueError(f"order={order}: not a permutation of the bits of the code index")
+    # floordiv / floormod by constants (not shifts and masks): TVM's bound analysis then keeps a
+    # thread's byte region to the words its codes lie in
+    fdiv, fmod = ((lambda a, b: a // b), (lambda a, b: a % b)) if isinstance(k, int) else (tirx.floordiv,
+                                                                                          tirx.floormod)
+    slot = fdiv(k, n) * n
+    for i, t in enumerate(img):
+        slot = slot + fmod(fdiv(k, 1 << i), 2) * (1 << t)
+    return slot
+
+
+def decode_code(buf, row, k, fmt: Format, storage: str, order=None):
     """The integer code of element (row, k) of ``buf`` (codes packed along its last axis), as int32.
 
     ``storage`` (:func:`bitblas.formats.code_storage`): "offset" (the field minus 2**(bits-1)),
     "twos" (sign-extended two's complement), "plain" (the unsigned code / table index).
+    ``order``: the code order inside each 32-bit word (``Plan.w_order``; None: natural).
     """
     bits = fmt.bits
     if fmt.packed:
         cpb = fmt.codes_per_byte
+        if order is not None:
+            k = slot_of(k, order)
         byte = buf[row, k // cpb].astype("int32")
         u = (byte >> ((k % cpb) * bits).astype("int32")) & ((1 << bits) - 1)
     elif storage == "twos":
@@ -103,7 +125,7 @@ def decoded_weight(plan: Plan, ph: dict, dec: str):
         if w.kind == "float":
             v = ph["W"][k, n] if c.layout == "nn" else ph["W"][n, k]
             return v.astype(dec)
-        q = decode_code(ph["W"], n, k, w, plan.w_storage)
+        q = decode_code(ph["W"], n, k, w, plan.w_storage, plan.w_order)
         v = ph["w_table"][q] if w.kind == "table" else q
         v = v.astype(dec)
         if not c.with_scaling or not float_decode or plan.scale_in_epilogue:

@@ -25,7 +25,7 @@ from ..formats import FORMATS, get_format
 from ..plan import make_plan
 from ..quantization.quantize import (TORCH_DTYPES, pack_weight, pack_zeros, quantize_activation, quantize_weight,
                                      unpack_zeros)
-from ..quantization.utils import bitblas_weight_order, from_bitblas_weight, unpack_codes
+from ..quantization.utils import bitblas_weight_order, reorder_codes, unpack_codes
 from .checkpoint import ImportedWeight, from_awq, from_gptq
 
 __all__ = ["Linear"]
@@ -37,12 +37,13 @@ logger = logging.getLogger(__name__)
 
 # The format record's version. /1 (bitblas 0.1.x): signed 1/2/4-bit codes two's complement,
 # quantized zero points [N, groups * bits / 8]; /2: BitBLAS's layouts (offset-binary signed codes,
-# quantized zero points [groups, N * bits / 8]) with qweight in the kernels' code order (as the
-# buffer holds it: loaders that fill the buffers without the module's load hook read back what was
-# saved). /1 checkpoints are migrated on load; a state dict without a record is Microsoft BitBLAS's
-# Linear's: qweight lop3-interleaved where its fast decoding is on (quantization.bitblas_weight_order),
-# converted once on load.
-_FORMAT_TAG = "bitblas.Linear/2"
+# quantized zero points [groups, N * bits / 8]) with qweight in natural code order; /3: as /2 with
+# qweight in the kernels' code order, which is Microsoft BitBLAS's (lop3-interleaved inside each
+# 32-bit word where its fast decoding is on: Plan.w_order, bitblas.code_order). /1 and /2
+# checkpoints are migrated on load; a state dict without a record is Microsoft BitBLAS's Linear's,
+# whose bytes the kernels read as they are.
+_FORMAT_TAG = "bitblas.Linear/3"
+_FORMAT_V2 = "bitblas.Linear/2"
 _FORMAT_V1 = "bitblas.Linear/1"
 # plan argument -> buffer name (W: "qweight" for quantized formats, "weight" for float16/bfloat16)
 _BUFFERS = {"scale": "scales", "zeros": "zeros", "bias": "bias", "global_scale": "global_scale"}
@@ -116,6 +117,7 @@ class Linear(nn.Module):
             self._bitblas_order = bitblas_weight_order(self.config)
         except NotImplementedError as e:
             self._bitblas_order = str(e)
+        self._code_order = _FORMAT_TAG          # qweight in the kernels' code order (an unpickled layer checks it)
         self._a = a
         self._a_dtype = TORCH_DTYPES[a.torch_dtype] if a.torch_dtype else torch.int8
         self._a_cols = plan.arg("A").shape[1]
@@ -316,7 +318,8 @@ class Linear(nn.Module):
         ``bias``, ``perm``: what :meth:`load_and_transform_weight` takes back (perm aside)."""
         c, w, b = self.config, FORMATS[self.config.W_dtype], self._buffers
         W = b[self._weight_name]
-        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage)
+        codes = W if (w.kind == "float" or w.torch_dtype) else unpack_codes(W, w, self._plan.w_storage,
+                                                                                 self._plan.w_order)
         zeros = b.get("zeros")
         if zeros is not None and c.zeros_mode == "quantized":
             zeros = unpack_zeros(c, zeros)
@@ -474,35 +477,39 @@ class Linear(nn.Module):
 
     def _migrate(self, state_dict, prefix, foreign: bool = False):
         """Bring a checkpoint to the tensors this layer holds (in ``state_dict``, new tensors; the
-        caller's are not changed). A checkpoint without a record (Microsoft BitBLAS's Linear): qweight
-        in BitBLAS's code order -> the kernels' (once, here). ``bitblas.Linear/2``: as it is.
-        ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement -> offset-binary (each field's
-        top bit flipped), quantized zero points [N, groups * bits / 8] -> [groups, N * bits / 8].
-        ``foreign``: the tensors were converted from another layout (QuantLinear: GPTQ) into the
-        kernels' already. An unknown format is refused naming it."""
+        caller's are not changed). A checkpoint without a record (Microsoft BitBLAS's Linear): as it
+        is (its qweight is in the kernels' code order), refused where BitBLAS's bytes lose codes.
+        ``bitblas.Linear/3``: as it is. ``bitblas.Linear/2``: qweight in natural code order -> the
+        kernels' (``Plan.w_order``). ``bitblas.Linear/1``: signed 1/2/4-bit codes two's complement
+        -> offset-binary (each field's top bit flipped), quantized zero points [N, groups * bits / 8]
+        -> [groups, N * bits / 8], then as /2. ``foreign``: the tensors were converted from another
+        layout (QuantLinear: GPTQ) into the kernels' already. An unknown format is refused naming it."""
         key = prefix + "_extra_state"
         state = state_dict.get(key)
         rec = None if state is None else self._record(state, prefix)
         fmt = None if rec is None else rec.get("format")
-        if fmt not in (None, _FORMAT_TAG, _FORMAT_V1):
-            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r} "
-                             f"(migrated) and {_FORMAT_TAG!r}; load it with the bitblas version that wrote it")
+        if fmt not in (None, _FORMAT_TAG, _FORMAT_V2, _FORMAT_V1):
+            raise ValueError(f"{key}: the checkpoint has format {fmt!r}; this bitblas reads {_FORMAT_V1!r}, "
+                             f"{_FORMAT_V2!r} (migrated) and {_FORMAT_TAG!r}; load it with the bitblas version "
+                             "that wrote it")
         mine = self._state_fields()
         if rec is not None and any(rec.get(k) != mine[k] for k in _STATE_FIELDS):
             return                            # another layer's checkpoint: _check_extra refuses it
-        if fmt == _FORMAT_V1:
-            self._migrate_v1(state_dict, prefix)
+        wkey = prefix + self._weight_name
+        t = state_dict.get(wkey)
+        readable = isinstance(t, torch.Tensor) and t.shape == self._buffers[self._weight_name].shape \
+            and t.dtype.itemsize == 1 and not t.is_meta
+        if fmt in (_FORMAT_V1, _FORMAT_V2):
+            if fmt == _FORMAT_V1:
+                self._migrate_v1(state_dict, prefix)
+                t = state_dict.get(wkey)
+            if readable and self._plan.w_order is not None:
+                state_dict[wkey] = reorder_codes(t, self.bits, self._plan.w_order)
             state_dict[key] = torch.frombuffer(bytearray(json.dumps({**rec, "format": _FORMAT_TAG}, sort_keys=True)
                                                          .encode()), dtype=torch.uint8)
             return
-        wkey = prefix + self._weight_name
-        t = state_dict.get(wkey)
-        order = self._bitblas_order
-        if fmt is None and not foreign and order is not None and isinstance(t, torch.Tensor) \
-                and t.shape == self._buffers[self._weight_name].shape and t.dtype.itemsize == 1 and not t.is_meta:
-            if isinstance(order, str):
-                raise NotImplementedError(f"{wkey}: {order}")
-            state_dict[wkey] = from_bitblas_weight(self.config, t)
+        if fmt is None and not foreign and readable and isinstance(self._bitblas_order, str):
+            raise NotImplementedError(f"{wkey}: {self._bitblas_order}")
 
     def _migrate_v1(self, state_dict, prefix):
         c, plan = self.config, self._plan
@@ -592,6 +599,14 @@ class Linear(nn.Module):
                 self._bitblas_order = bitblas_weight_order(self.config)
             except NotImplementedError as e:
                 self._bitblas_order = str(e)
+        if self.__dict__.get("_code_order") != _FORMAT_TAG:
+            # pickled by a bitblas whose layers held qweight in natural code order (/1 and /2 layers
+            # hold the same codes there: the pickle keeps the buffers as the layer held them)
+            self._plan = make_plan(self.config, "cpu")
+            W = self._buffers.get(self._weight_name)
+            if self._plan.w_order is not None and W is not None and not W.is_meta:
+                self._buffers[self._weight_name] = reorder_codes(W, self.bits, self._plan.w_order)
+            self._code_order = _FORMAT_TAG
         self.bitblas_matmul = torch_op.operator_by_key(self._key)
 
     # -- devices and dtypes -------------------------------------------------------------------

@@ -6,11 +6,11 @@ BitBLAS users and integrations (vLLM, GPTQModel, BitBLAS's own modules) reach fo
 ``retrieve_weight_shape``, ``lut``, ``lib`` / ``torch_func``, ``prim_func`` / ``scheduled_ir_module``,
 ``propagate_a`` / ``propagate_b``, ``dynamic_range``, ``torch_output_dtype``, ``cleanup``.
 
-Layouts: bitblas's kernels take weights in one plain packed layout (see the README's format
-table). ``weight_transform`` maps BitBLAS's unpacked storage codes (signed integers stored
-offset-binary, ``code = q + 2**(bits-1)``) to that layout; ``propagate_a`` / ``propagate_b``
-report ``TransformKind.NonTransform`` because no ladder permutation is ever applied, and
-``fast_decoding`` False because no lop3 interleave is (the config keeps what was asked for).
+Layouts: bitblas's kernels take BitBLAS's packed weight bytes (see the README's format table),
+lop3-interleaved where its fast decoding is on. ``weight_transform`` maps BitBLAS's unpacked
+storage codes (signed integers stored offset-binary, ``code = q + 2**(bits-1)``) to them;
+``propagate_a`` / ``propagate_b`` report ``TransformKind.NonTransform`` because no ladder
+permutation is ever applied (the config keeps what was asked for).
 """
 from __future__ import annotations
 
@@ -147,11 +147,17 @@ class BitBLASOperatorAPI:
 
     @property
     def fast_decoding(self) -> bool:
-        """False: the weights this operator takes are never lop3-interleaved (the config keeps what was
-        asked for, as with ``propagate_b``). Microsoft BitBLAS's value for the same config is
-        :func:`bitblas.quantization.bitblas_fast_decoding`; a weight it packed converts once with
-        :func:`bitblas.quantization.from_bitblas_weight` (README, "BitBLAS's weight bytes")."""
-        return False
+        """Microsoft BitBLAS's value for the config (its rule where the config says None,
+        :func:`bitblas.quantization.bitblas_fast_decoding`): where True, the weights this operator
+        takes are lop3-interleaved inside each 32-bit word as BitBLAS's (``transform_weight`` returns
+        them so, the kernels read them so). False where BitBLAS's interleaved bytes would lose codes
+        (1-bit weights with float16 activations): the operator takes the natural order there."""
+        from ..code_order import bitblas_fast_decoding, bitblas_weight_order
+        try:
+            bitblas_weight_order(self.config)
+        except NotImplementedError:
+            return False
+        return bitblas_fast_decoding(self.config)
 
     @property
     def source_format(self) -> str:

@@ -261,7 +261,7 @@ def pack_weight(config: MatmulConfig, codes: torch.Tensor, scale=None, zeros=Non
         lo, hi = w.code_range
         # int8 tensors carry uint8 / float8 codes as bit patterns
         q = integer_codes(codes, name, lo, hi, f"W_dtype={w.name!r}", bit_patterns=w.kind != "int")
-        packed = pack_codes(q, w, plan.w_storage)
+        packed = pack_codes(q, w, plan.w_storage, plan.w_order)
         if w.torch_dtype:
             packed = packed.view(TORCH_DTYPES[w.torch_dtype])
         out["W"] = packed.contiguous()
@@ -345,7 +345,7 @@ def dequantize(config: MatmulConfig, W: torch.Tensor, scale=None, zeros=None, gl
     w, c = plan.w, config
     if w.kind == "float":
         return W.to(torch.float64)
-    v = decode_values(unpack_codes(W.view(torch.int8), w, plan.w_storage), w)
+    v = decode_values(unpack_codes(W.view(torch.int8), w, plan.w_storage, plan.w_order), w)
     if not c.with_scaling:
         return v
     gs = c.K if plan.groups == 1 else c.group_size

@@ -6,11 +6,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..code_order import bitblas_fast_decoding, bitblas_weight_order, interleave_positions
 from ..formats import FORMATS, STORAGES, Format
 
 __all__ = ["pack_codes", "unpack_codes", "unpack_fields", "general_compress", "interleave_weight",
            "deinterleave_weight", "lop3_permute", "bitblas_fast_decoding", "bitblas_weight_order", "from_bitblas_weight",
-           "to_bitblas_weight"]
+           "to_bitblas_weight", "reorder_codes"]
 
 
 def _fmt(fmt) -> Format:
@@ -29,18 +30,36 @@ def _storage(f: Format, storage: Optional[str]) -> str:
     return storage
 
 
-def pack_codes(codes: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
+def _word_codes(t: torch.Tensor, n: int, index) -> torch.Tensor:
+    """``t`` [..., K] with each run of ``n`` codes (one 32-bit word) reordered: ``out[.., w*n + i]
+    = t[.., w*n + index[i]]``."""
+    k = t.shape[-1]
+    if k % n:
+        raise ValueError(f"codes: last dimension {k} must be a multiple of {n} (the codes of a 32-bit word) "
+                         "for a weight in fast-decoding order")
+    idx = torch.as_tensor(list(index), dtype=torch.long, device=t.device)
+    return t.reshape(*t.shape[:-1], k // n, n).index_select(-1, idx).reshape(t.shape)
+
+
+def pack_codes(codes: torch.Tensor, fmt, storage: Optional[str] = None, order=None) -> torch.Tensor:
     """Pack integer codes [..., K] into int8 [..., K * bits / 8], little-endian inside each byte.
 
     Codes must lie in the format's code range (for uint8, int8 bit patterns are taken as is).
     ``storage`` (:func:`bitblas.formats.code_storage`): how signed codes are stored, "offset"
     (``q + 2**(bits-1)``) or "twos"; None: the format's weight storage (``fmt.storage``:
     offset-binary for int1/int2/int4, two's complement for int8). Activations: "twos".
+    ``order`` (``Plan.w_order``, :mod:`bitblas.code_order`): code j of each 32-bit word goes to
+    slot ``order[j]`` (Microsoft BitBLAS's fast-decoding interleave); None: natural order.
     """
     f = _fmt(fmt)
     st = _storage(f, storage)
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
+    if order is not None:
+        inv = [0] * len(order)
+        for j, slot in enumerate(order):
+            inv[slot] = j
+        codes = _word_codes(codes, len(order), inv)
     q = codes.to(torch.int32)
     if st == "offset":
         q = q + (1 << (f.bits - 1))
@@ -64,7 +83,7 @@ def unpack_fields(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return b
 
 
-def unpack_codes(packed: torch.Tensor, fmt, storage: Optional[str] = None) -> torch.Tensor:
+def unpack_codes(packed: torch.Tensor, fmt, storage: Optional[str] = None, order=None) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: int16 codes [..., K] (signed for int formats, else unsigned).
 
     Also takes a float8 tensor (returns its bit patterns as codes 0..255).
@@ -74,6 +93,8 @@ def unpack_codes(packed: torch.Tensor, fmt, storage: Optional[str] = None) -> to
     if packed.dtype.itemsize != 1:
         raise TypeError(f"packed: expected a 1-byte tensor (int8 storage), got {packed.dtype}")
     b = unpack_fields(packed, f.bits if f.packed else 8)
+    if order is not None:
+        b = _word_codes(b, len(order), order)
     if f.kind == "int":
         half = 1 << (f.bits - 1)
         b = b - half if st == "offset" else (b ^ half) - half
@@ -112,35 +133,6 @@ def general_compress(lowprecision_weight, source_bits: int = 4, storage_dtype=np
     return packed.numpy().view(np.dtype(storage_dtype))
 
 
-# bits per decoded lane of each decode target BitBLAS's LOP3Permutate takes (its ``datatype``, the
-# activation dtype: ``DataType(datatype).bits``), under BitBLAS's and our spellings
-_TARGET_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "int8": 8, "uint8": 8, "int4": 4, "uint4": 4,
-                "float8_e4m3": 8, "float8_e5m2": 8, "e4m3_float8": 8, "e5m2_float8": 8}
-# BitBLAS's further moves of whole 4-code units after the lane order, per (bits, target): 2-bit codes
-# for float16 swap bytes 1 and 2, 1-bit codes for int8 swap nibbles 1 <-> 4 and 3 <-> 6
-_UNIT_SWAPS = {(2, "float16"): {1: 2, 2: 1}, (1, "int8"): {1: 4, 4: 1, 3: 6, 6: 3}}
-
-
-def _interleave_positions(nbits: int, target_dtype: str):
-    """Where each code of one 32-bit word moves in BitBLAS's fast-decoding order: code j goes to
-    lane ``j % lanes``, slot ``j // lanes`` of that lane's bits (a lane: the bits of one decoded
-    ``target_dtype`` value), then the unit swaps above. 1-bit codes for float16: BitBLAS's numpy
-    ``interleave_weight`` computes a further move and returns the word without it, so the lane order
-    stands here (its LOP3Permutate applies a move that writes two nibbles to one place:
-    :func:`bitblas_weight_order` refuses that case)."""
-    if target_dtype not in _TARGET_BITS:
-        raise ValueError(f"target_dtype={target_dtype!r} is invalid; accepted: {', '.join(_TARGET_BITS)}")
-    if nbits not in (1, 2, 4):
-        raise ValueError(f"nbits={nbits} is invalid; accepted: 1, 2, 4")
-    stride = _TARGET_BITS[target_dtype]
-    lanes = 32 // stride
-    base = [((j % lanes) * stride + (j // lanes) * nbits) // nbits for j in range(32 // nbits)]
-    swap = _UNIT_SWAPS.get((nbits, target_dtype))
-    if swap is None:
-        return base
-    return [swap.get(p // 4, p // 4) * 4 + p % 4 for p in base]
-
-
 def _move_codes(qweight, nbits: int, pos, inverse: bool):
     """Move each code of every 32-bit word to its slot ``pos[j]`` (or back, ``inverse``)."""
     is_torch = isinstance(qweight, torch.Tensor)
@@ -165,20 +157,20 @@ def interleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     Takes and returns int8 numpy arrays or torch tensors whose last axis is a multiple of 4 bytes.
     """
     _check_numpy_target(target_dtype)
-    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse=False)
+    return _move_codes(qweight, nbits, interleave_positions(nbits, target_dtype), inverse=False)
 
 
 def deinterleave_weight(qweight, nbits: int = 4, target_dtype: str = "float16"):
     """Inverse of :func:`interleave_weight`."""
     _check_numpy_target(target_dtype)
-    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse=True)
+    return _move_codes(qweight, nbits, interleave_positions(nbits, target_dtype), inverse=True)
 
 
 def lop3_permute(qweight, nbits: int, target_dtype: str, inverse: bool = False):
     """The interleave of BitBLAS's LOP3Permutate for any decode target it takes (its ``datatype``:
     float16, bfloat16, int8, int4, ... ; bfloat16 and the others without float16's / int8's unit
     swaps), on 1-byte storage whose last axis is a multiple of 4; ``inverse`` undoes it."""
-    return _move_codes(qweight, nbits, _interleave_positions(nbits, target_dtype), inverse)
+    return _move_codes(qweight, nbits, interleave_positions(nbits, target_dtype), inverse)
 
 
 def _check_numpy_target(target_dtype):
@@ -187,54 +179,23 @@ def _check_numpy_target(target_dtype):
 
 
 
-# -- Microsoft BitBLAS's weight bytes for a config ---------------------------------------------
-def bitblas_fast_decoding(config) -> bool:
-    """Microsoft BitBLAS's ``fast_decoding`` for ``config`` (a MatmulConfig): the config's value
-    when given, else its rule: True for int / uint weights other than the activation dtype, except
-    8-bit weights, 4-bit weights with int8 activations and bfloat16 activations."""
-    if config.fast_decoding is not None:
-        return bool(config.fast_decoding)
-    w = FORMATS[config.W_dtype]
-    return (w.kind in ("int", "uint") and w.bits < 8 and config.W_dtype != config.A_dtype
-            and config.A_dtype != "bfloat16" and not (w.bits == 4 and config.A_dtype == "int8"))
-
-
-def bitblas_weight_order(config):
-    """The code order of Microsoft BitBLAS's packed weight for ``config``, relative to ours: None
-    where the bytes are the same (no fast decoding, or no interleave for the format / shape), else
-    the slot of each code of a 32-bit word (:func:`_interleave_positions` for the activation dtype,
-    as BitBLAS's ``Matmul.transform_weight`` runs its LOP3Permutate). NotImplementedError where
-    BitBLAS's bytes lose codes (1-bit weights with float16 activations: its LOP3Permutate moves
-    two nibbles of each word to one place)."""
-    w = FORMATS[config.W_dtype]
-    if not bitblas_fast_decoding(config) or w.kind not in ("int", "uint") or w.bits not in (1, 2, 4) \
-            or config.A_dtype not in _TARGET_BITS or (config.K * w.bits // 8) % 4:
-        return None                 # (BitBLAS views each row as 32-bit words: K * bits / 8 bytes, a multiple of 4)
-    if w.bits == 1 and config.A_dtype == "float16":
-        raise NotImplementedError(
-            f"W_dtype={config.W_dtype!r} with A_dtype='float16' and fast decoding: Microsoft BitBLAS's packed weight "
-            "loses codes (its LOP3Permutate writes two 4-code groups of each word to one place), so its bytes "
-            "cannot be read back; build the layer with fast_decoding=False")
-    pos = _interleave_positions(w.bits, config.A_dtype)
-    return None if pos == list(range(len(pos))) else pos
-
-
-def _convert(config, qweight, inverse):
-    pos = bitblas_weight_order(config)
-    if pos is None:
-        return qweight
-    flat = qweight.reshape(-1, 4) if isinstance(qweight, torch.Tensor) else np.asarray(qweight).reshape(-1, 4)
-    return _move_codes(flat, FORMATS[config.W_dtype].bits, pos, inverse).reshape(qweight.shape)
+def reorder_codes(qweight, nbits: int, order, inverse: bool = False):
+    """Packed codes in natural order -> ``order`` (code j of each 32-bit word to slot ``order[j]``,
+    ``Plan.w_order``), or back (``inverse``); torch tensors stay on their device."""
+    return _move_codes(qweight, nbits, list(order), inverse)
 
 
 def from_bitblas_weight(config, qweight):
     """Microsoft BitBLAS's packed weight for ``config`` (what its ``Matmul.transform_weight`` /
-    ``weight_transform`` return and its ``Linear`` saves: lop3-interleaved where its fast decoding
-    is on) -> the packed weight bitblas's kernels read (the README's format table). The same tensor
-    where the two agree; torch tensors stay on their device."""
-    return _convert(config, qweight, inverse=True)
+    ``weight_transform`` return and its ``Linear`` saves) -> the packed weight the operator of
+    ``config`` reads: the same bytes (the kernels read BitBLAS's fast-decoding order,
+    ``Plan.w_order``), returned as they are. NotImplementedError where BitBLAS's bytes lose codes
+    (1-bit weights with float16 activations and fast decoding)."""
+    bitblas_weight_order(config)
+    return qweight
 
 
 def to_bitblas_weight(config, qweight):
-    """Inverse of :func:`from_bitblas_weight`: bitblas's packed weight -> Microsoft BitBLAS's bytes."""
-    return _convert(config, qweight, inverse=False)
+    """Inverse of :func:`from_bitblas_weight` (the same bytes)."""
+    bitblas_weight_order(config)
+    return qweight

@@ -334,7 +334,7 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         return tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, i32(0), i32(3), i32(1))
 
     def code(bufs, n, k):
-        return decode_code(bufs["W"], n, k, w, plan.w_storage)
+        return decode_code(bufs["W"], n, k, w, plan.w_storage, plan.w_order)
 
     def dec(bufs, n, k):
         """The value of element (n, k) of W, float32, before scales."""

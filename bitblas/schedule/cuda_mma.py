@@ -629,7 +629,9 @@ def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
         Wq_sh = sch.cache_read(Bd, W_idx, "shared.dyn")
         sch.compute_at(Wq_sh, k0)
         coop(Wq_sh, vecs["w"])
-        coop(Bd, vecs["dec"], max_lanes=2)   # TVM's CUDA codegen breaks on wider sub-byte decode vectors
+        # TVM's CUDA codegen breaks on wider sub-byte decode vectors, and on any vector of codes in
+        # a fast-decoding order (adjacent K positions read bytes that are not adjacent: no ramp)
+        coop(Bd, vecs["dec"], max_lanes=1 if plan.w_order else 2)
         sch.storage_align(Bd, 0, axis=-2, factor=4 * pad, offset=pad)
         ld_b = intr["ld_b"]
         n_loads = 2

@@ -55,8 +55,8 @@ def test_matmul_bitblas_properties():
     assert (op.source_format, op.bit) == ("int", 4)
     assert op.BITBLAS_TRICK_DTYPE_MAP["e4m3_float8"] == ("fp_e4m3", 8)
     assert op.propagate_b == 0 and op.propagate_a == 0 and op.config.propagate_b is True
-    # the weights this operator takes are never lop3-interleaved; BitBLAS's value for the config:
-    assert op.fast_decoding is False and bitblas.quantization.bitblas_fast_decoding(c) is True
+    # BitBLAS's value for the config: the weights this operator takes are lop3-interleaved as BitBLAS's
+    assert op.fast_decoding is True and bitblas.quantization.bitblas_fast_decoding(c) is True
     assert op.storage_dtype == "int8" and op.zeros_mode == "original"
     assert op.retrieve_weight_shape() == [128, 128]
     assert op.input_transform is None and op.lut is None and op.dynamic_range == {"m": [1, 16]}

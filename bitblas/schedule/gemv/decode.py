@@ -42,20 +42,31 @@ def decoder(w) -> Optional[str]:
     return None
 
 
-def pair_codes(dec: str, bits: int, nw: int):
+def pair_codes(dec: str, bits: int, nw: int, order=None):
     """(lo, hi) positions in its vector of ``nw`` words of the two codes that decoded word ``i`` of
     the half-pair decoders (the tensor-core kernels' ``bb_dec``) holds in its low / high half:
-    "int", "e2m1" and the float8 pairs (:func:`f8_pair_dec`) pair code ``p`` of a word's ``n``
-    codes with code ``p + n/2``; "lut4" pairs adjacent codes (its ``prmt`` interleave). The mma
-    GEMV's ``bb_prep`` pairs the activations the same way; the wgmma kernels' slab permutation
-    follows it (testing/test_gemv_wgmma.py traces each generated decoder against it)."""
+    "int", "e2m1" and the float8 pairs (:func:`f8_pair_dec`) pair the fields in slots ``p`` and
+    ``p + n/2`` of a word's ``n`` slots; "lut4" pairs adjacent codes (its ``prmt`` interleave). The
+    mma GEMV's ``bb_prep`` pairs the activations the same way; the wgmma kernels' slab permutation
+    follows it (testing/test_gemv_wgmma.py traces each generated decoder against it). ``order``
+    (``Plan.w_order``, int codes only): slot ``order[j]`` of a word holds code ``j`` (BitBLAS's
+    fast-decoding interleave), so a slot's field is the code ``j`` with ``order[j]`` = slot."""
     n = 32 // bits
     if dec == "lut4":
-        return [(2 * i, 2 * i + 1) for i in range(nw * n // 2)]
-    if dec not in ("int", "e2m1", "e4m3", "e5m2"):
+        pairs = [(2 * i, 2 * i + 1) for i in range(nw * n // 2)]
+    elif dec not in ("int", "e2m1", "e4m3", "e5m2"):
         raise ValueError(f"dec={dec!r}: no half-pair decoder (accepted: int, e2m1, lut4, e4m3, e5m2)")
-    P = n // 2
-    return [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
+    else:
+        P = n // 2
+        pairs = [(j * n + p, j * n + p + P) for j in range(nw) for p in range(P)]
+    if order is None:
+        return pairs
+    if dec != "int" or len(order) != n:
+        raise ValueError(f"order={order}: only int / uint codes of {bits} bits take a code order of {n} slots")
+    code = [0] * n
+    for j, slot in enumerate(order):
+        code[slot] = j
+    return [tuple(x - x % n + code[x % n] for x in pr) for pr in pairs]
 
 
 def _act_bits(v: float, act: str) -> int:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, prep_adjacent, table_dec
+from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, pair_codes, prep_adjacent, table_dec
 from .int8 import i8_helpers
 
 __all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "span_vectors", "decode_ops_per_weight", "f8_scales",
@@ -234,15 +234,16 @@ def _field_plan(bits: int, mant: int):
 
 
 def format_helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: str = "int", table=None,
-             half_pairs: bool = False):
+                   half_pairs: bool = False, order=None):
     """CUDA source of the helpers for one (activation dtype, weight format, vector size);
     ``storage``: how the codes are stored (``plan.w_storage``: "offset", "twos", "plain"); ``dec``
     and ``table`` from :func:`decoder`: table decoders reuse the int path's activation and dot
     helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
-    activations take the dp4a helpers of int8."""
+    activations take the dp4a helpers of int8. ``order``: the code order inside each weight word
+    (``Plan.w_order``; the activations are paired / gathered to match it)."""
     if act == "int8":
-        return {**load_helpers(nw), **i8_helpers(tag, bits, storage, nw)}
-    src = _int_helpers(tag, act, bits, storage == "twos", nw, half_pairs)
+        return {**load_helpers(nw), **i8_helpers(tag, bits, storage, nw, order)}
+    src = _int_helpers(tag, act, bits, storage == "twos", nw, half_pairs, order)
     if dec in ("e4m3", "e5m2") and half_pairs:
         src[f"bb_dec_{tag}"] = f8_pair_dec(tag, act, nw, dec)
     elif dec != "int":
@@ -290,7 +291,7 @@ def _byte_floats(j: int, twos: bool, dst, decl: str = ""):
         f"    {dst(t)} = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x{0x7540 | t:x})) - c;" for t in range(4)]
 
 
-def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs: bool = False):
+def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs: bool = False, order=None):
     """``twos``: the codes are stored in two's complement (int8): the decoder XORs each field's
     sign bit, giving the offset-binary field ``q + 2**(bits-1)`` that offset-binary codes (signed
     1/2/4-bit weights) are stored as, and unsigned codes are taken as they are; the decode gives
@@ -331,14 +332,12 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
     fp = _field_plan(bits, mant)
     nacc = 2 if act == "float16" else 4
     cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
-    # prep: pair activation k (low half) with k + P (high half), as the decoded pairs are laid out
+    # prep: pair the activations of the codes of decoded pair i (slots p and p + P of word j: codes
+    # k and k + P in natural order, decode.pair_codes under a code order), low half and high half
     lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    for j in range(nw):
-        for p in range(P):
-            lo = j * n + p
-            hi = lo + P
-            sel = 0x7632 if p & 1 else 0x5410
-            lines.append(f"  ap[{j * P + p}] = __byte_perm(a[{lo // 2}], a[{hi // 2}], 0x{sel:x});")
+    for i, (lo, hi) in enumerate(pair_codes("int", bits, nw, order)):
+        sel = 2 * (lo % 2) | (2 * (lo % 2) + 1) << 4 | (4 + 2 * (hi % 2)) << 8 | (5 + 2 * (hi % 2)) << 12
+        lines.append(f"  ap[{i}] = __byte_perm(a[{lo // 2}], a[{hi // 2}], 0x{sel:x});")
     # sum of the activations: half2 sums of 8 values, then float32
     na = npairs        # u32 words of activations (2 values each)
     lines.append("  float s = 0.f;")

@@ -69,10 +69,15 @@ def _transpose(x, y):
             (y[2], t[1], t[3], 0x5410), (y[3], t[1], t[3], 0x7632)]
 
 
-def _i8_gather(bits: int, nw: int):
+def _i8_gather(bits: int, nw: int, order=None):
     """The activation gather of one vector of ``nw`` weight words: ``prmt`` steps ``(dst, a, b,
     selector)`` over names ``a{j}`` (activation words in K order), ``p{q}`` (gathered word q,
-    matching decoded weight word q) and temporaries. 8-bit codes need none (``p{j}`` = ``a{j}``)."""
+    matching decoded weight word q) and temporaries. 8-bit codes need none (``p{j}`` = ``a{j}``).
+    ``order`` (``Plan.w_order``): the weight words hold code ``j`` in slot ``order[j]``, so byte
+    ``t`` of decoded word ``j * F + p`` is code ``c`` with ``order[c] = t * F + p``
+    (:func:`_order_gather`)."""
+    if order is not None:
+        return _order_gather(bits, nw, order)
     prog = []
     if bits == 4:
         for j in range(nw):
@@ -89,6 +94,39 @@ def _i8_gather(bits: int, nw: int):
     return prog
 
 
+def _order_gather(bits: int, nw: int, order):
+    """The gather for weights in code order ``order``: each gathered word from the activation
+    bytes its decoded word's codes need, one ``prmt`` where they come from at most two words
+    (a copy where a word is one activation word as it is), else two and one to merge."""
+    F, n = 8 // bits, 32 // bits
+    code = [0] * n
+    for j, slot in enumerate(order):
+        code[slot] = j
+    prog = []
+    for j in range(nw):
+        for p in range(F):
+            q = j * F + p
+            src = [divmod(j * n + code[t * F + p], 4) for t in range(4)]      # (activation word, byte)
+            words = sorted({w for w, _ in src})
+            if words == [src[0][0]] and [b for _, b in src] == [0, 1, 2, 3]:
+                prog.append((f"p{q}", f"a{words[0]}", f"a{words[0]}", 0x3210))
+                continue
+            if len(words) <= 2:
+                x, y = words[0], words[-1]
+                sel = sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src))
+                prog.append((f"p{q}", f"a{x}", f"a{y}", sel))
+                continue
+            lo, hi = (words[0], words[1]), (words[2], words[-1])
+            parts = []
+            for h, (x, y) in enumerate((lo, hi)):
+                sel = sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src) if w in (x, y))
+                parts.append((f"p{q}_g{h}", f"a{x}", f"a{y}", sel))
+            prog += parts
+            sel = sum(((t if w in lo else 4 + t) << (4 * t)) for t, (w, _) in enumerate(src))
+            prog.append((f"p{q}", f"p{q}_g0", f"p{q}_g1", sel))
+    return prog
+
+
 def _cname(nm: str) -> str:
     """C expression of a gather-program name: ``a3`` -> ``a[3]``, ``p5`` -> ``ap[5]``, temporaries as is."""
     if nm[1:].isdigit():
@@ -96,29 +134,32 @@ def _cname(nm: str) -> str:
     return nm
 
 
-def gather_lines(bits: int, nw: int):
+def gather_lines(bits: int, nw: int, order=None):
     """CUDA lines: activation words ``a`` gathered into the decode's K order, into ``ap`` (the
     ``prmt`` program of :func:`_i8_gather`; 8-bit codes: the words as they are)."""
-    prog = _i8_gather(bits, nw)
+    prog = _i8_gather(bits, nw, order)
     if not prog:
         return [f"  ap[{q}] = a[{q}];" for q in range(nw * i8_consts(bits, "plain")["F"])]
     out = []
     for dst, x, y, sel in prog:
         lhs = _cname(dst) if dst[1:].isdigit() else f"const unsigned {dst}"
+        if x == y and sel == 0x3210:
+            out.append(f"  {lhs} = {_cname(x)};")
+            continue
         out.append(f"  {lhs} = __byte_perm({_cname(x)}, {_cname(y)}, 0x{sel:x});")
     return out
 
 
-def i8_helpers(tag: str, bits: int, storage: str, nw: int):
+def i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
     """CUDA source of ``bb_prep_{tag}`` (gather the activation words, return the dp4a chain's
     start), ``bb_dec_{tag}`` (weight words -> bytes) and ``bb_dot_{tag}`` (dp4a over one vector)
-    for ``nw`` weight words of ``bits``-bit codes stored as ``storage``."""
+    for ``nw`` weight words of ``bits``-bit codes stored as ``storage`` (in code order ``order``)."""
     k = i8_consts(bits, storage)
     F = k["F"]
     na = nw * F                                   # activation words per vector (= decoded words)
     src = {}
     lines = [f"__device__ __forceinline__ int bb_prep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    lines += gather_lines(bits, nw)
+    lines += gather_lines(bits, nw, order)
     if k["off"]:
         lines.append("  int s = 0;")
         lines += [f"  s = __dp4a((int)a[{q}], 0x{_ONES:08x}, s);" for q in range(na)]

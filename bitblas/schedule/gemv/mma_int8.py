@@ -84,7 +84,7 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     return None
 
 
-def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int):
+def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
     """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
     -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane), for
     codes stored as ``storage`` (bitblas.formats.code_storage)."""
@@ -94,7 +94,7 @@ def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int):
     na = nw * F
     src = {}
     lines = [f"__device__ __forceinline__ void bb_mprep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    lines += gather_lines(bits, nw)
+    lines += gather_lines(bits, nw, order)
     lines.append("}")
     src[f"bb_mprep_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
@@ -136,7 +136,7 @@ def body(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
-    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW)
+    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order)
 
     def hsrc(name):
         return repr(hs[name])

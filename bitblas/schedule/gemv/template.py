@@ -376,7 +376,8 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
     f32_path = uses_f32_path(plan, hint)
-    helpers = format_helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path)
+    helpers = format_helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path,
+                             order=plan.w_order)
     s_f8 = f8_scales(plan)
     dec_factor = e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives field - off, field = q + x_shift (offset-binary)
@@ -387,7 +388,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     sdt = plan.arg("scale").dtype if c.with_scaling and not plan.scale_in_epilogue else None
     if SB > 1:
         sdt = "uint32"
-        helpers = {**helpers, **block_scale_helpers(tag, act, pair_codes(dec, b, NW), V, c.group_size)}
+        helpers = {**helpers, **block_scale_helpers(tag, act, pair_codes(dec, b, NW, plan.w_order), V, c.group_size)}
     zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
     acc_dtype = "int32" if i8 and not sdt else "float32"    # int8: exact int32 sums unless group scales

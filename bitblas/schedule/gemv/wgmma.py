@@ -56,13 +56,13 @@ BOX = 64                                # activation values per TMA box row (128
 _SMEM_MAX = 200 * 1024                   # activation slots of a block (and the K-split reduction) within sm_90's 227 KB
 
 
-def slab_permutation(bits: int, nw: int, dec: str) -> List[int]:
+def slab_permutation(bits: int, nw: int, dec: str, order=None) -> List[int]:
     """``perm[t]``: the natural K position (within a slab of 4 vectors of ``V`` codes) of the
     activation at position ``t`` of the permuted slab. Position ``16 s + 2 q + e + 8 h`` is k16 step
     ``s``'s B row of K slot ``2q + e + 8h``: lane ``q``'s decoded word ``2 s + h``, code ``e`` (the
-    codes of each decoded word: :func:`~.decode.pair_codes` of decoder ``dec``)."""
+    codes of each decoded word: :func:`~.decode.pair_codes` of decoder ``dec`` and code order ``order``)."""
     V = nw * 32 // bits
-    pairs = pair_codes(dec, bits, nw)
+    pairs = pair_codes(dec, bits, nw, order)
     perm = [0] * (4 * V)
     for s in range(V // 4):
         for q in range(4):
@@ -177,7 +177,7 @@ def permute_script(plan, hint) -> str:
     ``mv`` rows at run time."""
     c, w = plan.config, plan.w
     nw = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) // 4
-    perm = slab_permutation(w.bits, nw, decoder(w))
+    perm = slab_permutation(w.bits, nw, decoder(w), plan.w_order)
     S = len(perm)
     NS = c.K // S
     G, per, stride = _perm_groups(perm)

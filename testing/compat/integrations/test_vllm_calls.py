@@ -20,6 +20,7 @@ import torch
 
 import bitblas
 from gptq_data import make_gptq, unpack_fields
+from test_fast_decoding import bb_lop3_permutate
 
 OPT_FEATURES = [1, 16, 32, 64, 128, 256, 512, 1024]     # vLLM's BITBLAS_OPTIMIZE_FEATURES
 MINIMUM_BITBLAS_VERSION = "0.1.0"
@@ -112,8 +113,10 @@ def test_vllm_gptq_bitblas_symmetric(group_size, device, database):
 
 @pytest.mark.parametrize("sym", [False, True], ids=["asym", "sym"])
 def test_vllm_bitblas_format_checkpoint(sym, device, database):
-    """GPTQ in BitBLAS format: the checkpoint is what a GPTQ -> BitBLAS conversion writes (codes
-    through ``weight_transform``, zero points through ``general_compress`` along N)."""
+    """GPTQ in BitBLAS format: the checkpoint is what Microsoft BitBLAS's GPTQ -> BitBLAS conversion
+    writes (its ``weight_transform``: the codes packed, then its LOP3Permutate, here written from its
+    TIR; zero points through ``general_compress`` along N), not our own transform: vLLM hands those
+    bytes to the operator as they are."""
     from bitblas import MatmulConfig
     from bitblas.cache import get_database_path
     from bitblas.quantization.utils import general_compress
@@ -140,7 +143,9 @@ def test_vllm_bitblas_format_checkpoint(sym, device, database):
 
     # the checkpoint (a GPTQ -> BitBLAS conversion, as BitBLAS's Linear.repack_from_gptq does)
     intweight = unpack_gptq_qweight(ckpt["qweight"].T.contiguous().view(torch.int8), bits)
-    ck_qweight = op.weight_transform(intweight.cpu())
+    ck_qweight = torch.from_numpy(bb_lop3_permutate(general_compress(intweight.cpu().numpy().astype(np.int8), bits),
+                                                    bits, "float16"))
+    assert op.fast_decoding and torch.equal(op.weight_transform(intweight.cpu()), ck_qweight)
     qz = ckpt["qzeros"]
     intzeros = unpack_fields(qz, bits) + 1                                   # [G, N], GPTQ v1: stored z - 1
     ck_zeros = torch.from_numpy(general_compress(intzeros.to(torch.int8).numpy(), bits, storage_dtype=np.int8))

@@ -331,3 +331,22 @@ def test_operator_takes_bitblas_weight_as_is(A, W):
     assert rel_err(out, x.double() @ deq.T) <= 4e-3
     natural = torch.from_numpy(bb_general_compress(stored, bits))
     assert rel_err(op(x, natural, s), x.double() @ deq.T) > 0.1
+
+
+def test_state_dict_across_fast_decoding_settings():
+    """A bitblas.Linear/3 state dict records its code order: a layer built with another
+    fast_decoding setting loads it converted (the same codes, the same outputs), both ways."""
+    sd, deq = _bitblas_saved("u4_g32_zeros", seed=11)
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(12)).half()
+    fast = _layer("u4_g32_zeros")
+    fast.load_state_dict(sd)
+    kw = dict(CASES["u4_g32_zeros"][0], fast_decoding=False)
+    plain = bitblas.Linear(K, N, A_dtype="float16", opt_M=1, **kw)
+    assert plain._plan.w_order is None and fast._plan.w_order is not None
+    plain.load_state_dict(fast.state_dict())
+    assert not torch.equal(plain.qweight, fast.qweight)
+    assert torch.equal(plain.unpacked()["codes"], fast.unpacked()["codes"])
+    assert torch.equal(plain(x), fast(x)) and rel_err(plain(x), x.double() @ deq.T) <= 4e-3
+    again = _layer("u4_g32_zeros")
+    again.load_state_dict(plain.state_dict())
+    assert torch.equal(again.qweight, fast.qweight)

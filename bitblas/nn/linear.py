@@ -434,8 +434,10 @@ class Linear(nn.Module):
 
     # -- state dict ----------------------------------------------------------------------------
     def _state_fields(self) -> dict:
+        order = self._plan.w_order
         return {"format": _FORMAT_TAG, **{k: getattr(self.config, {"in_features": "K", "out_features": "N"}.get(k, k))
-                                          for k in _STATE_FIELDS}}
+                                          for k in _STATE_FIELDS},
+                "code_order": None if order is None else list(order)}
 
     def get_extra_state(self):
         """The layer's format as a uint8 tensor of JSON (so safetensors can store it): a checkpoint of
@@ -510,6 +512,16 @@ class Linear(nn.Module):
             return
         if fmt is None and not foreign and readable and isinstance(self._bitblas_order, str):
             raise NotImplementedError(f"{wkey}: {self._bitblas_order}")
+        if fmt == _FORMAT_TAG and readable:
+            # saved by a layer of another fast_decoding setting: its code order -> this layer's
+            saved = rec.get("code_order")
+            saved = None if saved is None else tuple(saved)
+            if saved != self._plan.w_order:
+                if saved is not None:
+                    t = reorder_codes(t, self.bits, saved, inverse=True)
+                if self._plan.w_order is not None:
+                    t = reorder_codes(t, self.bits, self._plan.w_order)
+                state_dict[wkey] = t
 
     def _migrate_v1(self, state_dict, prefix):
         c, plan = self.config, self._plan

@@ -241,7 +241,7 @@ class BitBLASHfQuantizer(HfQuantizer):
         """Layers whose tensors transformers assigned itself instead of handing them to _Deserialize (a
         loader that does not run the quantizer's converters): their tensors and format record (kept by
         ``Linear.set_extra_state``) go through the layer's ``load_state_dict`` now, checked against the
-        skeleton's shapes and converted once (a ``bitblas.Linear/1`` save, Microsoft BitBLAS's bytes)."""
+        skeleton's shapes and converted once where the format asks (a ``bitblas.Linear/1`` or ``/2`` save)."""
         for name, skeleton in self._skeletons.items():
             layer = model.get_submodule(name)
             if not isinstance(layer, Linear):

@@ -28,6 +28,12 @@ CONFIGS = {
     "i8xi8_int32": C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int8", out_dtype="int32"),
     "i8xi4_g128": C(M=None, N=256, K=512, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True),
     "i4xi2": C(M=None, N=256, K=512, A_dtype="int4", W_dtype="int2", out_dtype="int32"),
+    # weights in BitBLAS's fast-decoding order (the default above for int / uint 1-4 bits with float16
+    # or int8 activations): the int8 GEMVs' gathers, and the natural order kept with fast_decoding=False
+    "i8xu1_gemv_order": C(M=1, N=256, K=512, A_dtype="int8", W_dtype="uint1", with_scaling=True),
+    "i8xi2_mma_gemv_order": C(M=16, N=256, K=512, A_dtype="int8", W_dtype="int2", with_scaling=True),
+    "f16xuint4_natural": C(M=1, N=256, K=512, W_dtype="uint4", group_size=128, with_scaling=True,
+                           fast_decoding=False),
     "e4m3xe5m2": C(M=None, N=256, K=512, A_dtype="float8_e4m3", W_dtype="float8_e5m2", with_scaling=True,
                    with_act_scaling=True),
 }

@@ -60,12 +60,12 @@ def bitblas_fast_decoding(config) -> bool:
 
 
 def bitblas_weight_order(config):
-    """The code order of Microsoft BitBLAS's packed weight for ``config``, relative to ours: None
-    where the bytes are the same (no fast decoding, or no interleave for the format / shape), else
-    the slot of each code of a 32-bit word (:func:`interleave_positions` for the activation dtype,
-    as BitBLAS's ``Matmul.transform_weight`` runs its LOP3Permutate). NotImplementedError where
-    BitBLAS's bytes lose codes (1-bit weights with float16 activations: its LOP3Permutate moves
-    two nibbles of each word to one place)."""
+    """The code order of Microsoft BitBLAS's packed weight for ``config``, relative to the natural
+    order (``pack_codes``'s): None where the bytes are the same (no fast decoding, or no interleave
+    for the format / shape), else the slot of each code of a 32-bit word (:func:`interleave_positions`
+    for the activation dtype, as BitBLAS's ``Matmul.transform_weight`` runs its LOP3Permutate).
+    NotImplementedError where BitBLAS's bytes lose codes (1-bit weights with float16 activations:
+    its LOP3Permutate moves two nibbles of each word to one place)."""
     w = FORMATS[config.W_dtype]
     if not bitblas_fast_decoding(config) or w.kind not in ("int", "uint") or w.bits not in (1, 2, 4) \
             or config.A_dtype not in _TARGET_BITS or (config.K * w.bits // 8) % 4:

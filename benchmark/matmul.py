@@ -46,6 +46,12 @@ FORMATS = {
                               with_zeros=True, out_dtype="bfloat16"),
     "w2a16-g128": dict(A_dtype="float16", W_dtype="int2", group_size=128, with_scaling=True),
     "w2a16-uint2-g128": dict(A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True),
+    # the int / uint formats above with float16 / int8 activations take Microsoft BitBLAS's
+    # fast-decoding weight order (its default, Plan.w_order); these take the natural order, for the A/B
+    "w4a16-g128-natural": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True,
+                               fast_decoding=False),
+    "w2a16-uint2-g128-natural": dict(A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True,
+                                     fast_decoding=False),
     "w1a16-g128": dict(A_dtype="float16", W_dtype="uint1", group_size=128, with_scaling=True, with_zeros=True,
                        zeros_mode="rescale"),
     "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),

@@ -41,6 +41,8 @@ def _describe(fmt: str) -> str:
     if kw.get("with_act_scaling"):
         parts.append("per-token activation scales")
     parts.append(f"out {kw.get('out_dtype', 'float16')}")
+    if kw.get("fast_decoding") is False:
+        parts.append("natural code order (fast_decoding=False)")
     return ", ".join(parts)
 
 

@@ -178,6 +178,21 @@ def _shape(spec) -> str:
     return f"({dims},)" if len(spec.shape) == 1 else f"({dims})"
 
 
+def _code_of_slot(slot: str, order) -> str:
+    """TVMScript text of the K index of the code stored in slot ``slot`` (text) of a weight whose
+    32-bit words hold their codes in ``order`` (``Plan.w_order``; None: the slot itself). The
+    inverse of an order is again a permutation of the bits of the index within a word."""
+    if order is None:
+        return slot
+    n = len(order)
+    code = [0] * n
+    for j, s in enumerate(order):
+        code[s] = j
+    bits = n.bit_length() - 1
+    img = [code[1 << i].bit_length() - 1 for i in range(bits)]
+    return " + ".join([f"({slot}) // {n} * {n}"] + [f"({slot}) // {1 << i} % 2 * {1 << t}" for i, t in enumerate(img)])
+
+
 def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
     """(TVMScript text, parameter names) of the kernel; ``permute``: table codes are looked up by a
     register permute (``lookup``) instead of a gather."""
@@ -207,11 +222,12 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
     add(f"    Ap = T.alloc_buffer((m, {K}), 'float32')")
     if zeros:
         add(f"    As = T.alloc_buffer((m, {NG}, {L}), 'float32')")
-    # activations: float32, permuted per step
+    # activations: float32, permuted per step (to the code stored in each slot: Plan.w_order)
     add(f"    for i, b in T.grid(m, {K // CH}):")
     add(f"        for c in T.unroll({cpb}):")
     add(f"            for l in T.vectorized({L}):")
-    add(f"                Ap[i, b * {CH} + c * {L} + l] = T.Cast('float32', A[i, (b * {L} + l) * {cpb} + c])")
+    add(f"                Ap[i, b * {CH} + c * {L} + l] = T.Cast('float32', "
+        f"A[i, {_code_of_slot(f'(b * {L} + l) * {cpb} + c', plan.w_order)}])")
     if zeros:
         add(f"    for i, g in T.grid(m, {NG}):")
         add(f"        for l in T.vectorized({L}):")
@@ -334,7 +350,8 @@ def schedule_cpu_gemv(func, plan, hint: Optional[CPUGemvHint] = None, target=Non
         return tirx.call_llvm_intrin("void", "llvm.prefetch.p0", addr, i32(0), i32(3), i32(1))
 
     def code(bufs, n, k):
-        return decode_code(bufs["W"], n, k, w, plan.w_storage, plan.w_order)
+        # the code in slot k as stored: the activations were permuted to the code order instead
+        return decode_code(bufs["W"], n, k, w, plan.w_storage)
 
     def dec(bufs, n, k):
         """The value of element (n, k) of W, float32, before scales."""

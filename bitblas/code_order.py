@@ -15,7 +15,8 @@ from typing import Optional, Tuple
 
 from .formats import FORMATS
 
-__all__ = ["bitblas_fast_decoding", "bitblas_weight_order", "weight_order", "interleave_positions"]
+__all__ = ["bitblas_fast_decoding", "bitblas_weight_order", "weight_order", "interleave_positions", "slot_codes",
+           "order_bits"]
 
 
 # bits per decoded lane of each decode target BitBLAS's LOP3Permutate takes (its ``datatype``, the
@@ -89,3 +90,23 @@ def weight_order(config) -> Optional[Tuple[int, ...]]:
     except NotImplementedError:
         return None
     return None if pos is None else tuple(pos)
+
+
+def slot_codes(order) -> Tuple[int, ...]:
+    """The inverse of ``order``: the code (index in natural order) each slot of a word holds."""
+    code = [0] * len(order)
+    for j, slot in enumerate(order):
+        code[slot] = j
+    return tuple(code)
+
+
+def order_bits(order) -> Tuple[int, ...]:
+    """``img`` with ``order[j] = sum(2**img[i] for each bit i set in j)``: every order here (BitBLAS's
+    lanes and its unit swaps) permutes the bits of the code index, so its TIR / TVMScript form is
+    a sum of shifted bits (and its inverse, :func:`slot_codes`, is one too). ValueError otherwise."""
+    n = len(order)
+    nb = n.bit_length() - 1
+    img = tuple(order[1 << i].bit_length() - 1 for i in range(nb))
+    if n != 1 << nb or any(order[j] != sum(1 << img[i] for i in range(nb) if j >> i & 1) for j in range(n)):
+        raise ValueError(f"order={tuple(order)}: not a permutation of the bits of the code index")
+    return img

@@ -178,8 +178,7 @@ def _build_plan(config: MatmulConfig, target_kind: str = "cpu", m: Optional[int]
         add("a_table", (len(a.table),), "float32", role="table")
     add("output", (rows, c.N), c.out_dtype, role="output")
     return Plan(c, target_kind, m, a, w, accum, decode, scale_dtype, scale_in_epilogue, groups, tuple(args),
-                code_storage(w, "W", None if float_acts else a), code_storage(a, "A"),
-                None if c.layout == "nn" else weight_order(c))
+                code_storage(w, "W", None if float_acts else a), code_storage(a, "A"), weight_order(c))
 
 
 _cached_plan = functools.lru_cache(maxsize=4096)(_build_plan)

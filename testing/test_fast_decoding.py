@@ -350,3 +350,19 @@ def test_state_dict_across_fast_decoding_settings():
     again = _layer("u4_g32_zeros")
     again.load_state_dict(plain.state_dict())
     assert torch.equal(again.qweight, fast.qweight)
+
+
+def test_orders_permute_the_bits_of_the_code_index():
+    """Every BitBLAS order is a permutation of the bits of the code index (the kernels' TIR and
+    TVMScript forms rely on it), so is its inverse; another permutation is refused."""
+    from bitblas.code_order import _TARGET_BITS, interleave_positions, order_bits, slot_codes
+    for bits in (1, 2, 4):
+        for target in _TARGET_BITS:
+            pos = interleave_positions(bits, target)
+            inv = slot_codes(pos)
+            assert [inv[p] for p in pos] == list(range(len(pos)))
+            for o in (pos, inv):
+                img = order_bits(o)
+                assert all(o[j] == sum(1 << t for i, t in enumerate(img) if j >> i & 1) for j in range(len(o)))
+    with pytest.raises(ValueError, match="not a permutation of the bits"):
+        order_bits((0, 2, 3, 1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from ..code_order import order_bits
 from ..formats import FORMATS, Format
 from ..plan import M_VAR, Plan
 
@@ -26,11 +27,7 @@ def slot_of(k, order):
     """The slot (in code units along the row) of code ``k`` of a weight whose 32-bit words hold
     their codes in ``order`` (``Plan.w_order``: code ``j`` of a word in slot ``order[j]``; every
     such order is a permutation of the bits of ``j``, so the slot is a sum of shifted bits)."""
-    n = len(order)
-    nb = n.bit_length() - 1
-    img = [order[1 << i].bit_length() - 1 for i in range(nb)]
-    if n != 1 << nb or any(order[j] != sum(1 << img[i] for i in range(nb) if j >> i & 1) for j in range(n)):
-        raise ValueError(f"order={order}: not a permutation of the bits of the code index")
+    n, img = len(order), order_bits(order)
     # floordiv / floormod by constants (not shifts and masks): TVM's bound analysis then keeps a
     # thread's byte region to the words its codes lie in
     fdiv, fmod = ((lambda a, b: a // b), (lambda a, b: a % b)) if isinstance(k, int) else (tirx.floordiv,

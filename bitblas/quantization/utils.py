@@ -6,7 +6,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..code_order import bitblas_fast_decoding, bitblas_weight_order, interleave_positions
+from ..code_order import bitblas_fast_decoding, bitblas_weight_order, interleave_positions, slot_codes
 from ..formats import FORMATS, STORAGES, Format
 
 __all__ = ["pack_codes", "unpack_codes", "unpack_fields", "general_compress", "interleave_weight",
@@ -56,10 +56,7 @@ def pack_codes(codes: torch.Tensor, fmt, storage: Optional[str] = None, order=No
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
     if order is not None:
-        inv = [0] * len(order)
-        for j, slot in enumerate(order):
-            inv[slot] = j
-        codes = _word_codes(codes, len(order), inv)
+        codes = _word_codes(codes, len(order), slot_codes(order))
     q = codes.to(torch.int32)
     if st == "offset":
         q = q + (1 << (f.bits - 1))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._tvm import tvm
+from ..code_order import order_bits, slot_codes
 from ..ir.matmul import decode_code, scale_value, zero_value
 from .cpu import largest_divisor as _divisor
 from .target import host_cpu_target
@@ -184,12 +185,7 @@ def _code_of_slot(slot: str, order) -> str:
     inverse of an order is again a permutation of the bits of the index within a word."""
     if order is None:
         return slot
-    n = len(order)
-    code = [0] * n
-    for j, s in enumerate(order):
-        code[s] = j
-    bits = n.bit_length() - 1
-    img = [code[1 << i].bit_length() - 1 for i in range(bits)]
+    n, img = len(order), order_bits(slot_codes(order))
     return " + ".join([f"({slot}) // {n} * {n}"] + [f"({slot}) // {1 << i} % 2 * {1 << t}" for i, t in enumerate(img)])
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ...code_order import slot_codes
 from ...formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE
 
 # activation dtype -> (C type, C pair type, magic number bits, mantissa bits, magic number)
@@ -63,9 +64,7 @@ def pair_codes(dec: str, bits: int, nw: int, order=None):
         return pairs
     if dec != "int" or len(order) != n:
         raise ValueError(f"order={order}: only int / uint codes of {bits} bits take a code order of {n} slots")
-    code = [0] * n
-    for j, slot in enumerate(order):
-        code[slot] = j
+    code = slot_codes(order)
     return [tuple(x - x % n + code[x % n] for x in pr) for pr in pairs]
 
 

@@ -31,6 +31,7 @@ measurements: docs/performance.md
 """
 from __future__ import annotations
 
+from ...code_order import slot_codes
 from .decode import lop3_lut
 
 __all__ = []
@@ -99,9 +100,7 @@ def _order_gather(bits: int, nw: int, order):
     bytes its decoded word's codes need, one ``prmt`` where they come from at most two words
     (a copy where a word is one activation word as it is), else two and one to merge."""
     F, n = 8 // bits, 32 // bits
-    code = [0] * n
-    for j, slot in enumerate(order):
-        code[slot] = j
+    code = slot_codes(order)
     prog = []
     for j in range(nw):
         for p in range(F):

@@ -158,7 +158,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     elif fn is None:
         from bitblas.kernels import default_hint
-        from bitblas.ops.dequant_gemm import DequantGemm
+        from bitblas.dequant_gemm import DequantGemm
         chosen = op.choice(device, m).hint                # the hint that served the call (None: the plan's default)
         if isinstance(kern[1], DequantGemm):
             kname = "Dequant+WGMMA"

@@ -210,12 +210,17 @@ def _no_compile(seen: list):
         seen.append(list(out))
         return out
 
-    saved = tuner._compile_all, tuner.candidates
-    tuner._compile_all, tuner.candidates = stop, recorded
+    def dequant_default(config, rows, hint, target):
+        """The decode-then-GEMM default (built in tune_bucket, not by _compile_all): recorded, not built."""
+        seen.append(("dequant-gemm", rows, hint))
+        return {"ok": False, "error": "not built", "seconds": 0.0, "path": None}
+
+    saved = tuner._compile_all, tuner.candidates, tuner._dequant_gemm_entry
+    tuner._compile_all, tuner.candidates, tuner._dequant_gemm_entry = stop, recorded, dequant_default
     try:
         yield
     finally:
-        tuner._compile_all, tuner.candidates = saved
+        tuner._compile_all, tuner.candidates, tuner._dequant_gemm_entry = saved
 
 
 def _cand_rows(hints: _Hints, cands) -> List[list]:
@@ -288,19 +293,22 @@ def _tune_cases(hints: _Hints, out: dict, seen: list) -> None:
                 for M in (None,) + static:
                     cfg = kernel_config(MatmulConfig(M=M, N=N, K=K, **fields[cid]))
                     for bucket in (buckets if M is None else (M,)):
-                        entry = {"composite": composite_serves(cfg, "cuda", bucket, tgt) is not None}
-                        if entry["composite"]:       # tune() leaves the bucket untuned
-                            entry.update(_digest(candidates(cfg, "cuda", bucket, spec)))
-                        else:
-                            seen.clear()
-                            try:
-                                tune_bucket(cfg, "cuda", bucket, tgt, spec, topk=TOPK, parallel=False,
-                                            workdir="unused: the compile step stops the run")
-                            except _Stop as stop:
-                                entry.update(_digest(seen[0]))
-                                entry["measured"] = _cand_rows(hints, stop.cands)
-                            else:    # pragma: no cover - tune_bucket compiled something
+                        past = composite_serves(cfg, "cuda", bucket, tgt)
+                        entry = {"composite": past is not None}
+                        seen.clear()
+                        try:
+                            res = tune_bucket(cfg, "cuda", bucket, tgt, spec, topk=TOPK, parallel=False,
+                                              workdir="unused: the compile step stops the run", past_gemv=past)
+                        except _Stop as stop:
+                            entry.update(_digest(seen[0]))
+                            dq = [x for x in seen[1:] if isinstance(x, tuple)]    # the decode-then-GEMM default
+                            entry["measured"] = ([[dq[0][1], ["dequant-gemm", hints(dq[0][2])]]] if dq else []) + \
+                                _cand_rows(hints, stop.cands)
+                        else:    # a bucket past the GEMV that no fused tile takes: skipped, nothing built
+                            if not (past and res.skipped and res.hint is None):     # pragma: no cover
                                 raise RuntimeError("tune_bucket ran past its compile step")
+                            entry.update(_digest(seen[0]))
+                            entry["skipped"] = True
                         out[_case_id(tname, cid, f"{N}x{K}", _mode(M), f"b{bucket}")] = entry
 
 
@@ -365,7 +373,8 @@ def _resolve(value, hints: List[dict], section: str):
         return {"path": value[0], "rows": value[1], "kernels": [{"rows": r, "hint": hints[h]} for r, h in value[2:]]}
     v = dict(value)
     if "measured" in v:
-        v["measured"] = [{"rows": m, "hint": hints[h]} for m, h in v["measured"]]
+        v["measured"] = [{"rows": m, "path": "dequant-gemm", "hint": hints[h[1]]} if isinstance(h, list)
+                         else {"rows": m, "hint": hints[h]} for m, h in v["measured"]]
     return v
 
 

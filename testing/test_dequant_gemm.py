@@ -1,4 +1,4 @@
-"""Decode-then-GEMM for quantized weights with many rows on Hopper (bitblas/ops/dequant_gemm.py).
+"""Decode-then-GEMM for quantized weights with many rows on Hopper (bitblas/dequant_gemm.py).
 
     python -m pytest testing/test_dequant_gemm.py -m "not gpu"     # CI: dispatch and argument wiring
     python -m pytest testing/test_dequant_gemm.py -m gpu           # H100/H200: Matmul vs reference
@@ -95,7 +95,7 @@ def test_dense_config_int8():
 
 
 def test_argument_wiring_int8():
-    from bitblas.ops.dequant_gemm import DequantGemm
+    from bitblas.dequant_gemm import DequantGemm
     plan = make_plan(C(N=1024, K=1024, **FORMATS["w4a8-g128"]), "cuda", None)
     d = DequantGemm(plan, bitblas.build.cuda_target(TARGETS["sm_90"]))
     names = [s.name for s in plan.args]
@@ -105,7 +105,7 @@ def test_argument_wiring_int8():
 
 
 def test_argument_wiring():
-    from bitblas.ops.dequant_gemm import DequantGemm
+    from bitblas.dequant_gemm import DequantGemm
     cfg = C(N=1024, K=1024, **FORMATS["nvfp4-bf16"], with_bias=True)
     plan = make_plan(cfg, "cuda", None)
     # no GPU needed to wire: kernels build source-only modules here

@@ -209,19 +209,31 @@ def test_composite_buckets_match_untuned_dispatch(target, fmt):
     assert tuner.composite_serves(cfg, "cpu", 256) is None
 
 
-def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypatch):
+@pytest.mark.parametrize("fused_wins", [False, True])
+def test_tuner_tunes_past_gemv_buckets_against_the_untuned_choice(db_path, monkeypatch, fused_wins):
     """On sm_90 a W4A16 operator with buckets (1, 16, 48, 256): 1, 16 and 48 (the GEMV's rows, its
-    tensor-core kernel in chunks of 16 above 16 rows) are tuned; 256 is reported skipped, gets no
-    tuned entry, and keeps decode + wgmma GEMM for its rows."""
+    tensor-core kernel in chunks of 16 above 16 rows) are tuned as before; 256, past the GEMV, is
+    tuned over the fused GEMM's tiles (``past_gemv``). Where the untuned decode + wgmma GEMM measured
+    fastest the bucket is skipped and its rows keep the untuned choice; where a fused tile won, it
+    serves the bucket's rows past the GEMV's 64 (fewer keep the GEMV), and as the last bucket the
+    rows above it."""
     import torch
     import bitblas.hardware
+    from bitblas.schedule import FusedWgmmaHint
     cfg = MatmulConfig(M=[1, 16, 48, 256], N=1024, K=1024, **W4A16)
     h = GEMVHint(rows_per_warp=1, warps=4, unroll=2)
     hm = GEMVHint(rows_per_warp=32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
-    tuned_buckets = []
+    hf = FusedWgmmaHint(row_tile=256, warpgroups=1, stages=4)
+    tuned_buckets, past = [], {}
 
-    def fake_tune_bucket(config, kind, bucket, *a, **k):
+    def fake_tune_bucket(config, kind, bucket, *a, past_gemv=None, **k):
         tuned_buckets.append(bucket)
+        past[bucket] = past_gemv
+        if bucket == 256:
+            if fused_wins:
+                return tuner.TuneResult(bucket, None, hf, 0.010, 0.012, 0.0, False)
+            return tuner.TuneResult(bucket, None, None, 0.010, 0.010, 0.0, False,
+                                    skipped="decode + wgmma GEMM measured fastest")
         return tuner.TuneResult(bucket, bucket, h if bucket <= 16 else hm, 0.01, 0.02, 0.0, False)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -233,26 +245,147 @@ def test_tuner_skips_composite_buckets_and_dispatch_keeps_them(db_path, monkeypa
     loaded = []
     monkeypatch.setattr(op, "_kernel", lambda kind, rows: loaded.append(rows))
     res = op.hardware_aware_finetune(kind="cuda", progress=False)
-    assert sorted(res) == [1, 16, 48, 256] and tuned_buckets == [1, 16, 48] and sorted(loaded) == [1, 16, 48]
-    assert res[256].skipped and "decode" in res[256].skipped and res[256].hint is None
-    assert res[256].latency_ms is None and res[256].speedup is None
+    assert sorted(res) == tuned_buckets == [1, 16, 48, 256]
+    assert past[1] is past[16] is past[48] is None and "past the GEMV" in past[256]
     assert res[1].skipped is None and res[16].skipped is None and res[48].skipped is None
-    assert set(op._tuned["cuda"]) == {1, 16, 48}
     assert choose(op, "cuda", 16) == (16, h) and choose(op, "cuda", 5) == (5, h)
     # the tensor-core GEMV takes its row count at run time: one kernel per class (17..32, 33..48)
     assert choose(op, "cuda", 17) == (32, hm) and choose(op, "cuda", 33) == (48, hm)
     assert choose(op, "cuda", 48) == (48, hm)
     assert choose(op, "cuda", 64) == (64, None)          # past the last GEMV bucket: the default GEMV
-    for rows in (65, 100, 256, 5000):
-        m, choice = choose(op, "cuda", rows)
-        assert m is None and past_gemv(choice), rows
-    # on an A100 nothing is skipped (no wgmma)
+    if fused_wins:
+        assert res[256].skipped is None and set(op._tuned["cuda"]) == {1, 16, 48, 256}
+        assert sorted(loaded) == [1, 16, 48, 256]
+        for rows in (65, 100, 256, 5000):
+            assert choose(op, "cuda", rows) == (None, hf), rows
+            assert op.choice("cuda", rows).tuned
+    else:
+        assert res[256].skipped and res[256].hint is None and res[256].latency_ms == 0.010
+        assert set(op._tuned["cuda"]) == {1, 16, 48} and sorted(loaded) == [1, 16, 48]
+        for rows in (65, 100, 256, 5000):
+            m, choice = choose(op, "cuda", rows)
+            assert m is None and past_gemv(choice), rows
+    # on an A100 nothing runs past the GEMV (no wgmma): every bucket is tuned as before
     tuned_buckets.clear()
+    past.clear()
     monkeypatch.setattr(bitblas.hardware, "query_device", lambda *a: A100_SPEC)
     op80 = bitblas.Matmul(cfg, target=TARGETS["sm_80"])
     monkeypatch.setattr(op80, "_kernel", lambda kind, rows: None)
-    res80 = op80.hardware_aware_finetune(kind="cuda", progress=False, force=True)
-    assert tuned_buckets == [1, 16, 48, 256] and not any(r.skipped for r in res80.values())
+    op80.hardware_aware_finetune(kind="cuda", progress=False, force=True)
+    assert tuned_buckets == [1, 16, 48, 256] and not any(past.values())
+
+
+W4A16_8K = MatmulConfig(M=None, N=8192, K=8192, **W4A16)
+
+
+@pytest.mark.parametrize("fmt", ["u4", "u2", "u8", "nf4"])
+def test_fused_space_holds_valid_tiles_and_the_defaults(fmt):
+    """The fused GEMM's tuning space: every tile passes the kernel's own checks, no tile twice, the
+    untuned defaults of every row count are in it; none below 65 rows (the GEMV's), on sm_80, for
+    int8 activations or without device facts. The cost model gives every tile a finite estimate."""
+    from bitblas.arch import Arch
+    from bitblas.kernels import by_name
+    from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported
+    W = {"u4": "uint4", "u2": "uint2", "u8": "uint8", "nf4": "nf4"}[fmt]
+    fused = by_name("fused-wgmma")
+    arch = Arch.from_spec(H200)
+    for N, K in ((8192, 8192), (1000, 1536)):
+        cfg = MatmulConfig(M=None, N=N, K=K, A_dtype="float16", W_dtype=W, group_size=128, with_scaling=True)
+        plan = make_plan(cfg, "cuda", None)
+        space = [c.hint for c in fused.space(plan, 256, arch)]
+        assert space and len(space) == len(set(space))
+        assert all(c.plan_m is None for c in fused.space(plan, 256, arch))
+        assert all(fused_wgmma_unsupported(plan, h) is None for h in space)
+        for rows in (65, 128, 256, 1024, 2048):
+            d = fused_default(plan, rows)
+            assert d is None or d in space, (rows, d)
+        assert all(math.isfinite(estimate(plan, h, rows, H200)) for h in space for rows in (65, 1024, 4096))
+        assert fused.space(plan, 64, arch) == [] and fused.space(plan, 256, None) == []
+        assert fused.space(plan, 256, Arch.from_spec(A100_SPEC)) == []
+    static = MatmulConfig(M=512, N=1024, K=1024, A_dtype="float16", W_dtype=W, group_size=128, with_scaling=True)
+    assert {c.plan_m for c in fused.space(make_plan(static, "cuda", 512), 512, arch)} == {512}
+    w4a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True)
+    assert fused.space(make_plan(w4a8, "cuda", None), 256, arch) == []
+
+
+def test_fused_cost_counts_waves():
+    """Twice the rows on the same tile: one wave becomes two (128-row split-K tiles at 8192^2: 128
+    blocks, one per SM); every estimate grows with the rows."""
+    from bitblas.schedule import FusedWgmmaHint
+    plan = make_plan(W4A16_8K, "cuda", None)
+    h = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4)
+    one, two = estimate(plan, h, 128, H200), estimate(plan, h, 256, H200)
+    assert 1.7 < two / one < 2.1
+    assert estimate(plan, h, 1024, H200) > two
+
+
+def _measured_list(monkeypatch, cfg, bucket, topk=20):
+    """What ``tune_bucket`` would build and measure for ``bucket`` (its compile step stops it):
+    (the decode-then-GEMM default it builds itself or None, the candidates given to the compiler),
+    or the result where it returns before compiling anything."""
+    class Stop(Exception):
+        pass
+    seen = {"dq": None}
+
+    def stop(config, kind, cands, *a, **k):
+        seen["cands"] = list(cands)
+        raise Stop()
+
+    def dq(config, rows, hint, target):
+        seen["dq"] = (rows, hint)
+        return {"ok": False, "error": "not built", "seconds": 0.0, "path": None}
+
+    monkeypatch.setattr(tuner, "_compile_all", stop)
+    monkeypatch.setattr(tuner, "_dequant_gemm_entry", dq)
+    tgt = cuda_target(TARGETS["sm_90"])
+    past = tuner.composite_serves(cfg, "cuda", bucket, tgt)
+    try:
+        res = tuner.tune_bucket(cfg, "cuda", bucket, tgt, H200, topk=topk, parallel=False, workdir="unused",
+                                past_gemv=past)
+    except Stop:
+        return seen["dq"], seen["cands"]
+    return res
+
+
+def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice(monkeypatch):
+    """A bucket past the GEMV is tuned over the fused GEMM's tiles only, the untuned choice of its
+    rows measured first: the fused default tile where it serves the rows (256), else decode + the
+    dense wgmma GEMM (4096: the decode-then-GEMM callable, built by the tuner itself). int8
+    activations, which no fused tile takes, are skipped without building anything."""
+    from bitblas.schedule import FusedWgmmaHint, WGMMAHint
+    from bitblas.schedule.fused_wgmma import fused_default
+    from bitblas.tune.space import candidates as all_candidates
+    plan = make_plan(W4A16_8K, "cuda", None)
+    dq, cands = _measured_list(monkeypatch, W4A16_8K, 256)
+    assert dq is None and cands[0].hint == fused_default(plan, 256)
+    assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and 2 < len(cands) <= 21
+    assert len({c.hint for c in cands}) == len(cands)
+    assert any(isinstance(c.hint, MMAHint) for c in all_candidates(W4A16_8K, "cuda", 256, H200))   # left out
+    dq, cands = _measured_list(monkeypatch, W4A16_8K, 4096)
+    assert fused_default(plan, 4096) is None and dq is not None and isinstance(dq[1], WGMMAHint)
+    assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and 2 < len(cands) <= 20
+    w4a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True)
+    res = _measured_list(monkeypatch, w4a8, 256)
+    assert isinstance(res, tuner.TuneResult) and res.hint is None and res.latency_ms is None
+    assert "no fused wgmma tile" in res.skipped
+
+
+def test_measured_skip_is_stored_and_loaded(db_path):
+    """A bucket where decode + wgmma GEMM measured fastest is stored with its times and loaded
+    back as skipped, with no kernel to load; an unmeasured skip is not stored."""
+    from bitblas.cache import get_database
+    db = get_database()
+    cfg = W4A16_8K
+    key = tuner.tuning_key(cfg, "cuda", 4096, {"target": "test"})
+    res = tuner.TuneResult(4096, None, None, 0.9, 0.9, 12.0, False, [{"template": "dequant-gemm", "ms": 0.9}],
+                           skipped="decode + wgmma GEMM measured fastest", measured_rows=4096)
+    tuner._store(cfg, "cuda", res, key, None, db)
+    back = tuner._from_database(cfg, "cuda", 4096, db, key, None)
+    assert back.from_cache and back.skipped == res.skipped and back.hint is None and back.latency_ms == 0.9
+    key2 = tuner.tuning_key(cfg, "cuda", 2048, {"target": "test"})
+    tuner._store(cfg, "cuda", tuner.TuneResult(2048, None, None, None, None, 0.0, False, skipped="no tile"), key2,
+                 None, db)
+    assert db.get("tuning", key2) is None
 
 
 def test_cli_table_marks_skipped_buckets(capsys):

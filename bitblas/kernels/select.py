@@ -9,7 +9,7 @@ rows its plan is built for), which the operator uses as its kernel-cache key. Th
    (:func:`kernel_rows`); else, for a kernel symbolic in M, the wgmma template's tile class of the
    rows; quantized weights from ``DEQUANT_GEMM_MIN_ROWS`` rows on sm_90: the fused wgmma GEMM
    where it serves those rows (``fused-wgmma``), else "dequant-gemm" (decode, then the dense wgmma
-   GEMM, :mod:`bitblas.ops.dequant_gemm`); else the registry's default.
+   GEMM, :mod:`bitblas.dequant_gemm`); else the registry's default.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _WGMMA = by_name("wgmma")
 _FUSED = by_name("fused-wgmma")
 
 
-# -- the decode-then-GEMM path (ops/dequant_gemm.py builds it): which plans and rows it serves ------
+# -- the decode-then-GEMM path (dequant_gemm.py builds it): which plans and rows it serves ------
 DEQUANT_GEMM_MIN_ROWS = 17         # quantized weights from this many rows on sm_90: decode, then wgmma
 
 
@@ -174,12 +174,13 @@ def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = Tru
 
 
 def composite_serves(config, kind: str, bucket: int, arch) -> Optional[str]:
-    """Why ``bucket`` is left to the decode-then-GEMM path (:mod:`bitblas.ops.dequant_gemm`), or None.
+    """Why ``bucket``'s rows run past the GEMV (None: they do not).
 
-    An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 (a
-    kernel symbolic in M for them) as decode + dense wgmma GEMM, 2.5-6x faster than the fused
-    kernels the tuner can pick from. A tuned entry takes priority in dispatch, so tuning such a
-    bucket would replace the fast path with a slower kernel: the tuner leaves it untuned."""
+    An untuned operator runs rows >= ``DEQUANT_GEMM_MIN_ROWS`` of quantized weights on sm_90 that
+    the GEMV does not serve as the fused wgmma GEMM where its default tile serves them, else as
+    decode + dense wgmma GEMM (a kernel symbolic in M), both several times faster than the
+    mma.sync tiles. The tuner tunes such a bucket over the fused GEMM's tiles only, against that
+    untuned choice (bitblas.tune.tuner.tune_bucket's ``past_gemv``)."""
     from ..arch import as_arch
     if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
         return None
@@ -189,6 +190,6 @@ def composite_serves(config, kind: str, bucket: int, arch) -> Optional[str]:
     m = kernel_rows(config, kind, bucket, arch)
     if dequant_gemm_reason(make_plan(config, kind, m), arch) is not None:
         return None
-    return (f"rows {bucket} run as decode + wgmma GEMM (bitblas.ops.dequant_gemm), faster than the "
-            "fused kernels the tuner searches; left untuned")
+    return (f"rows {bucket} run past the GEMV (the fused wgmma GEMM or decode + wgmma GEMM, faster than the "
+            "mma.sync tiles)")
 

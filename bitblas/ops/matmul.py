@@ -132,7 +132,7 @@ class Matmul(BitBLASOperatorAPI):
         plan = make_plan(self._kc, kind, c.rows)
         t0 = time.perf_counter()
         if c.template == DEQUANT_GEMM:
-            from .dequant_gemm import DequantGemm
+            from ..dequant_gemm import DequantGemm
             fn = DequantGemm(plan, self._resolve_cuda_target(), hint=c.hint)
             logger.info("cuda kernel (m=%s, %s) ready in %.2f s", c.rows or M_VAR, fn, time.perf_counter() - t0)
             return plan, fn
@@ -618,8 +618,9 @@ class Matmul(BitBLASOperatorAPI):
         results = tune(self._kc, kind, buckets, target=self._resolve_cuda_target() if kind == "cuda" else None,
                        topk=topk, parallel=parallel_build, force=force, progress=progress, **bounds)
         self._buckets = BucketTable(buckets)
-        # a skipped bucket (served by decode-then-GEMM, see bitblas.kernels.select.composite_serves)
-        # has no entry: its rows keep the untuned choice
+        # a skipped bucket (past the GEMV, where decode + wgmma GEMM measured fastest or no fused
+        # tile takes the config: bitblas.tune.tuner.tune_bucket) has no entry: its rows keep the
+        # untuned choice
         self._tuned[kind] = {b: (r.plan_m, r.hint) for b, r in results.items() if r.skipped is None}
         self._reset_dispatch(kind)
         self.tuning_results[kind] = results

@@ -55,6 +55,7 @@ warp-specialized producer; no int8 / fp8 activations.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -64,8 +65,8 @@ from .gemv.wgmma import (BOX, TMA_2D, decode_vectors, init_accs_barriers, load_v
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
                          wgmma_wait)
 
-__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "FUSED_DEFAULT_MAX_ROWS", "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX",
-           "ring_slots", "register_words"]
+__all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
+           "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "ring_slots", "register_words"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
 OVERLAP_STEPS = 8                  # overlap=True: slabs per unrolled loop body (all but its first overlap)
@@ -207,6 +208,24 @@ def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
             if fused_wgmma_unsupported(plan, h) is None:
                 return h
     return None
+
+
+def fused_space(plan) -> list:
+    """Every tile of the fused GEMM that takes ``plan`` (the tuner's space): 64-, 128- or 256-row
+    tiles; 1 or 2 channel tiles per warpgroup; one warpgroup, two side by side in N, or two splitting
+    K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
+    that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's). The
+    defaults of :func:`fused_default` are among them."""
+    out = []
+    for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
+                                                            (1, 2, 4), (False, True)):
+        base = FusedWgmmaHint(row_tile=rt, channel_tiles=r, warpgroups=wg, split_k=split, stages=stages, overlap=ov)
+        for hint in (base, replace(base, ring=4)) if split else (base,):
+            if hint.ring and hint.ring == ring_slots(plan, base):
+                continue                  # the same ring as the largest that fits
+            if fused_wgmma_unsupported(plan, hint) is None:
+                out.append(hint)
+    return out
 
 
 def _gemv_stand_in(hint: FusedWgmmaHint):

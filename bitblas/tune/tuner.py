@@ -24,9 +24,13 @@ buckets, and kernels are measured on at most ``max_measure_rows`` rows (default
 order does not change): buckets above it share one measurement. ``TuneResult.measured_rows``
 says on how many rows a bucket was timed.
 
-Buckets whose rows an untuned operator runs as decode + wgmma GEMM (quantized weights on sm_90,
-see :func:`composite_serves`) are not tuned: a tuned entry would take their rows off that faster
-path. Their results carry ``skipped`` (the reason) and no hint.
+Buckets past the GEMV whose rows an untuned operator runs as decode + wgmma GEMM or the fused
+wgmma GEMM (quantized weights on sm_90, see :func:`composite_serves`) are tuned over the fused
+GEMM's tiles only (the mma.sync tiles are several times slower there), against that untuned
+choice, measured the same way: a fused tile is kept only where it measures faster. Where the
+decode-then-GEMM path stays fastest, or no fused tile takes the config, the result carries
+``skipped`` (the reason, with both times where measured) and no hint, and the rows keep the
+untuned choice.
 
 The winner (its hint, latency, the default's latency and the whole candidate table) is written
 to the database under a key of (config, bucket, device, flags, versions), and its kernel under
@@ -55,13 +59,14 @@ from ..dispatch import BucketTable
 from ..formats import FORMATS
 from ..plan import make_plan
 from ..kernels import template_of
-from ..kernels.select import composite_serves as _composite_serves, row_class, select
+from ..kernels.select import DEQUANT_GEMM, composite_serves as _composite_serves, row_class, select
 from ..schedule import hint_from_dict, hint_to_dict
 from .space import estimate
 from .measure import time_kernel
 from .space import Candidate, candidates
 
 logger = logging.getLogger(__name__)
+_FUSED = "fused-wgmma"       # the template tuned past the GEMV (kernels/fused_wgmma.py)
 
 __all__ = ["TuneResult", "tune", "tune_bucket", "select_topk", "device_desc", "tuning_key", "kernel_args",
            "composite_serves", "CPU_TIME_BUDGET_S", "CPU_MEASURE_ROWS"]
@@ -92,9 +97,9 @@ class TuneResult:
         return self.default_latency_ms / self.latency_ms
 
     def payload(self) -> dict:
-        return {"bucket": self.bucket, "m": self.plan_m, "hint": hint_to_dict(self.hint),
+        return {"bucket": self.bucket, "m": self.plan_m, "hint": None if self.hint is None else hint_to_dict(self.hint),
                 "latency_ms": self.latency_ms, "default_latency_ms": self.default_latency_ms,
-                "tune_seconds": self.seconds, "candidates": self.candidates,
+                "tune_seconds": self.seconds, "candidates": self.candidates, "skipped": self.skipped,
                 "measured_rows": self.measured_rows if self.measured_rows is not None else self.bucket}
 
 
@@ -279,9 +284,14 @@ def _compile_all(config, kind, cands, target, parallel, bar, workdir, first_inde
 def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=None, topk: int = 20,
                 parallel: bool = True, bar=None, time_budget_s: Optional[float] = None,
                 measure_rows: Optional[int] = None, built: Optional[dict] = None,
-                workdir: Optional[str] = None) -> TuneResult:
+                workdir: Optional[str] = None, past_gemv: Optional[str] = None) -> TuneResult:
     """Tune one bucket (no database access); the result carries the winner's kernel (``entry``)
     and, when a worker compiled it, a copy of its library (``path``).
+
+    ``past_gemv``: the bucket's rows run past the GEMV (:func:`composite_serves`'s reason): only the
+    fused wgmma GEMM's tiles are candidates, and the default measured is the untuned choice of the
+    rows (the fused GEMM's default tile, or decode + wgmma GEMM). Where that decode-then-GEMM path
+    measures fastest, or no fused tile takes the config, the result is ``skipped`` (no hint).
 
     ``time_budget_s``: stop taking new candidates (a worker's batch at a time, best ranked first,
     the default kernel always) once this many seconds have passed. ``measure_rows``: rows the
@@ -297,6 +307,8 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
     rows = bucket if measure_rows is None else measure_rows
     ranked = []
     for c in candidates(config, kind, bucket, spec):
+        if past_gemv and template_of(c.hint).name != _FUSED:
+            continue
         if c.plan_m is not None and rows != bucket:
             raise ValueError(f"measure_rows={measure_rows} != bucket {bucket} for a kernel of static rows")
         try:
@@ -307,14 +319,19 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
             ranked.append(Candidate(c.plan_m, c.hint, cost))
     ranked.sort(key=lambda c: c.cost)
     chosen = select_topk(ranked, topk) if ranked else []
-    # what an untuned operator runs for these rows (bitblas.kernels.select, without the
-    # decode-then-GEMM path, whose buckets are not tuned): e.g. a symbolic wgmma kernel with the
-    # tile class of the row count, not the 128 x 256 tile of a symbolic plan
+    # what an untuned operator runs for these rows (bitblas.kernels.select; past the GEMV the fused
+    # GEMM's default tile or decode + wgmma GEMM): e.g. a symbolic wgmma kernel with the tile class
+    # of the row count, not the 128 x 256 tile of a symbolic plan
     from ..arch import arch_of
-    d_choice = select(config, kind, bucket, arch_of(tgt) if cuda else None, composite=False)
+    if past_gemv and not ranked:
+        return TuneResult(bucket, None, None, None, None, time.perf_counter() - t_start, False,
+                          skipped=f"{past_gemv}; no fused wgmma tile takes this config")
+    d_choice = select(config, kind, bucket, arch_of(tgt) if cuda else None, composite=bool(past_gemv))
     d_rows, d_hint = d_choice.rows, d_choice.hint
     d_plan = make_plan(config, kind, d_rows)
-    default = Candidate(d_rows, d_hint, estimate(d_plan, d_hint, rows, spec, cores) if (spec or not cuda) else 0.0)
+    dq = d_choice.template == DEQUANT_GEMM          # the default is decode + the dense wgmma GEMM
+    default = Candidate(d_rows, d_hint, math.nan if dq else
+                        estimate(d_plan, d_hint, rows, spec, cores) if (spec or not cuda) else 0.0)
     chosen = [c for c in chosen if (c.plan_m, c.hint) != (default.plan_m, default.hint)]
     chosen.insert(0, default)                     # measured first: a budget never leaves it out
     logger.info("bucket %d: %d candidates, measuring up to %d on %d rows%s", bucket, len(ranked), len(chosen), rows,
@@ -331,6 +348,12 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
         tol = tolerance(config)
         table = [{**c.to_dict(), "default": i == 0, "compile_s": None, "ok": False, "ms": None,
                   "error": "not measured: time budget"} for i, c in enumerate(chosen)]
+        if dq:
+            table[0]["template"] = DEQUANT_GEMM
+
+        def key(i):
+            c = chosen[i]
+            return (DEQUANT_GEMM, c.plan_m, c.hint) if dq and i == 0 else (c.plan_m, c.hint)
         results: List[Optional[dict]] = [None] * len(chosen)
         best, best_i = None, None
         # without a budget: one batch (every candidate compiled at once); with one: the default
@@ -346,13 +369,16 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
                 break
             batch = list(range(done, min(len(chosen), done + (1 if done == 0 and time_budget_s else step))))
             done = batch[-1] + 1
-            todo = [i for i in batch if (chosen[i].plan_m, chosen[i].hint) not in built]
+            todo = [i for i in batch if key(i) not in built]
+            if dq and 0 in todo:                      # decode + GEMM: two kernels, built here
+                todo.remove(0)
+                built[key(0)] = _dequant_gemm_entry(config, d_rows, d_hint, tgt)
             for i, r in zip(todo, _compile_all(config, kind, [chosen[i] for i in todo], tgt, parallel, None, workdir,
                                                len(built))):
-                built[(chosen[i].plan_m, chosen[i].hint)] = r
+                built[key(i)] = r
             for i in batch:
                 c, row = chosen[i], table[i]
-                r = results[i] = built[(c.plan_m, c.hint)]
+                r = results[i] = built[key(i)]
                 row.update(compile_s=round(r["seconds"], 3) if i in todo else 0.0, error=r.get("error"))
                 if bar is not None:
                     bar.update(1)
@@ -394,6 +420,13 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
                                f"(first error: {next((r['error'] for r in table if r['error']), None)})")
         d_row = table[0]
         win = chosen[best_i]
+        if dq and best_i == 0:
+            fused = [r["ms"] for r in table[1:] if r["ok"]]
+            why = (f"{past_gemv}; decode + wgmma GEMM measured fastest ({best * 1e3:.1f} us"
+                   + (f", the best fused tile {min(fused) * 1e3:.1f} us)" if fused else ", no fused tile ran)"))
+            logger.info("bucket %d: %s", bucket, why)
+            return TuneResult(bucket, None, None, best, best, time.perf_counter() - t_start, False, table,
+                              skipped=why, measured_rows=rows)
         res = TuneResult(bucket, win.plan_m, win.hint, best, d_row["ms"], time.perf_counter() - t_start, False, table,
                          entry=results[best_i]["entry"], measured_rows=rows)
         if results[best_i].get("path") and os.path.exists(results[best_i]["path"]):
@@ -408,6 +441,19 @@ def tune_bucket(config: MatmulConfig, kind: str, bucket: int, target=None, spec=
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _dequant_gemm_entry(config, rows, hint, target) -> dict:
+    """The decode-then-GEMM callable (``dequant_gemm.DequantGemm``) as a compile result."""
+    from ..dequant_gemm import DequantGemm
+    t0 = time.perf_counter()
+    try:
+        fn = DequantGemm(make_plan(config, "cuda", rows), target, hint=hint)
+    except Exception as e:  # noqa: BLE001 - reported like a candidate that did not build
+        msg = str(e).strip().splitlines()
+        return {"ok": False, "error": f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500],
+                "seconds": time.perf_counter() - t0, "path": None}
+    return {"ok": True, "entry": (None, fn), "seconds": time.perf_counter() - t0, "error": None, "path": None}
+
+
 def _tune_workers() -> int:
     from .. import env
     return env.tune_workers()
@@ -415,8 +461,9 @@ def _tune_workers() -> int:
 
 # -- an operator ---------------------------------------------------------------------------------
 def composite_serves(config: MatmulConfig, kind: str, bucket: int, target=None) -> Optional[str]:
-    """Why ``bucket`` is left to the decode-then-GEMM path, or None (:func:`bitblas.kernels.select.composite_serves`;
-    ``target``: any target spelling, None: the local GPU / BITBLAS_TARGET)."""
+    """Why ``bucket``'s rows run past the GEMV (the fused wgmma GEMM or decode + wgmma GEMM), or None
+    (:func:`bitblas.kernels.select.composite_serves`; ``target``: any target spelling, None: the
+    local GPU / BITBLAS_TARGET). :func:`tune` tunes such a bucket over the fused GEMM's tiles only."""
     if kind != "cuda":
         return None
     from ..build import target_arch
@@ -438,6 +485,11 @@ def _from_database(config, kind, bucket, db, key, target) -> Optional[TuneResult
     rec = db.get("tuning", key)
     if rec is None:
         return None
+    if rec.get("skipped"):                 # measured: the untuned choice stays (no kernel to load)
+        logger.info("bucket %d: from the database: %s", bucket, rec["skipped"])
+        return TuneResult(rec["bucket"], None, None, rec["latency_ms"], rec.get("default_latency_ms"),
+                          rec.get("tune_seconds", 0.0), True, rec.get("candidates", []), skipped=rec["skipped"],
+                          measured_rows=rec.get("measured_rows", rec["bucket"]))
     try:
         res = _load_cached(config, kind, rec, target)
     except Exception as e:  # noqa: BLE001 - a broken entry is re-tuned, not fatal
@@ -448,8 +500,13 @@ def _from_database(config, kind, bucket, db, key, target) -> Optional[TuneResult
 
 
 def _store(config, kind, res, key, target, db) -> None:
-    """Put the winner's kernel in the kernel cache (memory; disk when ``db``) and the result in ``db``."""
+    """Put the winner's kernel in the kernel cache (memory; disk when ``db``) and the result in ``db``
+    (a skipped result only where it was measured: the others cost nothing to find again)."""
     from ..build import cpu_target, cuda_target
+    if res.hint is None:
+        if db is not None and res.latency_ms is not None:
+            db.put("tuning", key, res.payload())
+        return
     tgt = cuda_target(target) if kind == "cuda" else cpu_target()
     plan = make_plan(config, kind, res.plan_m)
     tdesc = _kernels.target_desc(kind, tgt)
@@ -485,8 +542,9 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     Returns {bucket: TuneResult}; each result's kernel is in the kernel cache (memory and, where
     the host can export libraries, disk), so ``get_kernel(plan(result.plan_m), result.hint)``
     returns it without compiling. ``force``: tune even when the database has a result. A bucket
-    that the decode-then-GEMM path serves (see :func:`composite_serves`) is not tuned: its result
-    has ``skipped`` set (the reason) and no hint.
+    past the GEMV (see :func:`composite_serves`) is tuned over the fused GEMM's tiles against its
+    untuned choice; where that choice is decode + wgmma GEMM and stays fastest (or no fused tile
+    takes the config) its result has ``skipped`` set (the reason) and no hint.
 
     ``time_budget_s``: seconds a bucket may spend on candidates before it stops taking new ones
     (default ``CPU_TIME_BUDGET_S`` on the CPU, unbounded on CUDA; None: unbounded).
@@ -528,11 +586,7 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
     by_rows: Dict[int, TuneResult] = {}
     try:
         for b in buckets:
-            why = composite_serves(config, kind, b, target)
-            if why is not None:
-                logger.info("bucket %d: %s", b, why)
-                results[b] = TuneResult(b, None, None, None, None, 0.0, False, skipped=why)
-                continue
+            past = composite_serves(config, kind, b, target)   # past the GEMV: the fused tiles against it
             key = tuning_key(config, kind, b, ddesc)
             # a stored result is read without the lock (records are replaced atomically; a database
             # this process cannot write is still read); tuning holds the key's lock, and looks again
@@ -553,10 +607,12 @@ def tune(config: MatmulConfig, kind: str, buckets: Sequence[int], target=None, t
                                         res.hint)
                         else:
                             res = tune_bucket(config, kind, b, target, spec, topk, parallel, bar, time_budget_s,
-                                              rows, built, workdir)
+                                              rows, built, workdir, past_gemv=past)
                             by_rows[rows] = res
                         _store(config, kind, res, key, target, db)
             results[b] = res
+            if res.hint is None:                    # skipped: the rows keep the untuned choice
+                continue
             if hasattr(template_of(res.hint), "kernel_rows") and config.dynamic:   # kernels per row class
                 lo = table.range_of(b)[0]
                 tops = {row_class(config, kind, r, res.hint) for r in range(lo, b)}

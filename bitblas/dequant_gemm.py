@@ -30,9 +30,9 @@ from typing import Dict
 
 import torch
 
-from ..kernels.select import dense_config
-from ..plan import Plan, make_plan
-from ..quantization.quantize import TORCH_DTYPES
+from .kernels.select import dense_config
+from .plan import Plan, make_plan
+from .quantization.quantize import TORCH_DTYPES
 
 __all__ = ["DequantGemm"]
 
@@ -42,8 +42,8 @@ _LOCK = threading.Lock()
 
 
 def _dequant_fn(plan: Plan, target):
-    from ..build import cuda_target
-    from ..schedule.cuda_dequant import build_dequant
+    from .build import cuda_target
+    from .schedule.cuda_dequant import build_dequant
     tgt = cuda_target(target)
     key = (plan.config.to_dict().__repr__(), str(tgt))
     with _LOCK:
@@ -64,8 +64,8 @@ class DequantGemm:
     checks_args = True
 
     def __init__(self, plan: Plan, target, hint=None):
-        from ..cache.kernels import get_kernel
-        from ..schedule.cuda_dequant import weight_arg_names
+        from .cache.kernels import get_kernel
+        from .schedule.cuda_dequant import weight_arg_names
         c = plan.config
         self.plan = plan
         self.dense_plan = make_plan(dense_config(c), "cuda", plan.m)

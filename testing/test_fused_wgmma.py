@@ -23,7 +23,7 @@ from bitblas.build import _nvcc, cuda_source, cuda_target, find_nvcc
 from bitblas.dispatch import BucketTable
 from bitblas.plan import make_plan
 from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
-from bitblas.schedule.fused_wgmma import fused_wgmma_unsupported, schedule_fused_wgmma
+from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported, schedule_fused_wgmma
 from kernel_helpers import TARGETS, choose
 
 SM90 = cuda_target(TARGETS["sm_90"])
@@ -61,7 +61,7 @@ def _cfg(name, N=1000, K=1536, M=None):
     ("u2-g128", None, (128, 1, 1)), ("u2-g128", 257, (256, 1, 2)),
     ("u8-g128-bias", None, (256, 1, 2)), ("i8-chan-f32", None, (64, 2, 2)), ("bf16-u4-qzeros", None, (128, 1, 2)),
     ("u4-g128", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 2, "split_k")),
-    ("u4-g128-zeros", None, (256, 1, 2, "split_k")),
+    ("u4-g128-zeros", None, (256, 1, 2, "split_k")), ("u4-g128", 200, (256, 1, 2, "split_k", "s4")),
     # overlap=True: two decoded register sets, wait_group 1 inside the unrolled body (K=1536: one
     # whole body of 8 slabs and a partial one; split over K: a partial one only)
     ("u4-g128", None, (128, 1, 2, "split_k", "overlap")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
@@ -80,7 +80,7 @@ def test_fused_codegen(name, m, tile):
     RT, R, CW, *flags = tile
     split = "split_k" in flags
     hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k=split, overlap="overlap" in flags,
-                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else dict(stages=4) if "s4" in flags else {}))
     src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
     assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
     assert ("wgmma.wait_group.sync.aligned 1;" in src) == hint.overlap
@@ -129,6 +129,23 @@ def test_fused_refusals_name_the_argument():
         schedule_fused_wgmma(None, plan, FusedWgmmaHint(), SM80)
     with pytest.raises(ValueError, match="row_tile=96"):
         schedule_fused_wgmma(None, plan, FusedWgmmaHint(row_tile=96), SM90)
+
+
+def test_fused_default_tiles():
+    """The untuned tile by rows: split-K 128-row tiles up to 128 rows; past 128 rows split-K 256-row
+    tiles where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
+    against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
+    busy); 256-row tiles side by side where there are many."""
+    def cfg(N):
+        return MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
+    big, small = make_plan(cfg(8192), "cuda", None), make_plan(cfg(4096), "cuda", None)
+    split128 = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, overlap=True)
+    assert fused_default(big, 128) == fused_default(small, 128) == split128
+    assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
+    assert fused_default(big, 200, sms=264) == split128          # twice the SMs: one wave either way
+    assert fused_default(small, 256) == split128
+    assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
+    assert fused_default(big, 4096) is None
 
 
 def test_fused_hint_is_data():

@@ -34,10 +34,11 @@ class FusedWgmma:
     def default(self, plan, arch, rows=None):
         return None                   # never a plan's default (see for_rows)
 
-    def for_rows(self, plan, rows: int) -> Optional[FusedWgmmaHint]:
-        """Its tile for ``rows`` rows of ``plan``, which decode-then-GEMM would serve (the selector
-        checks that), or None where decode-then-GEMM stays the default."""
-        return fused_default(plan, rows)
+    def for_rows(self, plan, rows: int, arch=None) -> Optional[FusedWgmmaHint]:
+        """Its tile for ``rows`` rows of ``plan`` on ``arch`` (its SM count; None: 132), which
+        decode-then-GEMM would serve (the selector checks that), or None where decode-then-GEMM
+        stays the default."""
+        return fused_default(plan, rows, 132 if arch is None else arch.sm_count)
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         """Every tile that takes the plan (``schedule.fused_wgmma.fused_space``), symbolic in M, for

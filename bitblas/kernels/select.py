@@ -127,7 +127,7 @@ def _past_the_gemv(config, rows: int, arch, m: Optional[int]) -> Optional[Kernel
     dq = _dequant_gemm(config, rows, arch)
     if dq is None:
         return None
-    fused = _FUSED.for_rows(make_plan(config, "cuda", None), rows)
+    fused = _FUSED.for_rows(make_plan(config, "cuda", None), rows, arch)
     return KernelChoice(_FUSED.name, fused, m) if fused is not None else KernelChoice(DEQUANT_GEMM, dq, m)
 
 

@@ -38,8 +38,9 @@ a multiple of the slab (as for the GEMV; otherwise the operator's default serves
 The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the GEMV), up to 1024
 rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
 Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
-tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks, else
-256-row tiles with two warpgroups side by side. Above that, decode-then-GEMM stays faster: each
+tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks (past 128
+rows ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles with two warpgroups
+side by side. The tuner searches the rest (:func:`fused_space`). Above that, decode-then-GEMM stays faster: each
 256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
@@ -187,17 +188,27 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
 FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 8192; 1024 below)
 
 
-def fused_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
+def fused_default(plan, rows: int, sms: int = 132) -> Optional[FusedWgmmaHint]:
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
-    serve: the caller checks that), or None where decode-then-GEMM stays the default: more than
-    1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with ``overlap`` for
-    4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured slower with it)."""
+    serve: the caller checks that) on a GPU of ``sms`` SMs, or None where decode-then-GEMM stays the
+    default: more than 1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with
+    ``overlap`` for 4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured
+    slower with it).
+
+    Few tiles (up to 128 rows, or where 256-row tiles of 128 channels would make at most 64
+    blocks): two warpgroups splitting K over 64 channels, in 128-row tiles, or in 256-row tiles
+    past 128 rows where these run in fewer waves (each weight decoded once per 256 rows; H100,
+    W4A16 8192^2 at 256 rows: 63.8 us against 68.5 for two waves of 128-row tiles); else 256-row
+    tiles with two warpgroups side by side."""
     N = plan.config.N
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
+    waves = lambda rt: -(-(-(-N // 64)) * (-(-rows // rt)) // sms)   # noqa: E731 - split-K tiles of 64 channels
+    if few and rows > 128 and waves(256) < waves(128):
+        split = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
         # each tile with its decode overlapping its wgmma where its registers and ring allow, for
         # 4-bit codes (8-bit: decoding is cheap, and the second register set made it slower); split

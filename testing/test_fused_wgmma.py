@@ -133,7 +133,7 @@ def test_fused_refusals_name_the_argument():
 
 def test_fused_default_tiles():
     """The untuned tile by rows: split-K 128-row tiles up to 128 rows; past 128 rows split-K 256-row
-    tiles where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
+    tiles for 4-bit codes where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
     against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
     busy); 256-row tiles side by side where there are many."""
     def cfg(N):
@@ -144,6 +144,9 @@ def test_fused_default_tiles():
     assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
     assert fused_default(big, 200, sms=264) == split128          # twice the SMs: one wave either way
     assert fused_default(small, 256) == split128
+    u2 = make_plan(MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
+                                with_scaling=True), "cuda", None)
+    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)   # uint2: measured slower
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
 

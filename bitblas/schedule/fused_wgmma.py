@@ -39,7 +39,7 @@ The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the 
 rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
 Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
 tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks (past 128
-rows ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles with two warpgroups
+rows, for 4-bit codes, ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles with two warpgroups
 side by side. The tuner searches the rest (:func:`fused_space`). Above that, decode-then-GEMM stays faster: each
 256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
@@ -196,9 +196,11 @@ def fused_default(plan, rows: int, sms: int = 132) -> Optional[FusedWgmmaHint]:
     slower with it).
 
     Few tiles (up to 128 rows, or where 256-row tiles of 128 channels would make at most 64
-    blocks): two warpgroups splitting K over 64 channels, in 128-row tiles, or in 256-row tiles
-    past 128 rows where these run in fewer waves (each weight decoded once per 256 rows; H100,
-    W4A16 8192^2 at 256 rows: 63.8 us against 68.5 for two waves of 128-row tiles); else 256-row
+    blocks): two warpgroups splitting K over 64 channels, in 128-row tiles, or for 4-bit codes in
+    256-row tiles past 128 rows where these run in fewer waves (each weight decoded once per 256
+    rows; H100, 8192^2 at 256 rows: W4A16 63.8 us against 68.5 for two waves of 128-row tiles in
+    one tuner run; nf4 70.2 us against 80.8 in the benchmark. uint2 was slower with them, 89.7
+    against 76.5 us, and 8-bit codes are not measured: both keep 128-row tiles); else 256-row
     tiles with two warpgroups side by side."""
     N = plan.config.N
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
@@ -207,7 +209,7 @@ def fused_default(plan, rows: int, sms: int = 132) -> Optional[FusedWgmmaHint]:
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
     waves = lambda rt: -(-(-(-N // 64)) * (-(-rows // rt)) // sms)   # noqa: E731 - split-K tiles of 64 channels
-    if few and rows > 128 and waves(256) < waves(128):
+    if few and rows > 128 and plan.w.bits == 4 and waves(256) < waves(128):
         split = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):
         # each tile with its decode overlapping its wgmma where its registers and ring allow, for

@@ -48,7 +48,6 @@ def interleave_positions(nbits: int, target_dtype: str):
     return [swap.get(p // 4, p // 4) * 4 + p % 4 for p in base]
 
 
-
 def bitblas_fast_decoding(config) -> bool:
     """Microsoft BitBLAS's ``fast_decoding`` for ``config`` (a MatmulConfig): the config's value
     when given, else its rule: True for int / uint weights other than the activation dtype, except

@@ -35,8 +35,17 @@ import math
 
 from ..schedule import gemv
 
-__all__ = ["DRAM_LATENCY_S", "L1_WAVEFRONTS_PER_CLK", "LAUNCH_S", "elem_bytes", "scale_bytes_per_weight",
+__all__ = ["DRAM_LATENCY_S", "L1_WAVEFRONTS_PER_CLK", "LAUNCH_S", "WGMMA_RS_FIXED_CLK", "WGMMA_RS_PER_COL_CLK",
+           "WGMMA_SLAB_CHAIN_CLK", "elem_bytes", "scale_bytes_per_weight",
            "gemv_prelude", "gemv_stream", "gemv_alu_s", "gemv_total"]
+
+# an m64nNk16 wgmma with the A operand (decoded weights) in registers takes ~44 + 0.83 N cycles of an
+# SM's tensor cores (fitted to H200 runs of the wgmma GEMV, W4A16 K=8192: ~64 cycles at N=24, ~97 at
+# N=64; within ~15% of H100 runs of the fused GEMM at N=128 and 256); a lone warpgroup's slab
+# without overlap (decode, wgmma, wait) ~1100 cycles per 64-channel tile. The wgmma GEMV's and the
+# fused GEMM's costs share them.
+WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK = 44.0, 0.83
+WGMMA_SLAB_CHAIN_CLK = 1100.0
 
 DRAM_LATENCY_S = 1.0e-6      # loaded DRAM latency the in-flight bytes must cover
 L1_WAVEFRONTS_PER_CLK = 1.0  # L1 load wavefronts per SM and clock (one 128-byte line of one load each)

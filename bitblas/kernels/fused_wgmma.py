@@ -10,14 +10,15 @@ from typing import List, Optional
 from ..plan import make_plan
 from ..schedule.fused_wgmma import (FusedWgmmaHint, fused_default, fused_space, fused_wgmma_unsupported, register_words,
                                     ring_slots, schedule_fused_wgmma)
-from ..schedule.gemv import slab_codes
+from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
 from ..schedule.gemv.wgmma import BOX
 from ._common import cuda_reason, need_spec
 from .base import Candidate
-from .costmodel import LAUNCH_S, elem_bytes, scale_bytes_per_weight
+from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMMA_SLAB_CHAIN_CLK, elem_bytes,
+                        scale_bytes_per_weight)
 from .mma import mma_rows
 
-FUSED_MIN_ROWS = 65        # the tuner's space starts past the GEMV (the wgmma GEMV's 64 rows)
+FUSED_MIN_ROWS = GEMV_MMA_MAX_ROWS + 1      # the tuner's space starts past the GEMV's rows
 
 
 class FusedWgmma:
@@ -35,10 +36,9 @@ class FusedWgmma:
         return None                   # never a plan's default (see for_rows)
 
     def for_rows(self, plan, rows: int, arch=None) -> Optional[FusedWgmmaHint]:
-        """Its tile for ``rows`` rows of ``plan`` on ``arch`` (its SM count; None: 132), which
-        decode-then-GEMM would serve (the selector checks that), or None where decode-then-GEMM
-        stays the default."""
-        return fused_default(plan, rows, 132 if arch is None else arch.sm_count)
+        """Its tile for ``rows`` rows of ``plan`` on ``arch`` (its SM count), which decode-then-GEMM
+        would serve (the selector checks that), or None where decode-then-GEMM stays the default."""
+        return fused_default(plan, rows, None if arch is None else arch.sm_count)
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         """Every tile that takes the plan (``schedule.fused_wgmma.fused_space``), symbolic in M, for
@@ -68,12 +68,6 @@ class FusedWgmma:
         return schedule_fused_wgmma(None, plan, hint, arch)
 
 
-# seconds of an m64nNk16 wgmma with the A operand (the decoded weights) in registers, in SM cycles:
-# the wgmma GEMV's fit (kernels/gemv_wgmma.py), which also lands within ~15% of H100 runs of this
-# kernel at 8192^2 (128 rows, 128-row split-K tiles: ~125 cycles per n128; 1024 rows, 256-row tiles
-# side by side: ~220 per n256)
-_WGMMA_FIXED_CLK, _WGMMA_PER_COL_CLK = 44.0, 0.83
-_CHAIN_CLK = 1100.0       # a lone warpgroup's slab without overlap: decode, wgmma, wait (the GEMV's fit)
 _TILE_S = 1.0e-6          # per tile: the accumulator epilogue (scales, bias, stores) and the ring's fill
 # what the model above does not see, from H100 sweeps at 8192^2 and Llama shapes (the defaults'
 # choices, fused_default): decoding slab s + 1 during slab s's wgmma is faster for 4- and 2-bit codes,
@@ -88,9 +82,10 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     * occupancy: blocks per SM from threads, registers (``register_words`` plus ~40 of addresses
       and indices) and the activation ring's shared memory; whole waves of blocks;
     * tensor: per SM, the wgmma its blocks issue (``K / 16`` per 64-channel tile and row tile) at
-      ``44 + 0.83 * row_tile`` cycles each, shared by the warpgroups on the SM;
+      ``44 + 0.83 * row_tile`` cycles each (the wgmma GEMV's fit, costmodel.py), shared by the
+      warpgroups on the SM;
     * a lone warpgroup per SM without ``overlap`` waits for its wgmma before decoding the next
-      slab: ``_CHAIN_CLK`` per slab and tile instead, if longer;
+      slab: ``WGMMA_SLAB_CHAIN_CLK`` per slab and tile instead, if longer;
     * memory: the weights once and the activations three times (the permute pass reads and writes
       them, the kernel reads them) at the DRAM rate;
     plus the per-tile epilogue and two launches. The knobs the model does not see (``overlap``,
@@ -114,10 +109,10 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
         math.ceil(blocks / spec.sm_count)
     waves = math.ceil(per_sm / bps)
     inst = per_sm * hint.warpgroups * R * (c.K // KW // 16)           # m64nRTk16 per SM
-    t_tensor = inst * (_WGMMA_FIXED_CLK + _WGMMA_PER_COL_CLK * RT) / spec.clock_hz
+    t_tensor = inst * (WGMMA_RS_FIXED_CLK + WGMMA_RS_PER_COL_CLK * RT) / spec.clock_hz
     lone = min(per_sm, bps) * hint.warpgroups == 1 and not hint.overlap
     slabs = c.K // KW // slab_codes(w.bits)
-    t_chain = waves * slabs * _CHAIN_CLK * R / spec.clock_hz if lone else 0.0
+    t_chain = waves * slabs * WGMMA_SLAB_CHAIN_CLK * R / spec.clock_hz if lone else 0.0
     a_bytes = rows * c.K * 2
     w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))
     t_dram = (w_bytes + 3 * a_bytes + rows * c.N * 2) / spec.dram_bandwidth

@@ -11,7 +11,8 @@ from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVWgmmaHint, slab_codes, wgmma_rows
 from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
-from .costmodel import LAUNCH_S, elem_bytes, scale_bytes_per_weight
+from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMMA_SLAB_CHAIN_CLK, elem_bytes,
+                        scale_bytes_per_weight)
 
 
 class GEMVWgmma(GEMVTemplate):
@@ -69,8 +70,8 @@ class GEMVWgmma(GEMVTemplate):
             per_sm = math.ceil(per_sm / bps) * bps
         slabs = c.K // slab_codes(w.bits) // KW           # per warpgroup
         inst = per_sm * KW * slabs * (slab_codes(w.bits) // 16) * R     # m64nNk16 per tile and slab
-        t_tensor = inst * (44 + 0.83 * NT) / spec.clock_hz
-        t_chain = math.ceil(per_sm / bps) * slabs * 1100 * R / spec.clock_hz
+        t_tensor = inst * (WGMMA_RS_FIXED_CLK + WGMMA_RS_PER_COL_CLK * NT) / spec.clock_hz
+        t_chain = math.ceil(per_sm / bps) * slabs * WGMMA_SLAB_CHAIN_CLK * R / spec.clock_hz
         w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))
         return max(t_tensor, t_chain, w_bytes / spec.dram_bandwidth) + 1.2e-6 + LAUNCH_S
 

@@ -57,11 +57,12 @@ warp-specialized producer; no int8 / fp8 activations.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from .._tvm import tvm
-from ..arch import arch_of
+from ..arch import GENERIC_SM_COUNT, arch_of
 from .gemv.wgmma import (BOX, TMA_2D, decode_vectors, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
                          wgmma_wait)
@@ -188,10 +189,11 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
 FUSED_DEFAULT_MAX_ROWS = 2048      # the most rows fused_default serves (N >= 8192; 1024 below)
 
 
-def fused_default(plan, rows: int, sms: int = 132) -> Optional[FusedWgmmaHint]:
+def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedWgmmaHint]:
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
-    serve: the caller checks that) on a GPU of ``sms`` SMs, or None where decode-then-GEMM stays the
-    default: more than 1024 rows (2048 where N >= 8192), or a plan no tile takes. Each tile with
+    serve: the caller checks that) on a GPU of ``sms`` SMs (None: ``arch.GENERIC_SM_COUNT``), or
+    None where decode-then-GEMM stays the default: more than 1024 rows (2048 where N >= 8192), or a
+    plan no tile takes. Each tile with
     ``overlap`` for 4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured
     slower with it).
 
@@ -208,7 +210,8 @@ def fused_default(plan, rows: int, sms: int = 132) -> Optional[FusedWgmmaHint]:
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
-    waves = lambda rt: -(-(-(-N // 64)) * (-(-rows // rt)) // sms)   # noqa: E731 - split-K tiles of 64 channels
+    sms = sms or GENERIC_SM_COUNT
+    waves = lambda rt: math.ceil(math.ceil(N / 64) * math.ceil(rows / rt) / sms)   # noqa: E731 - split-K tiles, 64 channels
     if few and rows > 128 and plan.w.bits == 4 and waves(256) < waves(128):
         split = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
     for hint in ((split, wide) if few else (wide, split)) + (FusedWgmmaHint(row_tile=128, stages=4),):

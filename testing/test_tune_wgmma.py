@@ -319,35 +319,24 @@ def test_fused_cost_counts_waves():
     assert estimate(plan, h, 1024, H200) > two
 
 
-def _measured_list(monkeypatch, cfg, bucket, topk=20):
-    """What ``tune_bucket`` would build and measure for ``bucket`` (its compile step stops it):
-    (the decode-then-GEMM default it builds itself or None, the candidates given to the compiler),
-    or the result where it returns before compiling anything."""
-    class Stop(Exception):
-        pass
-    seen = {"dq": None}
-
-    def stop(config, kind, cands, *a, **k):
-        seen["cands"] = list(cands)
-        raise Stop()
-
-    def dq(config, rows, hint, target):
-        seen["dq"] = (rows, hint)
-        return {"ok": False, "error": "not built", "seconds": 0.0, "path": None}
-
-    monkeypatch.setattr(tuner, "_compile_all", stop)
-    monkeypatch.setattr(tuner, "_dequant_gemm_entry", dq)
+def _measured_list(cfg, bucket, topk=20):
+    """What ``tune_bucket`` would build and measure for ``bucket`` (the choice table's compile stop,
+    testing/choice_table.py): (the decode-then-GEMM default it builds itself as (rows, hint), or
+    None; the candidates given to the compiler), or the result where it returns before compiling."""
+    import choice_table as ct
     tgt = cuda_target(TARGETS["sm_90"])
     past = tuner.composite_serves(cfg, "cuda", bucket, tgt)
-    try:
-        res = tuner.tune_bucket(cfg, "cuda", bucket, tgt, H200, topk=topk, parallel=False, workdir="unused",
-                                past_gemv=past)
-    except Stop:
-        return seen["dq"], seen["cands"]
-    return res
+    seen = []
+    with ct._no_compile(seen):
+        try:
+            return tuner.tune_bucket(cfg, "cuda", bucket, tgt, H200, topk=topk, parallel=False, workdir="unused",
+                                     past_gemv=past)
+        except ct._Stop as stop:
+            dq = [x[1:] for x in seen if isinstance(x, tuple)]
+            return (dq[0] if dq else None), stop.cands
 
 
-def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice(monkeypatch):
+def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice():
     """A bucket past the GEMV is tuned over the fused GEMM's tiles only, the untuned choice of its
     rows measured first: the fused default tile where it serves the rows (256), else decode + the
     dense wgmma GEMM (4096: the decode-then-GEMM callable, built by the tuner itself). int8
@@ -356,16 +345,16 @@ def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice(monkey
     from bitblas.schedule.fused_wgmma import fused_default
     from bitblas.tune.space import candidates as all_candidates
     plan = make_plan(W4A16_8K, "cuda", None)
-    dq, cands = _measured_list(monkeypatch, W4A16_8K, 256)
+    dq, cands = _measured_list(W4A16_8K, 256)
     assert dq is None and cands[0].hint == fused_default(plan, 256)
     assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and 2 < len(cands) <= 21
     assert len({c.hint for c in cands}) == len(cands)
     assert any(isinstance(c.hint, MMAHint) for c in all_candidates(W4A16_8K, "cuda", 256, H200))   # left out
-    dq, cands = _measured_list(monkeypatch, W4A16_8K, 4096)
+    dq, cands = _measured_list(W4A16_8K, 4096)
     assert fused_default(plan, 4096) is None and dq is not None and isinstance(dq[1], WGMMAHint)
     assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and 2 < len(cands) <= 20
     w4a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True)
-    res = _measured_list(monkeypatch, w4a8, 256)
+    res = _measured_list(w4a8, 256)
     assert isinstance(res, tuner.TuneResult) and res.hint is None and res.latency_ms is None
     assert "no fused wgmma tile" in res.skipped
 

@@ -1,7 +1,7 @@
 """Tuning past the GEMV on sm_90: what the tuner finds for the rows that run as the fused wgmma GEMM
 or decode + wgmma GEMM (bitblas.tune.tuner.tune_bucket's ``past_gemv``), beside the untuned choice
-and cuBLAS fp16, all timed in the same run with the tuner's own timer
-(bitblas.tune.measure.time_kernel: batches of launches, weight copies cycled past the L2); then the
+and cuBLAS fp16 (benchmark/tuning.py's ``torch_fp16_ms``), all timed in the same run with the tuner's
+own timer (bitblas.tune.measure.time_kernel: batches of launches, weight copies cycled past the L2); then the
 tuned operator's output on fresh data (output poisoned first) against the reference.
 
     python -m benchmark.tune_past_gemv --formats w4a16-g128 --rows 128,256,1024,4096 --topk 12 --json out.json
@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     import bitblas
     from bitblas import MatmulConfig
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    from bitblas.tune.measure import time_kernel
+    from bitblas.hardware import query_device
+    from benchmark.tuning import torch_fp16_ms
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     fmts = args.formats.split(",")
@@ -54,14 +55,8 @@ def main(argv=None) -> int:
     N, K = (int(x) for x in args.shape.lower().split("x"))
     logging.getLogger("bitblas").setLevel(logging.WARNING)
     bitblas.set_database_path(tempfile.mkdtemp())          # tune afresh, not from a stored result
+    spec = query_device()
     print(torch.cuda.get_device_name(), "commit", os.environ.get("BITBLAS_COMMIT"), "topk", args.topk, flush=True)
-
-    def cublas_us(m):
-        a = torch.randn(m, K, dtype=torch.float16, device="cuda")
-        ws = [torch.randn(N, K, dtype=torch.float16, device="cuda") for _ in range(2)]
-        o = torch.empty(m, N, dtype=torch.float16, device="cuda")
-        return 1e3 * time_kernel(lambda a, w, o: torch.matmul(a, w.t(), out=o), [[a, w, o] for w in ws], True,
-                                 samples=15)
 
     out = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("BITBLAS_COMMIT"),
            "argv": sys.argv[1:] if argv is None else argv, "rows": []}
@@ -72,7 +67,7 @@ def main(argv=None) -> int:
         res = op.hardware_aware_finetune(topk=args.topk, progress=False)
         print(f"== {fname}: {len(rows)} buckets tuned in {time.time() - t0:.0f} s", flush=True)
         for b, r in sorted(res.items()):
-            cub = cublas_us(b)
+            cub = 1e3 * torch_fp16_ms(b, N, K, spec)
             ok = sorted([x for x in r.candidates if x.get("ok")], key=lambda x: x["ms"])
             d = r.default_latency_ms * 1e3 if r.default_latency_ms else float("nan")
             t = r.latency_ms * 1e3 if r.latency_ms else float("nan")

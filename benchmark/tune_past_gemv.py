@@ -1,7 +1,8 @@
 """Tuning past the GEMV on sm_90: what the tuner finds for the rows that run as the fused wgmma GEMM
 or decode + wgmma GEMM (bitblas.tune.tuner.tune_bucket's ``past_gemv``), beside the untuned choice
-and cuBLAS fp16 (benchmark/tuning.py's ``torch_fp16_ms``), all timed in the same run with the tuner's
-own timer (bitblas.tune.measure.time_kernel: batches of launches, weight copies cycled past the L2); then the
+and cuBLAS fp16 (benchmark/tuning.py's ``torch_fp16_ms``; int8 activations: ``torch._int_mm``,
+benchmark/matmul.py's CUDA-graph timing), all in the same run, ours with the tuner's own timer
+(bitblas.tune.measure.time_kernel: batches of launches, weight copies cycled past the L2); then the
 tuned operator's output on fresh data (output poisoned first) against the reference.
 
     python -m benchmark.tune_past_gemv --formats w4a16-g128 --rows 128,256,1024,4096 --topk 12 --json out.json
@@ -31,7 +32,7 @@ def _short(h) -> str:
 
 
 def main(argv=None) -> int:
-    from benchmark.matmul import FORMATS
+    from benchmark.matmul import FORMATS, bench_int_mm
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="w4a16-g128", help=f"comma list of: {', '.join(FORMATS)}")
     ap.add_argument("--rows", default="128,256,1024,4096", help="the operator's M buckets")
@@ -67,22 +68,25 @@ def main(argv=None) -> int:
         res = op.hardware_aware_finetune(topk=args.topk, progress=False)
         print(f"== {fname}: {len(rows)} buckets tuned in {time.time() - t0:.0f} s", flush=True)
         for b, r in sorted(res.items()):
-            cub = 1e3 * torch_fp16_ms(b, N, K, spec)
+            if cfg.A_dtype == "int8":           # int8 activations: torch._int_mm (CUDA graphs over weight copies)
+                base_name, cub = "int_mm", bench_int_mm(N, K, b).get("us", float("nan"))
+            else:
+                base_name, cub = "cuBLAS", 1e3 * torch_fp16_ms(b, N, K, spec)
             ok = sorted([x for x in r.candidates if x.get("ok")], key=lambda x: x["ms"])
             d = r.default_latency_ms * 1e3 if r.default_latency_ms else float("nan")
             t = r.latency_ms * 1e3 if r.latency_ms else float("nan")
             untuned = r.candidates[0].get("template", "fused-wgmma") if r.candidates else None
             print(f"{fname} m={b}: {'SKIPPED' if r.skipped else 'tuned'} {_short(r.hint)} {t:.1f} us | untuned "
-                  f"({untuned}) {d:.1f} us | cuBLAS {cub:.1f} us | tuned/cuBLAS {cub / t:.2f}x, untuned/cuBLAS "
-                  f"{cub / d:.2f}x | {len(ok)} of {len(r.candidates)} ran | {r.seconds:.0f} s", flush=True)
+                  f"({untuned}) {d:.1f} us | {base_name} {cub:.1f} us | tuned/{base_name} {cub / t:.2f}x, "
+                  f"untuned/{base_name} {cub / d:.2f}x | {len(ok)} of {len(r.candidates)} ran | {r.seconds:.0f} s", flush=True)
             for x in ok[:4]:
                 print(f"     {x['ms'] * 1e3:8.1f} us {x.get('template', '')} {x['hint']}", flush=True)
             out["rows"].append({"format": fname, "N": N, "K": K, "bucket": b, "tuned_us": t, "untuned_us": d,
-                                "untuned": untuned, "cublas_us": cub, "hint": r.hint and vars(r.hint),
+                                "untuned": untuned, "baseline": base_name, "baseline_us": cub, "hint": r.hint and vars(r.hint),
                                 "skipped": r.skipped, "candidates": r.candidates})
         for m in sorted({max(1, rows[0] - 28), rows[0] + 72, 1000, 3000, max(rows) + 904}):
             inp = random_inputs(cfg, m, device="cuda", seed=m)
-            y = torch.full((m, N), float("nan"), dtype=torch.float16, device="cuda")
+            y = torch.full((m, N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
             op(**inp, output=y)
             e = relative_error(y, reference_matmul(cfg, **inp))
             c = op.choice("cuda", m)

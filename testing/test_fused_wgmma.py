@@ -54,6 +54,12 @@ def _cfg(name, N=1000, K=1536, M=None):
     return MatmulConfig(M=M, N=N, K=K, **{"A_dtype": "float16", **FORMATS[name]})
 
 
+def _i8cfg(W_dtype, N=1000, K=1536, M=None, **kw):
+    """int8 activations (per-token scales) x ``W_dtype`` (per-channel scales unless ``group_size``)."""
+    return MatmulConfig(M=M, N=N, K=K, **{"A_dtype": "int8", "W_dtype": W_dtype, "with_scaling": True,
+                                          "with_act_scaling": True, "out_dtype": "float16", **kw})
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,m,tile", [
     ("u4-g128", None, (128, 1, 1)), ("u4-g128", 100, (256, 1, 2)), ("u4-g128", 257, (128, 2, 1)),
@@ -96,6 +102,115 @@ def test_fused_codegen(name, m, tile):
     assert props and props.groups() == ("0", "0"), text[-2000:]
 
 
+I8_CASES = [("int4", 128, None, (128, 1, 2, "split_k")), ("uint4", 128, 257, (128, 1, 1)),
+            ("int4", -1, None, (64, 2, 2)), ("int2", -1, None, (128, 1, 2)), ("uint2", -1, 100, (64, 1, 2, "split_k")),
+            ("int4", 256, None, (128, 1, 2, "split_k", "s4r4"))]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("W,gs,m,tile", I8_CASES)
+def test_fused_int8_codegen(W, gs, m, tile):
+    """int8 activations (W4A8 / W2A8, group or per-channel scales): ``wgmma m64n{row_tile}k32
+    .s32.{s8,u8}.s8`` with the decoded bytes as A, the int32 sums promoted once per slab with group
+    scales (the first k32 of a slab overwrites the sums), 128-byte TMA boxes of int8; compiles for
+    sm_90a within 60 s, no spills or stack, no C7513."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *flags = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
+    src = cuda_source(make_plan(_i8cfg(W, group_size=gs), "cuda", m), SM90, hint)
+    a_type = "s8" if W.startswith("int") else "u8"
+    assert f"wgmma.mma_async.sync.aligned.m64n{RT}k32.s32.{a_type}.s8" in src
+    assert '"r"(keep)' in src and ("bb_perm" in src and "cp_async_bulk_tensor" in src)
+    t0 = time.perf_counter()
+    text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
+    assert time.perf_counter() - t0 < 60
+    assert "C7513" not in text, text[-2000:]
+    props = re.search(r"Function properties for main_kernel\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+                      text)
+    assert props and props.groups() == ("0", "0"), text[-2000:]
+
+
+def _emulate_perm_bytes(helper: str, src: list, nchunks: int) -> list:
+    """Run a generated int8 ``bb_perm`` on a list of byte values: uint4 loads, ``__byte_perm`` /
+    copies into named words, ``make_uint4`` stores; returns the first ``nchunks`` * 16 bytes."""
+    from bitblas.schedule.gemv.decode import _emu_prmt
+    env = {}
+    out = [None] * (16 * nchunks)
+    for line in helper.strip().splitlines():
+        line = line.strip()
+        m = re.fullmatch(r"const uint4 i(\d+) = __ldg\(s \+ \d+\);", line)
+        if m:
+            k = int(m[1])
+            for c, comp in enumerate("xyzw"):
+                env[f"i{k}.{comp}"] = sum(src[16 * k + 4 * c + b] << (8 * b) for b in range(4))
+            continue
+        m = re.fullmatch(r"const unsigned (\w+) = (?:__byte_perm\((\S+), (\S+), 0x([0-9a-f]+)\)|(\S+));", line)
+        if m:
+            env[m[1]] = _emu_prmt(env[m[2]], env[m[3]], int(m[4], 16)) if m[2] else env[m[5]]
+            continue
+        m = re.fullmatch(r"d\[(\d+)\] = make_uint4\((\w+), (\w+), (\w+), (\w+)\);", line)
+        if m:
+            for c in range(4):
+                for b in range(4):
+                    out[16 * int(m[1]) + 4 * c + b] = (env[m[2 + c]] >> (8 * b)) & 0xFF
+    return out
+
+
+@pytest.mark.parametrize("W", ["int4", "uint4", "int2", "uint2"])
+def test_fused_int8_slab_model(W):
+    """The int8 path's index plumbing, on the generated helpers: weights packed as the plan stores
+    them (its code order), decoded by the kernel's ``bb_mdec``; activations reordered by the
+    permute kernel's ``bb_perm`` (emulated, every group of output chunks); a model of the wgmma
+    m64nNk32 A fragment (lane (g, q): words 2s / 2s+1 of channel g at K slots 4q.. / 16+4q.. of
+    k32 step s, B row 32 s + slot of the permuted slab) gives, per channel, the exact
+    ``2**SH * sum(q * a)`` of the natural order."""
+    import random
+    from bitblas.code_order import slot_codes
+    from bitblas.schedule.fused_wgmma import _gemv_stand_in, main_script
+    from bitblas.schedule.gemv.mma_int8 import _mma_i8_helpers, code_shift
+    from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper_bytes, permute_script, slab_permutation_i8
+    from test_gemv_mma_int8 import _run
+    rng = random.Random(7)
+    plan = make_plan(_i8cfg(W, K=2048), "cuda", None)
+    b, order = plan.w.bits, plan.w_order
+    signed, SH = W.startswith("int"), code_shift(plan)
+    n, V = 32 // b, 128 // b                       # codes per word, per 16-byte vector
+    SL = 4 * V
+    code = slot_codes(order) if order is not None else tuple(range(n))
+    perm = slab_permutation_i8(b, 4, order)
+    G, per, stride = _perm_groups(perm, 16)
+    helper = _perm_helper_bytes(perm, per)
+    assert repr(helper) in permute_script(plan, _gemv_stand_in(FusedWgmmaHint()))   # the kernel's own permute
+    hs = _mma_i8_helpers("m" + "t", b, plan.w_storage, 4, order)["bb_mdec_mt"]
+    assert repr(hs.split("{", 1)[1])[1:-1] in main_script(plan, FusedWgmmaHint(row_tile=128, stages=4))
+    a = [rng.randrange(256) for _ in range(SL)]                  # int8 activations as bytes
+    P = [None] * SL
+    for J in range(G):
+        P[16 * per * J:16 * per * (J + 1)] = _emulate_perm_bytes(helper, a[16 * stride * J:], per)
+    assert P == [a[perm[t]] for t in range(SL)]
+    sa = [x - 256 if x >= 128 else x for x in a]
+    for _ in range(3):
+        u = [rng.randrange(1 << b) for _ in range(SL)]           # stored codes (offset-binary if signed)
+        dec = []
+        for q in range(4):                                       # lane q's vector, decoded
+            words = [sum(u[q * V + j * n + code[s]] << (b * s) for s in range(n)) for j in range(4)]
+            env = _run(hs, {f"w{j}": words[j] for j in range(4)})
+            dec.append([env[f"d{k}"] for k in range(4 * (8 // b))])
+        got = 0
+        for s in range(len(dec[0]) // 2):                       # k32 steps of the slab
+            for q in range(4):
+                for h in range(2):
+                    for i in range(4):
+                        wb = (dec[q][2 * s + h] >> (8 * i)) & 0xFF
+                        wv = (wb - 256 if wb >= 128 else wb) if signed else wb
+                        ab = P[32 * s + 16 * h + 4 * q + i]
+                        got += wv * (ab - 256 if ab >= 128 else ab)
+        off = 1 << (b - 1) if signed else 0
+        assert got == (1 << SH) * sum((u[k] - off) * sa[k] for k in range(SL))
+
+
 def test_fused_refusals_name_the_argument():
     plan = make_plan(_cfg("u4-g128"), "cuda", None)
     cases = [
@@ -118,8 +233,16 @@ def test_fused_refusals_name_the_argument():
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "group_size=16"),
         (make_plan(MatmulConfig(N=1000, K=1088, A_dtype="float16", W_dtype="uint2", group_size=64,
                                 with_scaling=True), "cuda", None), FusedWgmmaHint(), "K=1088"),
-        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="int8", W_dtype="int4", with_scaling=True,
-                                with_act_scaling=True), "cuda", None), FusedWgmmaHint(), "A_dtype='int8'"),
+        # int8 activations: 2- and 4-bit int codes, groups of whole slabs, a float output, no overlap
+        (make_plan(_i8cfg("int8"), "cuda", None), FusedWgmmaHint(), "W_dtype='int8'"),
+        (make_plan(_i8cfg("int2", group_size=128), "cuda", None), FusedWgmmaHint(), "group_size=128"),
+        (make_plan(_i8cfg("int4", group_size=64), "cuda", None), FusedWgmmaHint(), "group_size=64"),
+        (make_plan(_i8cfg("int4", out_dtype="int32", with_scaling=False, with_act_scaling=False), "cuda", None),
+         FusedWgmmaHint(), "out_dtype='int32'"),
+        (make_plan(_i8cfg("int4"), "cuda", None), FusedWgmmaHint(overlap=True), "overlap=True"),
+        (make_plan(_i8cfg("int4"), "cuda", None), FusedWgmmaHint(row_tile=256), "int32 and float32"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True),
+                   "cuda", None), FusedWgmmaHint(), "A_dtype='float8_e4m3'"),
     ]
     for p, h, word in cases:
         why = fused_wgmma_unsupported(p, h)

@@ -145,6 +145,68 @@ def test_table_formats_through_matmul(name):
     assert {"gemv-wgmma", "fused-wgmma"} <= used, used
 
 
+# int8 activations (per-token scales) x 2- / 4-bit codes: group scales of whole slabs (promoted per
+# slab) or per-channel ones (at the store); the tiles its two sets of sums allow (<= 128-row tiles of
+# one channel tile, 64-row tiles of two)
+I8_FORMATS = {
+    "w4a8-g128": dict(W_dtype="int4", group_size=128),
+    "w4a8-u4-g128": dict(W_dtype="uint4", group_size=128),
+    "w4a8-g256-bias": dict(W_dtype="int4", group_size=256, with_bias=True),
+    "w4a8-chan": dict(W_dtype="int4"),
+    "w2a8-chan": dict(W_dtype="int2"),
+    "w2a8-u2-chan-f32": dict(W_dtype="uint2", out_dtype="float32"),
+}
+I8_HINTS = {
+    "t128": FusedWgmmaHint(row_tile=128, stages=4),
+    "t128w2": FusedWgmmaHint(row_tile=128, warpgroups=2),
+    "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
+    "t64c2w2k": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, split_k=True, stages=2),
+}
+
+
+def _i8cfg(name, N, K, **kw):
+    return MatmulConfig(N=N, K=K, **{"A_dtype": "int8", "with_scaling": True, "with_act_scaling": True,
+                                     "out_dtype": "float16", **I8_FORMATS[name], **kw})
+
+
+@pytest.mark.parametrize("name,hk", [(n, h) for n in I8_FORMATS for h in I8_HINTS])
+@gpu
+def test_fused_int8(name, hk):
+    """int8 activations, N=1000, K=1536: one kernel (symbolic rows) per format x tile, 65..1024 rows."""
+    errors = _check(_i8cfg(name, 1000, 1536), I8_HINTS[hk], ROWS)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("hk", ["t128", "t128w2k"])
+@gpu
+def test_fused_int8_8192(hk):
+    """W4A8 g128, N = K = 8192 at 128 and 4096 rows."""
+    errors = _check(_i8cfg("w4a8-g128", 8192, 8192), I8_HINTS[hk], (128, 4096))
+    assert not errors, errors
+
+
+@gpu
+def test_fused_int8_through_matmul():
+    """A dynamic-M W4A8 operator whose bucket above 64 rows names the fused kernel: its default
+    kernels up to 64 rows, the fused one past them, correct at every row count."""
+    import bitblas
+    from bitblas.dispatch import BucketTable
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = _i8cfg("w4a8-g128", 1000, 1536, M=None)
+    op = bitblas.Matmul(cfg)
+    hint = I8_HINTS["t128w2k"]
+    op._buckets = BucketTable((64, 4096))
+    op._tuned["cuda"] = {4096: (None, hint)}
+    for m in (17, 64, 65, 100, 257, 1024, 4100):
+        inp = random_inputs(cfg, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(cfg, **inp))
+        assert err <= tolerance(cfg), (m, err)
+    fused = [c for kind, c in op._kernels if kind == "cuda" and c.hint == hint]
+    assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)
+
+
 @gpu
 def test_fused_k_off_slab_falls_back():
     """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose

@@ -8,10 +8,10 @@ import math
 from typing import List, Optional
 
 from ..plan import make_plan
-from ..schedule.fused_wgmma import (FusedWgmmaHint, fused_default, fused_space, fused_wgmma_unsupported, register_words,
-                                    ring_slots, schedule_fused_wgmma)
+from ..schedule.fused_wgmma import (FusedWgmmaHint, box_bytes, fused_default, fused_space, fused_wgmma_unsupported,
+                                    register_words, ring_slots, schedule_fused_wgmma)
 from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
-from ..schedule.gemv.wgmma import BOX
+from ..schedule.gemv.wgmma import act_bytes
 from ._common import cuda_reason, need_spec
 from .base import Candidate
 from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMMA_SLAB_CHAIN_CLK, elem_bytes,
@@ -81,7 +81,8 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
 
     * occupancy: blocks per SM from threads, registers (``register_words`` plus ~40 of addresses
       and indices) and the activation ring's shared memory; whole waves of blocks;
-    * tensor: per SM, the wgmma its blocks issue (``K / 16`` per 64-channel tile and row tile) at
+    * tensor: per SM, the wgmma its blocks issue (``K / 16`` per 64-channel tile and row tile; int8
+      activations ``K / 32`` of k32, at the same rate) at
       ``44 + 0.83 * row_tile`` cycles each (the wgmma GEMV's fit, costmodel.py), shared by the
       warpgroups on the SM;
     * a lone warpgroup per SM without ``overlap`` waits for its wgmma before decoding the next
@@ -99,7 +100,7 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     CW = 1 if hint.split_k else hint.warpgroups
     threads = 128 * hint.warpgroups
     regs = 8 * math.ceil((register_words(plan, hint) + 40) / 8)
-    smem = KW * ring_slots(plan, hint) * RT * BOX * 2
+    smem = KW * ring_slots(plan, hint) * box_bytes(hint)
     bps = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // threads, spec.regs_per_sm // (min(255, regs) * threads),
               spec.smem_per_sm // max(1, smem))
     if bps < 1:
@@ -108,12 +109,13 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     per_sm = math.ceil(blocks / (spec.sm_count * bps)) * bps if blocks > spec.sm_count * bps else \
         math.ceil(blocks / spec.sm_count)
     waves = math.ceil(per_sm / bps)
-    inst = per_sm * hint.warpgroups * R * (c.K // KW // 16)           # m64nRTk16 per SM
+    ab = act_bytes(c.A_dtype)
+    inst = per_sm * hint.warpgroups * R * (c.K // KW // (32 // ab))   # m64nRTk16 (int8: k32) per SM
     t_tensor = inst * (WGMMA_RS_FIXED_CLK + WGMMA_RS_PER_COL_CLK * RT) / spec.clock_hz
     lone = min(per_sm, bps) * hint.warpgroups == 1 and not hint.overlap
     slabs = c.K // KW // slab_codes(w.bits)
     t_chain = waves * slabs * WGMMA_SLAB_CHAIN_CLK * R / spec.clock_hz if lone else 0.0
-    a_bytes = rows * c.K * 2
+    a_bytes = rows * c.K * ab
     w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))
     t_dram = (w_bytes + 3 * a_bytes + rows * c.N * 2) / spec.dram_bandwidth
     knobs = ((_NO_OVERLAP if w.bits < 8 and not hint.overlap else 1.0) * (_ONE_SLOT if hint.stages == 1 else 1.0)

@@ -63,9 +63,9 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
-from .gemv.wgmma import (BOX, TMA_2D, decode_vectors, init_accs_barriers, load_vectors, reduce_warpgroups,
-                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
-                         wgmma_wait)
+from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
+                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper,
+                         wgmma_i8_helper, wgmma_slot, wgmma_wait)
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "ring_slots", "register_words"]
@@ -94,7 +94,8 @@ class FusedWgmmaHint:
         blocks at N=8192 and 128 rows keep 132 SMs busy; two blocks per SM from 256 rows), 256
         rows x 2 warpgroups of 64 channels above (half the activation reads per FLOP)."""
         m = plan.m or 4096
-        if m <= 512:                  # 3 slabs of weights in flight cover a slab's wgmma here
+        if m <= 512 or _int8(plan):   # 3 slabs of weights in flight cover a slab's wgmma here (int8:
+                                      # int32 and float32 sums, at most 128-row tiles of 64 channels)
             return cls(row_tile=128, stages=4)
         return cls(row_tile=256, warpgroups=2)
 
@@ -105,11 +106,27 @@ def ring_slots(plan, hint: FusedWgmmaHint) -> int:
     run), at most 8, at least one slab's boxes."""
     if hint.ring:
         return hint.ring
-    box = hint.row_tile * BOX * 2
-    ups = slab_codes(plan.w.bits) // BOX
+    box = box_bytes(hint)
+    ups = boxes_per_slab(plan)
     if hint.split_k:                          # a ring per warpgroup, one block per SM
         return max(ups, min(8, FUSED_SMEM_MAX // hint.warpgroups // box))
     return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
+
+
+def box_bytes(hint: FusedWgmmaHint) -> int:
+    """Bytes of one activation box slot: ``row_tile`` rows of 128 bytes."""
+    return hint.row_tile * 128
+
+
+def boxes_per_slab(plan) -> int:
+    """TMA boxes (128 bytes of K per row) per slab of the weights' codes."""
+    return slab_codes(plan.w.bits) // box_values(plan.config.A_dtype)
+
+
+def _int8(plan) -> bool:
+    """int8 activations: ``wgmma m64nNk32 .s8`` on the weights decoded to bytes (the int8 mma GEMV's
+    decoder), int32 sums promoted to float32 with the group scale after each slab's wgmma."""
+    return plan.config.A_dtype == "int8"
 
 
 # accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
@@ -123,8 +140,9 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
     and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile); ``overlap``:
     two slabs of decoded pairs."""
     R = hint.channel_tiles
-    decoded = R * 2 * (64 // plan.w.bits) * (2 if hint.overlap else 1)
-    return R * hint.row_tile // 2 + decoded + max(1, hint.stages) * R * 2 * 4
+    i8 = _int8(plan)
+    decoded = R * 2 * (64 // plan.w.bits // (2 if i8 else 1)) * (2 if hint.overlap else 1)
+    return R * hint.row_tile // 2 * (2 if i8 else 1) + decoded + max(1, hint.stages) * R * 2 * 4
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -136,16 +154,21 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return "not a CUDA plan"
     if not plan.args or plan.args[0].name != "A":
         return "the fused wgmma GEMM passes the activations as the first argument"
-    if c.A_dtype not in ("float16", "bfloat16"):
-        return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 activations"
+    if c.A_dtype not in ("float16", "bfloat16", "int8"):
+        return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 / int8 activations"
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
-    why = weights_unsupported(plan, "the fused wgmma GEMM")
-    if why:
-        return why
-    if c.with_act_scaling:
-        return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales"
-    if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+    if _int8(plan):
+        why = _int8_unsupported(plan, hint)
+        if why:
+            return why
+    else:
+        why = weights_unsupported(plan, "the fused wgmma GEMM")
+        if why:
+            return why
+        if c.with_act_scaling:
+            return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales with float activations"
+    if c.with_scaling and not _int8(plan) and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
         return (f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype "
                 f"(or nvfp4's float8_e4m3 block scales)")
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
@@ -156,9 +179,10 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return f"channel_tiles={hint.channel_tiles}: 1 or 2 tiles of 64 channels per warpgroup"
     if hint.warpgroups not in (1, 2):
         return f"warpgroups={hint.warpgroups}: 1 or 2 warpgroups per block"
-    if hint.channel_tiles * hint.row_tile // 2 > 128:
-        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: "
-                f"{hint.channel_tiles * hint.row_tile // 2} float32 accumulators per thread, at most 128")
+    nacc = hint.channel_tiles * hint.row_tile // 2 * (2 if _int8(plan) else 1)
+    if nacc > 128:
+        return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: {nacc} accumulators per thread"
+                f"{' (int32 and float32)' if _int8(plan) else ''}, at most 128")
     if hint.stages < 1:
         return f"stages={hint.stages}: at least one weight register slot"
     if hint.raster_rows < 1:
@@ -168,21 +192,46 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
                 f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
                 f"(ptxas would spill)")
-    if vec_bytes(plan, 16, blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
+    if not _int8(plan) and vec_bytes(plan, 16, blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
     kw = hint.warpgroups if hint.split_k else 1
     if c.K % (slab_codes(w.bits) * kw):
         return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_codes(w.bits) * kw} (one slab"
                 f"{f' per warpgroup, split_k=True' if kw > 1 else ''})")
-    ups = slab_codes(w.bits) // BOX
+    ups = boxes_per_slab(plan)
     slots = ring_slots(plan, hint)
-    box = hint.row_tile * BOX * 2
+    box = box_bytes(hint)
     need = ups * (2 if hint.overlap else 1)
     if slots < need or kw * slots * box > FUSED_SMEM_MAX:
         return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {need}..."
                 f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes ({need // ups} slab(s) of {slab_codes(w.bits)} "
                 f"K values{', per warpgroup' if kw > 1 else ''}{', overlap=True' if hint.overlap else ''})")
+    return None
+
+
+def _int8_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
+    """:func:`fused_wgmma_unsupported` for int8 activations: int/uint 2- and 4-bit codes (8-bit ones
+    are the dense int8 wgmma GEMM's), float32 group scales whose groups hold whole slabs (the
+    int32 sums of a slab are promoted with one scale per channel), or per-channel scales; a float
+    output; no ``overlap`` (a slab's sums are promoted before the next slab's wgmma overwrite them)."""
+    from .gemv.emit import vec_bytes
+    c, w = plan.config, plan.w
+    if w.kind not in ("int", "uint") or w.bits not in (2, 4):
+        return (f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM takes int/uint 2- and 4-bit codes with int8 "
+                f"activations")
+    if c.with_zeros:
+        return "with_zeros=True: int8 activations take no zero points"
+    if plan.groups > 1 and c.group_size % slab_codes(w.bits):
+        return (f"group_size={c.group_size}: with int8 activations the fused wgmma GEMM needs whole slabs of "
+                f"{slab_codes(w.bits)} {c.W_dtype} codes in a group")
+    if vec_bytes(plan, 16, group_vectors=4) != 16:
+        return f"K={c.K}: the fused wgmma GEMM streams 16-byte weight vectors ({16 * 8 // w.bits} codes)"
+    if c.out_dtype not in ("float16", "bfloat16", "float32"):
+        return (f"out_dtype={c.out_dtype!r}: with int8 activations the fused wgmma GEMM writes float16, bfloat16 "
+                f"or float32 (exact int32 sums: the GEMV or decode-then-GEMM)")
+    if hint.overlap:
+        return "overlap=True: with int8 activations each slab's sums are promoted before the next slab's wgmma"
     return None
 
 
@@ -205,8 +254,8 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     against 76.5 us, and 8-bit codes are not measured: both keep 128-row tiles); else 256-row
     tiles with two warpgroups side by side."""
     N = plan.config.N
-    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
-        return None
+    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192) or _int8(plan):
+        return None                   # int8 activations: not measured yet, the tuner's only
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
@@ -261,8 +310,10 @@ def _body(plan, hint: FusedWgmmaHint):
         R, RT = hint.channel_tiles, hint.row_tile
         KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
         CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
+        I8 = _int8(plan)                        # int8 activations: int32 sums ``iacc``, promoted per slab
         SL = slab_codes(plan.w.bits)
-        UPS = SL // BOX                        # boxes per slab
+        UPS = boxes_per_slab(plan)              # boxes per slab
+        BV = box_values(c.A_dtype)              # K values per box row
         NS = K // SL // KW                      # slabs per warpgroup
         NU = NS * UPS                           # boxes per warpgroup
         STG = ring_slots(plan, hint)            # box slots per ring
@@ -271,13 +322,20 @@ def _body(plan, hint: FusedWgmmaHint):
         STW = max(1, min(hint.stages, NS))
         LAG = 2 if OV else 1                    # a slab's boxes are free LAG slabs later
         NACC = RT // 2
-        BOXB = RT * BOX * 2                    # bytes per box slot
+        BOXB = box_bytes(hint)                  # bytes per box slot
         SW = BOXB // 4                          # float32 words per box slot
         CH = 64 * R * CW                        # channels per block
         NBLK = -(-N // CH)
         NRT = f"((mv + {RT - 1}) // {RT})"
         at_store = scales_at_store(plan, e)
-        wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
+        GS = I8 and plan.groups > 1             # int8 with group scales: promote each slab's sums
+        if I8:
+            from .gemv.mma_int8 import _mma_i8_helpers, code_shift
+            SH = code_shift(plan)               # signed codes decode to q * 2**SH
+            dsrc = repr(_mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[f"bb_mdec_m{tag}"])
+            wsrc = repr(wgmma_i8_helper(tag, "s8" if plan.w.kind == "int" else "u8", RT, 4, BOXB))
+        else:
+            wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
         tensor_map(add, c.A_dtype, K, RT)
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
@@ -293,6 +351,12 @@ def _body(plan, hint: FusedWgmmaHint):
         add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
         add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
         add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
+        if I8:
+            add(f"    iacc = T.alloc_local(({R}, {NACC}), 'uint32')")
+            add(f"    gs = T.alloc_local(({R}, 2), 'float32')")
+            for_accs(add, "    ", "iacc[r, j] = T.uint32(0)", R, NACC, unroll=True)
+            add(f"    for r, h in T.grid({R}, 2):")
+            add("        gs[r, h] = T.float32(0)")
         init_accs_barriers(add, R, NACC, KW * STG, empty=STG if CW > 1 else 0, arrivals=CW, unroll=True)
 
         def slot(u):
@@ -309,7 +373,7 @@ def _body(plan, hint: FusedWgmmaHint):
             sl = slot(u)
             add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
             add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
-                f"({kbox(u)}) * {BOX}, r0, full.ptr_to([{sl}]))")
+                f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")
 
         def cidx(step):
             return f"((({step}) * {KW} + kw) * 4 + q)" if KW > 1 else f"(({step}) * 4 + q)"
@@ -330,7 +394,9 @@ def _body(plan, hint: FusedWgmmaHint):
             # wgmma, C7513, when one may be in flight across the loop's back edge): that slab's
             # decoded registers and (for this warpgroup) box slots are free
             dq = "dq1" if OV and j % 2 else "dq"
-            wgmma_wait(add, ind, R, NACC, unroll=True, pending=1 if OV and j else 0)
+            wgmma_wait(add, ind, R, NACC, unroll=True, pending=1 if OV and j else 0, acc="iacc" if I8 else "acc")
+            if GS:                        # the previous slab's sums (zeros at the first) with its scales
+                promote(ind)
             add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
             add(f"{ind}if ({step}) > {LAG - 1}:")
             if CW > 1:
@@ -345,19 +411,46 @@ def _body(plan, hint: FusedWgmmaHint):
                 if CW > 1:
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
-            decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
+            if I8:
+                decode_i8(ind, ws)
+            else:
+                decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
-                wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                           unroll=True, dq=dq)
+                if I8:
+                    wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
+                               unroll=True, dq=dq, acc="iacc", fn=f"bb_wgi_{tag}", extra="0" if GS and b == 0 else "1")
+                else:
+                    wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
+                               unroll=True, dq=dq)
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
             if OV and j == GRP - 1:
                 wgmma_wait(add, ind, R, NACC, unroll=True)
 
+        def decode_i8(ind, ws):
+            """The slab's vectors to bytes (the int8 mma GEMV's decoder) and, with group scales, the
+            slab's scales (times 2**-SH) for its promotion."""
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            if GS:
+                add(f"{ind}    gs[r, h] = T.Cast('float32', sr[{ws}, r, h]){f' * T.float32({2.0 ** -SH!r})' if SH else ''}")
+            add(f"{ind}    T.cuda.func_call('bb_mdec_m{tag}', wq.ptr_to([{ws}, r, h, 0]), {dq_name}.ptr_to([r, h, 0]), "
+                f"source_code={dsrc})")
+
+        def promote(ind):
+            """acc += the int32 sums of the last slab x its channel's scale (channel g + 8 * (j % 4 // 2))."""
+            for_accs(add, ind, "acc[r, j] = acc[r, j] + T.Cast('float32', T.reinterpret('int32', iacc[r, j])) "
+                               "* gs[r, j % 4 // 2]", R, NACC, unroll=True)
+
+        dq_name = "dq"
         GRP = STW * -(-OVERLAP_STEPS // STW)
         step_loop(add, NS, STW, load, process, after_prologue=first_activations,
                   group=GRP if OV else 0)
-        wgmma_wait(add, "    ", R, NACC, unroll=True)
+        wgmma_wait(add, "    ", R, NACC, unroll=True, acc="iacc" if I8 else "acc")
+        if GS:
+            promote("    ")
+        elif I8:                          # per-channel scales (at the store): the exact sums, 2**SH out
+            for_accs(add, "    ", "acc[r, j] = T.Cast('float32', T.reinterpret('int32', iacc[r, j]))"
+                                   f"{f' * T.float32({2.0 ** -SH!r})' if SH else ''}", R, NACC, unroll=True)
         pdl_trigger(add, hint)
         # every warpgroup is past its ring: the words hold the sums
         store_accs(add, plan, e, reduce_warpgroups(add, KW, R, NACC, unroll=True), R, NACC, row0="r0 + ",

@@ -31,10 +31,12 @@ measurements: docs/performance.md
 """
 from __future__ import annotations
 
+import re
+
 from ...code_order import slot_codes
 from .decode import lop3_lut
 
-__all__ = []
+__all__ = ["word_codes", "byte_gather"]
 
 _LUT_AND_XOR = lop3_lut(lambda a, b, c: (a & b) ^ c)          # (a & b) ^ c
 _ONES = 0x01010101
@@ -95,34 +97,40 @@ def _i8_gather(bits: int, nw: int, order=None):
     return prog
 
 
+def word_codes(bits: int, nw: int, order=None):
+    """The natural K position (within a vector of ``nw`` weight words) of byte ``t`` of decoded
+    word ``j * F + p`` (field ``p`` of word ``j``: ``F`` codes per byte), for weights in code order
+    ``order`` (None: natural): ``out[j * F + p][t]``."""
+    F, n = 8 // bits, 32 // bits
+    code = slot_codes(order) if order is not None else tuple(range(n))
+    return [[j * n + code[t * F + p] for t in range(4)] for j in range(nw) for p in range(F)]
+
+
+def byte_gather(dst: str, src):
+    """``prmt`` steps ``(dst, a, b, selector)`` that make word ``dst`` from the bytes ``src`` (4 of
+    ``(word name, byte)``): a copy where they are one word as it is, one ``prmt`` where they come
+    from at most two words, else two and one to merge."""
+    words = sorted({w for w, _ in src}, key=lambda w: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", w)])
+    if len(words) == 1 and [b for _, b in src] == [0, 1, 2, 3]:
+        return [(dst, words[0], words[0], 0x3210)]
+    if len(words) <= 2:
+        x, y = words[0], words[-1]
+        return [(dst, x, y, sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src)))]
+    lo, hi = (words[0], words[1]), (words[2], words[-1])
+    prog = []
+    for h, (x, y) in enumerate((lo, hi)):
+        sel = sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src) if w in (x, y))
+        prog.append((f"{dst}_g{h}", x, y, sel))
+    sel = sum(((t if w in lo else 4 + t) << (4 * t)) for t, (w, _) in enumerate(src))
+    return prog + [(dst, f"{dst}_g0", f"{dst}_g1", sel)]
+
+
 def _order_gather(bits: int, nw: int, order):
     """The gather for weights in code order ``order``: each gathered word from the activation
-    bytes its decoded word's codes need, one ``prmt`` where they come from at most two words
-    (a copy where a word is one activation word as it is), else two and one to merge."""
-    F, n = 8 // bits, 32 // bits
-    code = slot_codes(order)
+    bytes its decoded word's codes need (:func:`word_codes`, :func:`byte_gather`)."""
     prog = []
-    for j in range(nw):
-        for p in range(F):
-            q = j * F + p
-            src = [divmod(j * n + code[t * F + p], 4) for t in range(4)]      # (activation word, byte)
-            words = sorted({w for w, _ in src})
-            if words == [src[0][0]] and [b for _, b in src] == [0, 1, 2, 3]:
-                prog.append((f"p{q}", f"a{words[0]}", f"a{words[0]}", 0x3210))
-                continue
-            if len(words) <= 2:
-                x, y = words[0], words[-1]
-                sel = sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src))
-                prog.append((f"p{q}", f"a{x}", f"a{y}", sel))
-                continue
-            lo, hi = (words[0], words[1]), (words[2], words[-1])
-            parts = []
-            for h, (x, y) in enumerate((lo, hi)):
-                sel = sum(((b if w == x else 4 + b) << (4 * t)) for t, (w, b) in enumerate(src) if w in (x, y))
-                parts.append((f"p{q}_g{h}", f"a{x}", f"a{y}", sel))
-            prog += parts
-            sel = sum(((t if w in lo else 4 + t) << (4 * t)) for t, (w, _) in enumerate(src))
-            prog.append((f"p{q}", f"p{q}_g0", f"p{q}_g1", sel))
+    for q, codes in enumerate(word_codes(bits, nw, order)):
+        prog += byte_gather(f"p{q}", [(f"a{w}", b) for w, b in (divmod(k, 4) for k in codes)])
     return prog
 
 

@@ -42,13 +42,14 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .decode import decoder, pair_codes
+from .int8 import byte_gather, word_codes
 from .emit import (device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_blocks,
                    vec_bytes)
 from .mma import mma_helpers
 
-__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
+__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_permutation_i8", "act_bytes", "box_values", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
            "wgmma_rows", "permute_script", "WgmmaGemvFn",
-           "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
+           "wgmma_helper", "wgmma_i8_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
            "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
 
 TMA_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -70,6 +71,33 @@ def slab_permutation(bits: int, nw: int, dec: str, order=None) -> List[int]:
                 for e in range(2):
                     perm[16 * s + 2 * q + e + 8 * h] = V * q + pairs[2 * s + h][e]
     return perm
+
+
+def slab_permutation_i8(bits: int, nw: int, order=None) -> List[int]:
+    """int8 activations (``wgmma m64nNk32 .s8``; the fused GEMM): ``perm[t]``, the natural K
+    position (within a slab of 4 vectors of ``V`` codes) of the activation at position ``t`` of the
+    permuted slab. Position ``32 s + 16 h + 4 q + i`` is k32 step ``s``'s B row of K slot ``4q + i +
+    16h``: byte ``i`` of lane ``q``'s decoded word ``2 s + h`` (the bytes of each decoded word:
+    :func:`~.int8.word_codes` of the code order ``order``)."""
+    V = nw * 32 // bits
+    words = word_codes(bits, nw, order)
+    perm = [0] * (4 * V)
+    for s in range(len(words) // 2):
+        for q in range(4):
+            for h in range(2):
+                for i in range(4):
+                    perm[32 * s + 16 * h + 4 * q + i] = V * q + words[2 * s + h][i]
+    return perm
+
+
+def act_bytes(act: str) -> int:
+    """Bytes per activation value of the wgmma kernels (float16 / bfloat16, or int8)."""
+    return 1 if act == "int8" else 2
+
+
+def box_values(act: str) -> int:
+    """Activation values per TMA box row: 128 bytes (the 128-byte swizzle)."""
+    return 128 // act_bytes(act)
 
 
 def slab_codes(bits: int) -> int:
@@ -128,13 +156,14 @@ def wgmma_gemv_unsupported(plan, hint) -> Optional[str]:
     return None
 
 
-def _perm_groups(perm: List[int]):
+def _perm_groups(perm: List[int], epc: int = 8):
     """(groups, output chunks per group, input chunk stride per group): the permuted slab's 16-byte
-    output chunks fall into groups that read the same input chunks; group ``J`` is group 0 shifted
-    by ``J`` * (its output chunks) and ``J`` * stride input chunks (every decoder's layout)."""
+    output chunks (``epc`` values each) fall into groups that read the same input chunks; group
+    ``J`` is group 0 shifted by ``J`` * (its output chunks) and ``J`` * stride input chunks (every
+    decoder's layout)."""
     S = len(perm)
-    nout = S // 8
-    ins = [sorted({perm[8 * c + x] // 8 for x in range(8)}) for c in range(nout)]
+    nout = S // epc
+    ins = [sorted({perm[epc * c + x] // epc for x in range(epc)}) for c in range(nout)]
     # group 0: the output chunks that read exactly the inputs of chunk 0
     per = sum(1 for c in range(nout) if ins[c] == ins[0])
     if nout % per or any(ins[c] != ins[0] for c in range(per)):
@@ -142,8 +171,8 @@ def _perm_groups(perm: List[int]):
     groups = nout // per
     stride = (ins[per][0] - ins[0][0]) if groups > 1 else 0
     for J in range(groups):
-        for t in range(8 * per):
-            if perm[8 * per * J + t] != perm[t] + 8 * stride * J:
+        for t in range(epc * per):
+            if perm[epc * per * J + t] != perm[t] + epc * stride * J:
                 return 1, nout, 0
     return groups, per, stride
 
@@ -171,16 +200,42 @@ def _perm_helper(perm: List[int], nchunks: int) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def _perm_helper_bytes(perm: List[int], nchunks: int) -> str:
+    """int8 activations: ``bb_perm(src, dst)`` as :func:`_perm_helper`, each output word from the
+    bytes of up to four input words (:func:`~.int8.byte_gather`)."""
+    lines = ["__device__ __forceinline__ void bb_perm(const void* src, void* dst) {",
+             "  const uint4* s = reinterpret_cast<const uint4*>(src);",
+             "  uint4* d = reinterpret_cast<uint4*>(dst);"]
+    for k in sorted({perm[x] // 16 for x in range(16 * nchunks)}):
+        lines.append(f"  const uint4 i{k} = __ldg(s + {k});")
+    for c in range(nchunks):
+        names = []
+        for wd in range(4):
+            src = [(f"i{p // 16}.{'xyzw'[p % 16 // 4]}", p % 4) for p in perm[16 * c + 4 * wd:16 * c + 4 * wd + 4]]
+            for dst, x, y, sel in byte_gather(f"o{c}_{wd}", src):
+                rhs = x if x == y and sel == 0x3210 else f"__byte_perm({x}, {y}, 0x{sel:x})"
+                lines.append(f"  const unsigned {dst} = {rhs};")
+            names.append(f"o{c}_{wd}")
+        lines.append(f"  d[{c}] = make_uint4({', '.join(names)});")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def permute_script(plan, hint) -> str:
     """TVMScript of the ``permute`` kernel: ``P[i, slab] = A[i, slab][perm]`` for every row and slab,
     one thread per group of output chunks that read the same input chunks (:func:`_perm_groups`),
     ``mv`` rows at run time."""
     c, w = plan.config, plan.w
-    nw = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) // 4
-    perm = slab_permutation(w.bits, nw, decoder(w), plan.w_order)
+    if c.A_dtype == "int8":           # the fused GEMM's int8 path: 16-byte vectors, bytes
+        perm, epc = slab_permutation_i8(w.bits, 4, plan.w_order), 16
+        helper = lambda per: _perm_helper_bytes(perm, per)     # noqa: E731
+    else:
+        nw = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) // 4
+        perm, epc = slab_permutation(w.bits, nw, decoder(w), plan.w_order), 8
+        helper = lambda per: _perm_helper(perm, per)           # noqa: E731
     S = len(perm)
     NS = c.K // S
-    G, per, stride = _perm_groups(perm)
+    G, per, stride = _perm_groups(perm, epc)
     NT = NS * G                                # threads per row
     L = ["@T.prim_func",
          "def permute(A_ptr: T.handle, P_ptr: T.handle):",
@@ -194,9 +249,9 @@ def permute_script(plan, hint) -> str:
           "    tx = T.thread_id([128])",
           "    i = T.meta_var(bx * 128 + tx)",
           f"    if i < mv * {NT}:",
-          f"        T.cuda.func_call('bb_perm', A.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {8 * stride}]), "
-          f"P.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {8 * per}]), "
-          f"source_code={_perm_helper(perm, per)!r})"]
+          f"        T.cuda.func_call('bb_perm', A.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {epc * stride}]), "
+          f"P.ptr_to([i // {NT}, i % {NT} // {G} * {S} + i % {G} * {epc * per}]), "
+          f"source_code={helper(per)!r})"]
     return "\n".join(L) + "\n"
 
 
@@ -219,6 +274,28 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str
                      f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1, 0; }}\" "
                      f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
                      f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"(1));")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def wgmma_i8_helper(tag: str, a_type: str, NT: int, steps: int, box_bytes: int) -> str:
+    """``bb_wgi_{tag}(c, dg, dh, desc, keep)``: the ``steps`` k32 int8 wgmma (``.s32.{a_type}.s8``)
+    of one box set for one 64-channel tile, as :func:`wgmma_helper` with decoded bytes (4 per word)
+    and int32 sums ``c`` (as unsigned words); the first step adds to the sums if ``keep``, else
+    overwrites them."""
+    nacc = NT // 2
+    outs = ", ".join(f'"+r"(c[{i}])' for i in range(nacc))
+    regs = ", ".join(f"%{i}" for i in range(nacc))
+    a0 = nacc
+    lines = [f"__device__ __forceinline__ void bb_wgi_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, "
+             "unsigned long long desc, int keep) {"]
+    for s in range(steps):
+        off = ((s // 4) * box_bytes + (s % 4) * 32) >> 4
+        lines.append(f"  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{a0 + 5}, 0; "
+                     f"wgmma.mma_async.sync.aligned.m64n{NT}k32.s32.{a_type}.s8 "
+                     f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p; }}\" "
+                     f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
+                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"({'keep' if s == 0 else 1}));")
     lines.append("}")
     return "\n" + "\n".join(lines) + "\n"
 
@@ -248,11 +325,12 @@ def for_accs(add, ind: str, stmt: str, R: int, NACC: int, unroll: bool = False):
 
 
 def tensor_map(add, act: str, K: int, rows: int):
-    """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of ``BOX``
-    values x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows read as zeros)."""
+    """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of 128
+    bytes (:func:`box_values`) x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows
+    read as zeros)."""
     add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
     add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {act!r}, 2, A.data, "
-        f"{K}, mv, {K * 2}, {BOX}, {rows}, 1, 1, 0, 3, 2, 0)")
+        f"{K}, mv, {K * act_bytes(act)}, {box_values(act)}, {rows}, 1, 1, 0, 3, 2, 0)")
 
 
 def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: int = 0, side_by_side: bool = False,
@@ -335,27 +413,29 @@ def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str, dq: str =
             f"source_code={scl!r})")
 
 
-def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False, pending: int = 0):
+def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False, pending: int = 0, acc: str = "acc"):
     """Wait for all of this warpgroup's wgmma but the last ``pending`` commit groups; with none
-    pending the accumulators are defined again (with some, they stay the wgmma's)."""
+    pending the accumulators (``acc``) are defined again (with some, they stay the wgmma's)."""
     add(f"{ind}T.ptx.wgmma.wait_group.sync.aligned({pending})")
     if not pending:
-        for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
+        for_accs(add, ind, f"T.cuda.wgmma.noop_barrier({acc}[r, j])", R, NACC, unroll)
 
 
 def wgmma_slot(add, ind: str, slot: str, phase: str, words: int, R: int, NACC: int, wsrc: str, tag: str,
-               pair0: int = 0, unroll: bool = False, dq: str = "dq"):
+               pair0: int = 0, unroll: bool = False, dq: str = "dq", acc: str = "acc", fn: str = "",
+               extra: str = ""):
     """Wait for the activations of ring slot ``slot`` (``full`` mbarrier, ``phase``), point the B
-    descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (``wsrc``: its source's repr)
-    per 64-channel tile on the decoded words from ``pair0``."""
+    descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (or ``fn``; ``wsrc``: its
+    source's repr; ``extra``: arguments after the descriptor) per 64-channel tile on the decoded
+    words from ``pair0``, into accumulators ``acc``."""
     add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot}]), {phase})")
     add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
         f"Sm.ptr_to([({slot}) * {words}]), 1, 64, 3)")
-    for_accs(add, ind, "T.cuda.wgmma.noop_barrier(acc[r, j])", R, NACC, unroll)
+    for_accs(add, ind, f"T.cuda.wgmma.noop_barrier({acc}[r, j])", R, NACC, unroll)
     add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
     add(f"{ind}for r in T.unroll({R}):")
-    add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', acc.ptr_to([r, 0]), {dq}.ptr_to([r, 0, {pair0}]), "
-        f"{dq}.ptr_to([r, 1, {pair0}]), descB, source_code={wsrc})")
+    add(f"{ind}    T.cuda.func_call('{fn or f'bb_wg_{tag}'}', {acc}.ptr_to([r, 0]), {dq}.ptr_to([r, 0, {pair0}]), "
+        f"{dq}.ptr_to([r, 1, {pair0}]), descB{f', {extra}' if extra else ''}, source_code={wsrc})")
 
 
 def reduce_warpgroups(add, KW: int, R: int, NACC: int, unroll: bool = False) -> str:
@@ -375,7 +455,7 @@ def store_accs(add, plan, e, ind: str, R: int, NACC: int, row0: str = "", unroll
     ch = "n0 + r * 64 + wp * 16 + g + (j % 4 // 2) * 8"
     row = f"{row0}j // 4 * 8 + q * 2 + j % 2"
     val = "acc[r, j]"
-    if scales_at_store(plan, e):
+    if scales_at_store(plan, e) and plan.float_acts:      # int8: the store line's epilogue applies it
         val = f"{val} * T.Cast('float32', scale[{ch}, 0])"
     head, inner = acc_loops(ind, R, NACC, unroll)
     for ln in head:

@@ -35,7 +35,7 @@ from typing import Optional
 from .._tvm import tvm
 from ..arch import Arch, arch_of, as_arch
 from .cuda_mma import PTX_FP8
-from .epilogue import exact_float_of_sum, scaled_sum
+from .epilogue import scaled_sum
 from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 
 __all__ = ["WGMMAHint", "wgmma_unsupported", "schedule_cuda_wgmma"]
@@ -391,8 +391,10 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         add("                        T.cuda.wgmma.noop_barrier(acc[i])")
         if acc_t != "uint32":
             part = "acc[i]"
-        elif P == 1:          # |one K tile's int32 sum| <= 128 * 128 * 128 = 2**21
-            part = exact_float_of_sum("acc[i]")
+        elif P == 1:
+            # |one K tile's int32 sum| <= 128 * 128 * 128 = 2**21 < 2**22: exact through the float
+            # bits of 1.5 * 2**23 + x (an integer add and a float subtract; I2F runs at 1/8 rate)
+            part = "(T.reinterpret('float32', acc[i] + T.uint32(0x4B400000)) - T.float32(12582912))"
         else:
             part = "T.Cast('float32', T.reinterpret('int32', acc[i]))"
         if grouped:

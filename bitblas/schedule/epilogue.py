@@ -21,12 +21,3 @@ def scaled_sum(plan, val: str, val_dtype: str, row: str, col: str):
     if c.with_bias:
         v = f"{v} + T.Cast('float32', bias[{col}])"
     return v, "float32"
-
-
-def exact_float_of_sum(word: str) -> str:
-    """float32 of an int32 sum held as a ``uint32`` word (TVMScript text), exact for |sum| <= 2**22
-    (one K tile or slab of int8 x int8 products: 128 x 128 x 128 = 2**21; 256 2-bit codes x int8:
-    2**22), through the float bits of 1.5 * 2**23 + sum: an integer add and a float subtract, where
-    I2F runs at 1/8 of the float rate on sm_90 (the conversions bounded the promoting kernels)."""
-    return f"(T.reinterpret('float32', {word} + T.uint32(0x4B400000)) - T.float32(12582912))"
-

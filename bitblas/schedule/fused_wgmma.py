@@ -63,7 +63,6 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
-from .epilogue import exact_float_of_sum
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper,
                          wgmma_i8_helper, wgmma_slot, wgmma_wait)
@@ -438,10 +437,9 @@ def _body(plan, hint: FusedWgmmaHint):
                 f"source_code={dsrc})")
 
         def promote(ind):
-            """acc += the int32 sums of the last slab (|sum| <= 2**22: exact_float_of_sum) x its
-            channel's scale (channel g + 8 * (j % 4 // 2))."""
-            for_accs(add, ind, f"acc[r, j] = acc[r, j] + {exact_float_of_sum('iacc[r, j]')} * gs[r, j % 4 // 2]",
-                     R, NACC, unroll=True)
+            """acc += the int32 sums of the last slab x its channel's scale (channel g + 8 * (j % 4 // 2))."""
+            for_accs(add, ind, "acc[r, j] = acc[r, j] + T.Cast('float32', T.reinterpret('int32', iacc[r, j])) "
+                               "* gs[r, j % 4 // 2]", R, NACC, unroll=True)
 
         dq_name = "dq"
         GRP = STW * -(-OVERLAP_STEPS // STW)

@@ -65,6 +65,7 @@ FORMATS = {
     "w4a8-g128": dict(A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True),
     "w4a8-chan": dict(A_dtype="int8", W_dtype="int4", with_scaling=True, with_act_scaling=True),
     "w2a8-g128": dict(A_dtype="int8", W_dtype="int2", group_size=128, with_scaling=True, with_act_scaling=True),
+    "w2a8-chan": dict(A_dtype="int8", W_dtype="int2", with_scaling=True, with_act_scaling=True),
     "fp8-g128": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
                      with_act_scaling=True, out_dtype="bfloat16"),
 }

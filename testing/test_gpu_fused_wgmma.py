@@ -207,6 +207,26 @@ def test_fused_int8_through_matmul():
     assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)
 
 
+@pytest.mark.parametrize("name", ["w4a8-g128", "w2a8-chan"])
+@gpu
+def test_int8_default_kernels(name):
+    """A dynamic-M int8-activation operator (N=8192, K=2048) with its default kernels on sm_90: the
+    GEMV up to 64 rows, the fused GEMM past it (up to 1024 rows with group scales, 256 per-channel),
+    decode-then-GEMM above; correct at every row count across both boundaries."""
+    import bitblas
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = _i8cfg(name, 8192, 2048, M=None)
+    op = bitblas.Matmul(cfg)
+    for m in (64, 65, 128, 129, 256, 257, 1024, 1025):
+        inp = random_inputs(cfg, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(cfg, **inp))
+        assert err <= tolerance(cfg), (m, err)
+    used = {c.template for kind, c in op._kernels if kind == "cuda"}
+    assert {"fused-wgmma", "dequant-gemm"} <= used, used
+
+
 @gpu
 def test_fused_k_off_slab_falls_back():
     """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose

@@ -1,8 +1,8 @@
 """The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
 sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2m1, nvfp4 (two
 float8 block scales per vector, per decoded pair), nf4 (4-bit tables) and float8 weights; the mma
-GEMV's decoder of the format): packed weights stay
-packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
+GEMV's decoder of the format; int8 activations x int/uint 2- and 4-bit codes, below): packed weights
+stay packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 
 It is the wgmma GEMV (gemv/wgmma.py, 17..64 rows) over tiles of rows. A block owns
@@ -49,10 +49,25 @@ wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the L2
 activations (every channel block reads every row tile) and the permute pass. Measured times:
 docs/performance.md.
 
+int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
+.s32.{s8,u8}.s8``, the A fragment the int8 mma GEMV's byte decoder (gemv/mma_int8.py: signed codes
+at the top of each byte, a factor 2**(8 - bits) divided out after) and the same K order for the
+activations, which the permute kernel reorders byte-wise (:func:`~.gemv.wgmma.slab_permutation_i8`);
+128-byte boxes hold 128 K values, so a slab of 4-bit codes is one box and the k32 steps advance 32
+bytes as the k16 ones do. int32 sums (``iacc``): with group scales each slab's first k32 overwrites
+them, and after its wgmma they are promoted into the float32 sums with the slab's scale (groups
+hold whole slabs); per-channel scales take the exact int32 sums to the store. Two sets of sums
+allow at most 128-row tiles of 64 channels per warpgroup and no ``overlap``. What bounds it (ncu,
+H100, W4A8 g128 at 256 rows): issue and latency, 0.44 warps issued per scheduler cycle with two
+warpgroups per SM, ~240 SASS instructions per slab and warp of which 128 are the promotion
+(I2FP + FFMA per sum); converting through the float bits of 1.5 * 2**23 + sum instead measured
+slower (more instructions), and a per-warp ``empty`` arrival instead of the warpgroup barrier per
+slab did not help (its stall moved to the ring's TMA thread).
+
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
 in natural K order would remove the permute kernel); no persistent tile loop, split-K or
-warp-specialized producer; no int8 / fp8 activations.
+warp-specialized producer; no float8 activations (W4A-fp8).
 """
 from __future__ import annotations
 
@@ -242,7 +257,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
     serve: the caller checks that) on a GPU of ``sms`` SMs (None: ``arch.GENERIC_SM_COUNT``), or
     None where decode-then-GEMM stays the default: more than 1024 rows (2048 where N >= 8192), or a
-    plan no tile takes. Each tile with
+    plan no tile takes; int8 activations: :func:`_int8_default`. Each tile with
     ``overlap`` for 4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured
     slower with it).
 
@@ -254,8 +269,10 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     against 76.5 us, and 8-bit codes are not measured: both keep 128-row tiles); else 256-row
     tiles with two warpgroups side by side."""
     N = plan.config.N
-    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192) or _int8(plan):
-        return None                   # int8 activations: not measured yet, the tuner's only
+    if _int8(plan):
+        return _int8_default(plan, rows)
+    if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
+        return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
@@ -273,6 +290,27 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
             if fused_wgmma_unsupported(plan, h) is None:
                 return h
     return None
+
+
+INT8_DEFAULT_MAX_ROWS = (256, 1024)     # the most rows _int8_default serves: per-channel, group scales
+
+
+def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
+    """int8 activations: the fused tile where it measured faster than decode-then-GEMM (H100,
+    8192^2, tuner runs beside torch._int_mm): up to 1024 rows with group scales (W4A8 g128: 31, 46
+    and 185 us at 128, 256 and 1024 rows against 72, 84 and 208), up to 256 with per-channel ones
+    (W4A8 / W2A8: 34 / 28 us at 128 rows against 73, 47 / 43 at 256 against 75; at 1024 rows the
+    dense int8 GEMM behind the decode ties or wins). Up to 128 rows two warpgroups split K over
+    64 channels (4 weight slots, a ring of 4 boxes each); above, 128-row tiles of one warpgroup
+    (group scales) or two side by side (per-channel)."""
+    grouped = plan.groups > 1
+    if rows > INT8_DEFAULT_MAX_ROWS[grouped]:
+        return None
+    if rows <= 128:
+        hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+    else:
+        hint = FusedWgmmaHint(row_tile=128, warpgroups=1 if grouped else 2, stages=4)
+    return hint if fused_wgmma_unsupported(plan, hint) is None else None
 
 
 def fused_space(plan) -> list:

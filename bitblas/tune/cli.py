@@ -156,7 +156,8 @@ def run_tune(args) -> int:
     _print_table(rows)
     if any(r.get("skipped") for r in rows):
         print("skipped buckets: their rows keep decode + wgmma GEMM (bitblas.dequant_gemm), which measured "
-              "faster than every fused wgmma tile tried, or which no fused tile can replace (int8 activations)")
+              "faster than every fused wgmma tile tried, or which no fused tile can replace (e.g. 8-bit codes with int8 "
+              "activations)")
     for sk in skipped:
         print(f"skipped N={sk['N']} K={sk['K']} {sk['format']}: {sk['reason']}")
     print(f"{len(todo) - failed}/{len(todo)} operators tuned in {time.perf_counter() - t_all:.1f} s")

@@ -104,7 +104,9 @@ def test_fused_codegen(name, m, tile):
 
 I8_CASES = [("int4", 128, None, (128, 1, 2, "split_k")), ("uint4", 128, 257, (128, 1, 1)),
             ("int4", -1, None, (64, 2, 2)), ("int2", -1, None, (128, 1, 2)), ("uint2", -1, 100, (64, 1, 2, "split_k")),
-            ("int4", 256, None, (128, 1, 2, "split_k", "s4r4"))]
+            ("int4", 256, None, (128, 1, 2, "split_k", "s4r4")),
+            # per-channel: one set of sums through the loop, so 256-row tiles and two channel tiles
+            ("int4", -1, None, (256, 1, 2)), ("uint2", -1, 300, (128, 2, 2, "split_k")), ("int2", -1, None, (256, 1, 1))]
 
 
 @pytest.mark.nvcc
@@ -240,7 +242,7 @@ def test_fused_refusals_name_the_argument():
         (make_plan(_i8cfg("int4", out_dtype="int32", with_scaling=False, with_act_scaling=False), "cuda", None),
          FusedWgmmaHint(), "out_dtype='int32'"),
         (make_plan(_i8cfg("int4"), "cuda", None), FusedWgmmaHint(overlap=True), "overlap=True"),
-        (make_plan(_i8cfg("int4"), "cuda", None), FusedWgmmaHint(row_tile=256), "int32 and float32"),
+        (make_plan(_i8cfg("int4", group_size=128), "cuda", None), FusedWgmmaHint(row_tile=256), "int32 and float32"),
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True),
                    "cuda", None), FusedWgmmaHint(), "A_dtype='float8_e4m3'"),
     ]

@@ -146,8 +146,9 @@ def test_table_formats_through_matmul(name):
 
 
 # int8 activations (per-token scales) x 2- / 4-bit codes: group scales of whole slabs (promoted per
-# slab) or per-channel ones (at the store); the tiles its two sets of sums allow (<= 128-row tiles of
-# one channel tile, 64-row tiles of two)
+# slab) or per-channel ones (at the store); with group scales the tiles its two sets of sums allow
+# (<= 128-row tiles of one channel tile, 64-row tiles of two), per-channel also 256-row tiles and two
+# 128-row channel tiles
 I8_FORMATS = {
     "w4a8-g128": dict(W_dtype="int4", group_size=128),
     "w4a8-u4-g128": dict(W_dtype="uint4", group_size=128),
@@ -161,7 +162,11 @@ I8_HINTS = {
     "t128w2": FusedWgmmaHint(row_tile=128, warpgroups=2),
     "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
     "t64c2w2k": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, split_k=True, stages=2),
+    # per-channel scales only (one set of sums through the loop)
+    "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),
+    "t128c2w2k": FusedWgmmaHint(row_tile=128, channel_tiles=2, warpgroups=2, split_k=True),
 }
+I8_PER_CHANNEL_ONLY = {"t256w2", "t128c2w2k"}
 
 
 def _i8cfg(name, N, K, **kw):
@@ -169,7 +174,8 @@ def _i8cfg(name, N, K, **kw):
                                      "out_dtype": "float16", **I8_FORMATS[name], **kw})
 
 
-@pytest.mark.parametrize("name,hk", [(n, h) for n in I8_FORMATS for h in I8_HINTS])
+@pytest.mark.parametrize("name,hk", [(n, h) for n in I8_FORMATS for h in I8_HINTS
+                                     if not (h in I8_PER_CHANNEL_ONLY and "group_size" in I8_FORMATS[n])])
 @gpu
 def test_fused_int8(name, hk):
     """int8 activations, N=1000, K=1536: one kernel (symbolic rows) per format x tile, 65..1024 rows."""

@@ -56,8 +56,8 @@ activations, which the permute kernel reorders byte-wise (:func:`~.gemv.wgmma.sl
 128-byte boxes hold 128 K values, so a slab of 4-bit codes is one box and the k32 steps advance 32
 bytes as the k16 ones do. int32 sums (``iacc``): with group scales each slab's first k32 overwrites
 them, and after its wgmma they are promoted into the float32 sums with the slab's scale (groups
-hold whole slabs); per-channel scales take the exact int32 sums to the store. Two sets of sums
-allow at most 128-row tiles of 64 channels per warpgroup and no ``overlap``. What bounds it (ncu,
+hold whole slabs); per-channel scales take the exact int32 sums to the store. With group scales the
+two sets of sums allow at most 128-row tiles of 64 channels per warpgroup; no ``overlap``. What bounds it (ncu,
 H100, W4A8 g128 at 256 rows): issue and latency, 0.44 warps issued per scheduler cycle with two
 warpgroups per SM, ~240 SASS instructions per slab and warp of which 128 are the promotion
 (I2FP + FFMA per sum); converting through the float bits of 1.5 * 2**23 + sum instead measured
@@ -144,6 +144,13 @@ def _int8(plan) -> bool:
     return plan.config.A_dtype == "int8"
 
 
+def _sum_sets(plan) -> int:
+    """Accumulator sets a thread holds through the main loop: int32 and float32 sums for int8
+    activations with group scales (promoted per slab), one set otherwise (per-channel int8 sums
+    become float32 only after the loop)."""
+    return 2 if _int8(plan) and plan.groups > 1 else 1
+
+
 # accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
 # 255 registers (uint4, 2 tiles x n128, 2 slots), 288 spilled 548 bytes (uint2, the same tile)
 _REG_WORDS_MAX = 224
@@ -155,9 +162,8 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
     and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile); ``overlap``:
     two slabs of decoded pairs."""
     R = hint.channel_tiles
-    i8 = _int8(plan)
-    decoded = R * 2 * (64 // plan.w.bits // (2 if i8 else 1)) * (2 if hint.overlap else 1)
-    return R * hint.row_tile // 2 * (2 if i8 else 1) + decoded + max(1, hint.stages) * R * 2 * 4
+    decoded = R * 2 * (64 // plan.w.bits // (2 if _int8(plan) else 1)) * (2 if hint.overlap else 1)
+    return R * hint.row_tile // 2 * _sum_sets(plan) + decoded + max(1, hint.stages) * R * 2 * 4
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -194,10 +200,10 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return f"channel_tiles={hint.channel_tiles}: 1 or 2 tiles of 64 channels per warpgroup"
     if hint.warpgroups not in (1, 2):
         return f"warpgroups={hint.warpgroups}: 1 or 2 warpgroups per block"
-    nacc = hint.channel_tiles * hint.row_tile // 2 * (2 if _int8(plan) else 1)
+    nacc = hint.channel_tiles * hint.row_tile // 2 * _sum_sets(plan)
     if nacc > 128:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: {nacc} accumulators per thread"
-                f"{' (int32 and float32)' if _int8(plan) else ''}, at most 128")
+                f"{' (int32 and float32: group scales)' if _sum_sets(plan) > 1 else ''}, at most 128")
     if hint.stages < 1:
         return f"stages={hint.stages}: at least one weight register slot"
     if hint.raster_rows < 1:

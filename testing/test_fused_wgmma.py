@@ -277,16 +277,17 @@ def test_fused_default_tiles():
 
 
 def test_int8_default_tiles():
-    """int8 activations: split-K 128-row tiles up to 128 rows; 128-row tiles of one warpgroup (group
-    scales, up to 1024 rows) or two side by side (per-channel, up to 256); decode-then-GEMM above,
-    and the selector of a dynamic-M operator on sm_90 takes them past the GEMV."""
+    """int8 activations: split-K 128-row tiles up to 128 rows; then 128-row tiles of one warpgroup
+    (group scales) or, per-channel, two side by side (up to 256 rows) and 256-row ones; decode-then-
+    GEMM above 1024 rows, and the selector of a dynamic-M operator on sm_90 takes them past the GEMV."""
     g128 = make_plan(_i8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
     chan = make_plan(_i8cfg("int2", N=8192, K=8192), "cuda", None)
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
     assert fused_default(g128, 65) == split and fused_default(chan, 128) == split
     assert fused_default(g128, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
     assert fused_default(chan, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, stages=4)
-    assert fused_default(g128, 1025) is None and fused_default(chan, 257) is None
+    assert fused_default(chan, 257) == FusedWgmmaHint(row_tile=256, warpgroups=2, stages=4)
+    assert fused_default(g128, 1025) is None and fused_default(chan, 1025) is None
     op = bitblas.Matmul(_i8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
     assert choose(op, "cuda", 300) == (None, FusedWgmmaHint(row_tile=128, stages=4))
     assert not isinstance(choose(op, "cuda", 64)[1], FusedWgmmaHint)

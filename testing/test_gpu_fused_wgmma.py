@@ -217,8 +217,8 @@ def test_fused_int8_through_matmul():
 @gpu
 def test_int8_default_kernels(name):
     """A dynamic-M int8-activation operator (N=8192, K=2048) with its default kernels on sm_90: the
-    GEMV up to 64 rows, the fused GEMM past it (up to 1024 rows with group scales, 256 per-channel),
-    decode-then-GEMM above; correct at every row count across both boundaries."""
+    GEMV up to 64 rows, the fused GEMM past it (up to 1024 rows; per-channel in three tiles),
+    decode-then-GEMM above; correct at every row count across the boundaries."""
     import bitblas
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     cfg = _i8cfg(name, 8192, 2048, M=None)

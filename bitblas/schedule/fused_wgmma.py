@@ -298,24 +298,27 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     return None
 
 
-INT8_DEFAULT_MAX_ROWS = (256, 1024)     # the most rows _int8_default serves: per-channel, group scales
+INT8_DEFAULT_MAX_ROWS = 1024     # the most rows _int8_default serves
 
 
 def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     """int8 activations: the fused tile where it measured faster than decode-then-GEMM (H100,
-    8192^2, tuner runs beside torch._int_mm): up to 1024 rows with group scales (W4A8 g128: 31, 46
-    and 185 us at 128, 256 and 1024 rows against 72, 84 and 208), up to 256 with per-channel ones
-    (W4A8 / W2A8: 34 / 28 us at 128 rows against 73, 47 / 43 at 256 against 75; at 1024 rows the
-    dense int8 GEMM behind the decode ties or wins). Up to 128 rows two warpgroups split K over
-    64 channels (4 weight slots, a ring of 4 boxes each); above, 128-row tiles of one warpgroup
-    (group scales) or two side by side (per-channel)."""
-    grouped = plan.groups > 1
-    if rows > INT8_DEFAULT_MAX_ROWS[grouped]:
+    8192^2, tuner runs beside torch._int_mm), up to 1024 rows: with group scales (W4A8 g128: 31, 46
+    and 185 us at 128, 256 and 1024 rows against 72, 84 and 208) split-K 128-row tiles up to 128
+    rows (two warpgroups over 64 channels, 4 weight slots, a ring of 4 boxes each), else 128-row
+    tiles of one warpgroup; per-channel (W4A8 / W2A8: 34 / 28 us at 128 rows against 73, 49 / 44 at
+    256 against 75, 131 / 122 at 1024 against 148 / 149) the same split-K tile up to 128 rows,
+    128-row tiles of two warpgroups side by side up to 256, 256-row ones above (at 4096 rows
+    decode-then-GEMM's dense int8 GEMM won for 4-bit codes, 512 us against the best fused tile's
+    522, and lost for 2-bit ones, 523 against 482: left to the tuner)."""
+    if rows > INT8_DEFAULT_MAX_ROWS:
         return None
     if rows <= 128:
         hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+    elif plan.groups > 1:
+        hint = FusedWgmmaHint(row_tile=128, stages=4)
     else:
-        hint = FusedWgmmaHint(row_tile=128, warpgroups=1 if grouped else 2, stages=4)
+        hint = FusedWgmmaHint(row_tile=128 if rows <= 256 else 256, warpgroups=2, stages=4)
     return hint if fused_wgmma_unsupported(plan, hint) is None else None
 
 

@@ -64,6 +64,28 @@ def _check(cfg, hint, rows):
     return [e for e in (check_kernel(cfg, plan, fn, m) for m in rows) if e]
 
 
+def _check_operator(op, cfg, rows, name=""):
+    """``op`` (a Matmul of ``cfg``) at each row count: fresh random inputs, the output poisoned with
+    NaN, within the tolerance table of the float64 reference."""
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    for m in rows:
+        inp = random_inputs(cfg, m, device="cuda")
+        out = torch.full((m, cfg.N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
+        op(**inp, output=out)
+        err = relative_error(out, reference_matmul(cfg, **inp))
+        assert err <= tolerance(cfg), (name, m, err)
+
+
+def _forced(cfg, hint):
+    """A dynamic-M operator of ``cfg`` whose bucket above 64 rows names ``hint`` (the tuned path)."""
+    import bitblas
+    from bitblas.dispatch import BucketTable
+    op = bitblas.Matmul(cfg)
+    op._buckets = BucketTable((64, 4096))
+    op._tuned["cuda"] = {4096: (None, hint)}
+    return op
+
+
 # uint2 with 2 channel tiles of n128 would spill, as would its two decoded slabs with overlap=True at
 # n256; and its slab of 4 boxes leaves no room for the 2 slabs overlap=True keeps in the ring of t128 and
 # t128w2k (refused: test_fused_wgmma.py)
@@ -132,15 +154,9 @@ def test_table_formats_through_matmul(name):
     wgmma GEMV where it takes the rows (nf4, nvfp4: 17..64; float8: above 48), the fused GEMM past
     the GEMV (128..1024 rows), correct at every row count across the boundary."""
     import bitblas
-    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     cfg = MatmulConfig(M=None, N=8192, K=1024, **{"A_dtype": "float16", **TABLE_FORMATS[name]})
     op = bitblas.Matmul(cfg)
-    for m in (17, 33, 64, 128, 300, 1024):
-        inp = random_inputs(cfg, m, device="cuda")
-        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
-        op(**inp, output=out)
-        err = relative_error(out, reference_matmul(cfg, **inp))
-        assert err <= tolerance(cfg), (m, err)
+    _check_operator(op, cfg, (17, 33, 64, 128, 300, 1024))
     used = {c.template for kind, c in op._kernels if kind == "cuda"}
     assert {"gemv-wgmma", "fused-wgmma"} <= used, used
 
@@ -191,28 +207,6 @@ def test_fused_int8_8192(hk):
     assert not errors, errors
 
 
-@gpu
-def test_fused_int8_through_matmul():
-    """A dynamic-M W4A8 operator whose bucket above 64 rows names the fused kernel: its default
-    kernels up to 64 rows, the fused one past them, correct at every row count."""
-    import bitblas
-    from bitblas.dispatch import BucketTable
-    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    cfg = _i8cfg("w4a8-g128", 1000, 1536, M=None)
-    op = bitblas.Matmul(cfg)
-    hint = I8_HINTS["t128w2k"]
-    op._buckets = BucketTable((64, 4096))
-    op._tuned["cuda"] = {4096: (None, hint)}
-    for m in (17, 64, 65, 100, 257, 1024, 4100):
-        inp = random_inputs(cfg, m, device="cuda")
-        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
-        op(**inp, output=out)
-        err = relative_error(out, reference_matmul(cfg, **inp))
-        assert err <= tolerance(cfg), (m, err)
-    fused = [c for kind, c in op._kernels if kind == "cuda" and c.hint == hint]
-    assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)
-
-
 @pytest.mark.parametrize("name", ["w4a8-g128", "w2a8-chan"])
 @gpu
 def test_int8_default_kernels(name):
@@ -220,15 +214,9 @@ def test_int8_default_kernels(name):
     GEMV up to 64 rows, the fused GEMM past it (up to 1024 rows; per-channel in three tiles),
     decode-then-GEMM above; correct at every row count across the boundaries."""
     import bitblas
-    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     cfg = _i8cfg(name, 8192, 2048, M=None)
     op = bitblas.Matmul(cfg)
-    for m in (64, 65, 128, 129, 256, 257, 1024, 1025):
-        inp = random_inputs(cfg, m, device="cuda")
-        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
-        op(**inp, output=out)
-        err = relative_error(out, reference_matmul(cfg, **inp))
-        assert err <= tolerance(cfg), (m, err)
+    _check_operator(op, cfg, (64, 65, 128, 129, 256, 257, 1024, 1025))
     used = {c.template for kind, c in op._kernels if kind == "cuda"}
     assert {"fused-wgmma", "dequant-gemm"} <= used, used
 
@@ -237,9 +225,6 @@ def test_int8_default_kernels(name):
 def test_fused_k_off_slab_falls_back():
     """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose
     bucket names it warns and serves the rows with its default kernel, correct."""
-    import bitblas
-    from bitblas.dispatch import BucketTable
-    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
     for name in ("u4-g128", "u2-g128", "u8-g128", "nf4", "e4m3"):
         cfg = (_cfg(name, 8192, 1000, M=None, group_size=-1) if name in FORMATS else
                MatmulConfig(M=None, N=8192, K=1000, A_dtype="float16", with_scaling=True,
@@ -247,34 +232,20 @@ def test_fused_k_off_slab_falls_back():
         hint = HINTS["t128"]
         why = fused_wgmma_unsupported(make_plan(cfg, "cuda", None), hint)
         assert why is not None and "K=1000" in why, why
-        op = bitblas.Matmul(cfg)
-        op._buckets = BucketTable((64, 4096))
-        op._tuned["cuda"] = {4096: (None, hint)}
-        for m in ROWS:
-            inp = random_inputs(cfg, m, device="cuda")
-            out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
-            op(**inp, output=out)
-            err = relative_error(out, reference_matmul(cfg, **inp))
-            assert err <= tolerance(cfg), (name, m, err)
+        _check_operator(_forced(cfg, hint), cfg, ROWS, name)
 
 
+@pytest.mark.parametrize("case", ["u4-g128-zeros", "w4a8-g128"])
 @gpu
-def test_fused_through_matmul():
-    """A dynamic-M operator whose bucket above 64 rows names the fused kernel: correct at GEMV row
-    counts (its default kernels) and past them (one fused kernel, symbolic in the rows)."""
-    import bitblas
-    from bitblas.dispatch import BucketTable
-    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    cfg = _cfg("u4-g128-zeros", 1000, 1536, M=None)
-    op = bitblas.Matmul(cfg)
-    hint = HINTS["t256w2"]
-    op._buckets = BucketTable((64, 4096))
-    op._tuned["cuda"] = {4096: (None, hint)}
-    for m in (17, 64, 65, 100, 257, 1024, 4100):
-        inp = random_inputs(cfg, m, device="cuda")
-        out = torch.full((m, cfg.N), float("nan"), dtype=torch.float16, device="cuda")
-        op(**inp, output=out)
-        err = relative_error(out, reference_matmul(cfg, **inp))
-        assert err <= tolerance(cfg), (m, err)
+def test_fused_through_matmul(case):
+    """A dynamic-M operator whose bucket above 64 rows names the fused kernel (float16 and int8
+    activations): correct at GEMV row counts (its default kernels) and past them (one fused kernel,
+    symbolic in the rows)."""
+    if case in FORMATS:
+        cfg, hint = _cfg(case, 1000, 1536, M=None), HINTS["t256w2"]
+    else:
+        cfg, hint = _i8cfg(case, 1000, 1536, M=None), I8_HINTS["t128w2k"]
+    op = _forced(cfg, hint)
+    _check_operator(op, cfg, (17, 64, 65, 100, 257, 1024, 4100))
     fused = [c for kind, c in op._kernels if kind == "cuda" and c.hint == hint]      # (kind, KernelChoice)
     assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)

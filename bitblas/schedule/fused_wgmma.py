@@ -79,8 +79,8 @@ from typing import Optional
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
-                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper,
-                         wgmma_i8_helper, wgmma_slot, wgmma_wait)
+                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
+                         wgmma_wait)
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "ring_slots", "register_words"]
@@ -380,7 +380,7 @@ def _body(plan, hint: FusedWgmmaHint):
             from .gemv.mma_int8 import _mma_i8_helpers, code_shift
             SH = code_shift(plan)               # signed codes decode to q * 2**SH
             dsrc = repr(_mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[f"bb_mdec_m{tag}"])
-            wsrc = repr(wgmma_i8_helper(tag, "s8" if plan.w.kind == "int" else "u8", RT, 4, BOXB))
+            wsrc = repr(wgmma_helper(tag, "int8", RT, 4, BOXB, a_type="s8" if plan.w.kind == "int" else "u8"))
         else:
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 

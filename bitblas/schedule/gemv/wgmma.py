@@ -49,7 +49,7 @@ from .mma import mma_helpers
 
 __all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_permutation_i8", "act_bytes", "box_values", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
            "wgmma_rows", "permute_script", "WgmmaGemvFn",
-           "wgmma_helper", "wgmma_i8_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
+           "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
            "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
 
 TMA_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -255,47 +255,34 @@ def permute_script(plan, hint) -> str:
     return "\n".join(L) + "\n"
 
 
-def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int) -> str:
+def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type: str = "s8") -> str:
     """``bb_wg_{tag}(c, dg, dh, desc)``: the ``steps`` k16 wgmma of one slab for one 64-channel
     tile: A = decoded words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = the slab's
     activation boxes in shared memory (``desc``: the slot's descriptor; +32 bytes per k16 step,
-    +``box_bytes`` per box of 4 steps)."""
-    ab = "f16" if act == "float16" else "bf16"
+    +``box_bytes`` per box of 4 steps). int8 activations (the fused GEMM): ``bb_wgi_{tag}(c, dg,
+    dh, desc, keep)``, k32 steps of ``.s32.{a_type}.s8`` on decoded bytes (4 per word, 32 bytes a
+    step as well) into int32 sums ``c`` (as unsigned words); the first step adds to them if ``keep``,
+    else overwrites them."""
+    i8 = act == "int8"
     nacc = NT // 2
-    outs = ", ".join(f'"+f"(c[{i}])' for i in range(nacc))
+    outs = ", ".join(f'"+{"r" if i8 else "f"}"(c[{i}])' for i in range(nacc))
     regs = ", ".join(f"%{i}" for i in range(nacc))
     a0 = nacc
-    lines = [f"__device__ __forceinline__ void bb_wg_{tag}(float* c, const unsigned* dg, const unsigned* dh, "
-             "unsigned long long desc) {"]
+    if i8:
+        head = f"bb_wgi_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, unsigned long long desc, int keep)"
+        shape, tail = f"m64n{NT}k32.s32.{a_type}.s8", "p"
+    else:
+        ab = "f16" if act == "float16" else "bf16"
+        head = f"bb_wg_{tag}(float* c, const unsigned* dg, const unsigned* dh, unsigned long long desc)"
+        shape, tail = f"m64n{NT}k16.f32.{ab}.{ab}", "p, 1, 1, 0"
+    lines = [f"__device__ __forceinline__ void {head} {{"]
     for s in range(steps):
         off = ((s // 4) * box_bytes + (s % 4) * 32) >> 4
         lines.append(f"  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{a0 + 5}, 0; "
-                     f"wgmma.mma_async.sync.aligned.m64n{NT}k16.f32.{ab}.{ab} "
-                     f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1, 0; }}\" "
+                     f"wgmma.mma_async.sync.aligned.{shape} "
+                     f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, {tail}; }}\" "
                      f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
-                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"(1));")
-    lines.append("}")
-    return "\n" + "\n".join(lines) + "\n"
-
-
-def wgmma_i8_helper(tag: str, a_type: str, NT: int, steps: int, box_bytes: int) -> str:
-    """``bb_wgi_{tag}(c, dg, dh, desc, keep)``: the ``steps`` k32 int8 wgmma (``.s32.{a_type}.s8``)
-    of one box set for one 64-channel tile, as :func:`wgmma_helper` with decoded bytes (4 per word)
-    and int32 sums ``c`` (as unsigned words); the first step adds to the sums if ``keep``, else
-    overwrites them."""
-    nacc = NT // 2
-    outs = ", ".join(f'"+r"(c[{i}])' for i in range(nacc))
-    regs = ", ".join(f"%{i}" for i in range(nacc))
-    a0 = nacc
-    lines = [f"__device__ __forceinline__ void bb_wgi_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, "
-             "unsigned long long desc, int keep) {"]
-    for s in range(steps):
-        off = ((s // 4) * box_bytes + (s % 4) * 32) >> 4
-        lines.append(f"  asm volatile(\"{{ .reg .pred p; setp.ne.b32 p, %{a0 + 5}, 0; "
-                     f"wgmma.mma_async.sync.aligned.m64n{NT}k32.s32.{a_type}.s8 "
-                     f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p; }}\" "
-                     f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
-                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"({'keep' if s == 0 else 1}));")
+                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"({'keep' if i8 and s == 0 else 1}));")
     lines.append("}")
     return "\n" + "\n".join(lines) + "\n"
 

@@ -27,7 +27,7 @@ from bitblas.schedule import GEMVHint, GEMVKSplitHint, GEMVMmaHint
 from bitblas.schedule.gemv import default_gemv_hint
 from bitblas.schedule.gemv import decode as gd
 from bitblas.schedule.gemv import gemv_hint_unsupported
-from bitblas.schedule.gemv.mma_int8 import _mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
+from bitblas.schedule.gemv.mma_int8 import mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
 from kernel_helpers import TARGETS
 
 WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
@@ -110,7 +110,7 @@ def test_mma_int8_fragment_model(wd, nw):
         pytest.skip("fewer than 16 values per vector")
     NA = V // 4
     signed = fmt.kind == "int"
-    src = _mma_i8_helpers("t", fmt.bits, fmt.storage, nw)
+    src = mma_i8_helpers("t", fmt.bits, fmt.storage, nw)
     steps = [m for m in (_MMA.fullmatch(ln.strip()) for ln in src["bb_mma_t"].splitlines()) if m]
     assert len(steps) == NA // 2 and all(s[1] == ("s8" if signed else "u8") for s in steps)
     sh = 8 - fmt.bits if signed and fmt.bits < 8 else 0

@@ -282,7 +282,9 @@ W4A16_8K = MatmulConfig(M=None, N=8192, K=8192, **W4A16)
 def test_fused_space_holds_valid_tiles_and_the_defaults(fmt):
     """The fused GEMM's tuning space: every tile passes the kernel's own checks, no tile twice, the
     untuned defaults of every row count are in it; none below 65 rows (the GEMV's), on sm_80, for
-    int8 activations or without device facts. The cost model gives every tile a finite estimate."""
+    int8 activations with 8-bit weights (the dense int8 GEMM's) or without device facts; int8
+    activations with 4-bit weights get their own tiles (at most 128 rows with group scales). The
+    cost model gives every tile a finite estimate."""
     from bitblas.arch import Arch
     from bitblas.kernels import by_name
     from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported
@@ -304,8 +306,14 @@ def test_fused_space_holds_valid_tiles_and_the_defaults(fmt):
         assert fused.space(plan, 256, Arch.from_spec(A100_SPEC)) == []
     static = MatmulConfig(M=512, N=1024, K=1024, A_dtype="float16", W_dtype=W, group_size=128, with_scaling=True)
     assert {c.plan_m for c in fused.space(make_plan(static, "cuda", 512), 512, arch)} == {512}
-    w4a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True)
-    assert fused.space(make_plan(w4a8, "cuda", None), 256, arch) == []
+    w4a8 = make_plan(MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128,
+                                  with_scaling=True), "cuda", None)
+    space = [c.hint for c in fused.space(w4a8, 256, arch)]
+    assert space and all(h.row_tile <= 128 and not h.overlap for h in space)
+    assert all(fused_default(w4a8, rows) in space for rows in (65, 256, 1024))
+    assert all(math.isfinite(estimate(w4a8, h, 1024, H200)) for h in space)
+    w8a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int8", with_scaling=True)
+    assert fused.space(make_plan(w8a8, "cuda", None), 256, arch) == []
 
 
 def test_fused_cost_counts_waves():
@@ -339,8 +347,9 @@ def _measured_list(cfg, bucket, topk=20):
 def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice():
     """A bucket past the GEMV is tuned over the fused GEMM's tiles only, the untuned choice of its
     rows measured first: the fused default tile where it serves the rows (256), else decode + the
-    dense wgmma GEMM (4096: the decode-then-GEMM callable, built by the tuner itself). int8
-    activations, which no fused tile takes, are skipped without building anything."""
+    dense wgmma GEMM (4096: the decode-then-GEMM callable, built by the tuner itself); W4A8 over
+    its int8 tiles, its default first. A config no fused tile takes (2-bit codes with int8
+    activations in groups of 128: a slab spans two groups) is skipped without building anything."""
     from bitblas.schedule import FusedWgmmaHint, WGMMAHint
     from bitblas.schedule.fused_wgmma import fused_default
     from bitblas.tune.space import candidates as all_candidates
@@ -354,7 +363,11 @@ def test_past_gemv_buckets_measure_fused_tiles_against_the_untuned_choice():
     assert fused_default(plan, 4096) is None and dq is not None and isinstance(dq[1], WGMMAHint)
     assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and 2 < len(cands) <= 20
     w4a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int4", group_size=128, with_scaling=True)
-    res = _measured_list(w4a8, 256)
+    dq, cands = _measured_list(w4a8, 256)
+    assert dq is None and cands[0].hint == fused_default(make_plan(w4a8, "cuda", None), 256)
+    assert all(isinstance(c.hint, FusedWgmmaHint) for c in cands) and len(cands) > 2
+    w2a8 = MatmulConfig(M=None, N=1024, K=1024, A_dtype="int8", W_dtype="int2", group_size=128, with_scaling=True)
+    res = _measured_list(w2a8, 256)
     assert isinstance(res, tuner.TuneResult) and res.hint is None and res.latency_ms is None
     assert "no fused wgmma tile" in res.skipped
 

@@ -377,9 +377,9 @@ def _body(plan, hint: FusedWgmmaHint):
         at_store = scales_at_store(plan, e)
         GS = I8 and plan.groups > 1             # int8 with group scales: promote each slab's sums
         if I8:
-            from .gemv.mma_int8 import _mma_i8_helpers, code_shift
+            from .gemv.mma_int8 import mma_i8_helpers, code_shift
             SH = code_shift(plan)               # signed codes decode to q * 2**SH
-            dsrc = repr(_mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[f"bb_mdec_m{tag}"])
+            dsrc = repr(mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[f"bb_mdec_m{tag}"])
             wsrc = repr(wgmma_helper(tag, "int8", RT, 4, BOXB, a_type="s8" if plan.w.kind == "int" else "u8"))
         else:
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))

@@ -50,7 +50,7 @@ from .int8 import gather_lines, i8_consts
 from .mma import (chunk_loop, chunk_loop_unsupported, mma_chains, mma_entry, mma_lanes, mma_store, mma_tile_unsupported,
                   mma_tiles)
 
-__all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes"]
+__all__ = ["mma_int8_unsupported", "mma_i8_vec_bytes", "mma_i8_helpers", "code_shift"]
 
 
 def mma_i8_vec_bytes(plan, want: int = 0) -> Optional[int]:
@@ -84,7 +84,7 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     return None
 
 
-def _mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
+def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
     """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
     -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane), for
     codes stored as ``storage`` (bitblas.formats.code_storage)."""
@@ -136,7 +136,7 @@ def body(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
-    hs = _mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order)
+    hs = mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order)
 
     def hsrc(name):
         return repr(hs[name])

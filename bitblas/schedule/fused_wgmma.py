@@ -376,6 +376,7 @@ def _body(plan, hint: FusedWgmmaHint):
         NRT = f"((mv + {RT - 1}) // {RT})"
         at_store = scales_at_store(plan, e)
         GS = I8 and plan.groups > 1             # int8 with group scales: promote each slab's sums
+        SUMS = "iacc" if I8 else "acc"          # the accumulators the wgmma write
         if I8:
             from .gemv.mma_int8 import mma_i8_helpers, code_shift
             SH = code_shift(plan)               # signed codes decode to q * 2**SH
@@ -441,7 +442,7 @@ def _body(plan, hint: FusedWgmmaHint):
             # wgmma, C7513, when one may be in flight across the loop's back edge): that slab's
             # decoded registers and (for this warpgroup) box slots are free
             dq = "dq1" if OV and j % 2 else "dq"
-            wgmma_wait(add, ind, R, NACC, unroll=True, pending=1 if OV and j else 0, acc="iacc" if I8 else "acc")
+            wgmma_wait(add, ind, R, NACC, unroll=True, pending=1 if OV and j else 0, acc=SUMS)
             if GS:                        # the previous slab's sums (zeros at the first) with its scales
                 promote(ind)
             add(f"{ind}T.cuda.warpgroup_sync(cw + 1)")
@@ -459,28 +460,26 @@ def _body(plan, hint: FusedWgmmaHint):
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
             if I8:
-                decode_i8(ind, ws)
+                decode_i8(ind, ws, dq)
             else:
                 decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
-                if I8:
-                    wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                               unroll=True, dq=dq, acc="iacc", fn=f"bb_wgi_{tag}", extra="0" if GS and b == 0 else "1")
-                else:
-                    wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                               unroll=True, dq=dq)
+                # int8: the first k32 of a slab overwrites the sums where they are promoted per slab
+                i8 = dict(fn=f"bb_wgi_{tag}", extra="0" if GS and b == 0 else "1") if I8 else {}
+                wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
+                           unroll=True, dq=dq, acc=SUMS, **i8)
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
             if OV and j == GRP - 1:
                 wgmma_wait(add, ind, R, NACC, unroll=True)
 
-        def decode_i8(ind, ws):
+        def decode_i8(ind, ws, dq):
             """The slab's vectors to bytes (the int8 mma GEMV's decoder) and, with group scales, the
             slab's scales (times 2**-SH) for its promotion."""
             add(f"{ind}for r, h in T.grid({R}, 2):")
             if GS:
                 add(f"{ind}    gs[r, h] = T.Cast('float32', sr[{ws}, r, h]){f' * T.float32({2.0 ** -SH!r})' if SH else ''}")
-            add(f"{ind}    T.cuda.func_call('bb_mdec_m{tag}', wq.ptr_to([{ws}, r, h, 0]), {dq_name}.ptr_to([r, h, 0]), "
+            add(f"{ind}    T.cuda.func_call('bb_mdec_m{tag}', wq.ptr_to([{ws}, r, h, 0]), {dq}.ptr_to([r, h, 0]), "
                 f"source_code={dsrc})")
 
         def promote(ind):
@@ -488,11 +487,10 @@ def _body(plan, hint: FusedWgmmaHint):
             for_accs(add, ind, "acc[r, j] = acc[r, j] + T.Cast('float32', T.reinterpret('int32', iacc[r, j])) "
                                "* gs[r, j % 4 // 2]", R, NACC, unroll=True)
 
-        dq_name = "dq"
         GRP = STW * -(-OVERLAP_STEPS // STW)
         step_loop(add, NS, STW, load, process, after_prologue=first_activations,
                   group=GRP if OV else 0)
-        wgmma_wait(add, "    ", R, NACC, unroll=True, acc="iacc" if I8 else "acc")
+        wgmma_wait(add, "    ", R, NACC, unroll=True, acc=SUMS)
         if GS:
             promote("    ")
         elif I8:                          # per-channel scales (at the store): the exact sums, 2**SH out

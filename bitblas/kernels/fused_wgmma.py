@@ -11,7 +11,6 @@ from ..plan import make_plan
 from ..schedule.fused_wgmma import (FusedWgmmaHint, box_bytes, fused_default, fused_space, fused_wgmma_unsupported,
                                     register_words, ring_slots, schedule_fused_wgmma)
 from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
-from ..schedule.gemv.wgmma import act_bytes
 from ._common import cuda_reason, need_spec
 from .base import Candidate
 from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMMA_SLAB_CHAIN_CLK, elem_bytes,
@@ -109,8 +108,8 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     per_sm = math.ceil(blocks / (spec.sm_count * bps)) * bps if blocks > spec.sm_count * bps else \
         math.ceil(blocks / spec.sm_count)
     waves = math.ceil(per_sm / bps)
-    ab = act_bytes(c.A_dtype)
-    inst = per_sm * hint.warpgroups * R * (c.K // KW // (32 // ab))   # m64nRTk16 (int8: k32) per SM
+    ab = elem_bytes(plan.a)
+    inst = per_sm * hint.warpgroups * R * (c.K // KW // int(32 // ab))   # m64nRTk16 (int8: k32) per SM
     t_tensor = inst * (WGMMA_RS_FIXED_CLK + WGMMA_RS_PER_COL_CLK * RT) / spec.clock_hz
     lone = min(per_sm, bps) * hint.warpgroups == 1 and not hint.overlap
     slabs = c.K // KW // slab_codes(w.bits)

@@ -189,9 +189,9 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
             return why
         if c.with_act_scaling:
             return "with_act_scaling=True: the fused wgmma GEMM takes no activation scales with float activations"
-    if c.with_scaling and not _int8(plan) and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
-        return (f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype "
-                f"(or nvfp4's float8_e4m3 block scales)")
+        if c.with_scaling and plan.scale_dtype not in (c.A_dtype, "float8_e4m3"):
+            return (f"scale dtype {plan.scale_dtype!r}: the fused wgmma GEMM takes scales in the activation dtype "
+                    f"(or nvfp4's float8_e4m3 block scales)")
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return f"out_dtype={c.out_dtype!r}: the fused wgmma GEMM writes float16, bfloat16 or float32"
     if hint.row_tile not in (64, 128, 256):
@@ -213,7 +213,9 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}, stages={hint.stages}: {regs} "
                 f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
                 f"(ptxas would spill)")
-    if not _int8(plan) and vec_bytes(plan, 16, blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
+    # the template's rule (int8 tensor cores: a lane quad's 4 vectors inside one group)
+    if vec_bytes(plan, 16, group_vectors=4 if _int8(plan) else 1,
+                 blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
     kw = hint.warpgroups if hint.split_k else 1
@@ -236,7 +238,6 @@ def _int8_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     are the dense int8 wgmma GEMM's), float32 group scales whose groups hold whole slabs (the
     int32 sums of a slab are promoted with one scale per channel), or per-channel scales; a float
     output; no ``overlap`` (a slab's sums are promoted before the next slab's wgmma overwrite them)."""
-    from .gemv.emit import vec_bytes
     c, w = plan.config, plan.w
     if w.kind not in ("int", "uint") or w.bits not in (2, 4):
         return (f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM takes int/uint 2- and 4-bit codes with int8 "
@@ -246,8 +247,6 @@ def _int8_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     if plan.groups > 1 and c.group_size % slab_codes(w.bits):
         return (f"group_size={c.group_size}: with int8 activations the fused wgmma GEMM needs whole slabs of "
                 f"{slab_codes(w.bits)} {c.W_dtype} codes in a group")
-    if vec_bytes(plan, 16, group_vectors=4) != 16:
-        return f"K={c.K}: the fused wgmma GEMM streams 16-byte weight vectors ({16 * 8 // w.bits} codes)"
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return (f"out_dtype={c.out_dtype!r}: with int8 activations the fused wgmma GEMM writes float16, bfloat16 "
                 f"or float32 (exact int32 sums: the GEMV or decode-then-GEMM)")
@@ -466,9 +465,8 @@ def _body(plan, hint: FusedWgmmaHint):
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
                 # int8: the first k32 of a slab overwrites the sums where they are promoted per slab
-                i8 = dict(fn=f"bb_wgi_{tag}", extra="0" if GS and b == 0 else "1") if I8 else {}
                 wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                           unroll=True, dq=dq, acc=SUMS, **i8)
+                           unroll=True, dq=dq, acc=SUMS, extra=("0" if GS and b == 0 else "1") if I8 else "")
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
             if OV and j == GRP - 1:
                 wgmma_wait(add, ind, R, NACC, unroll=True)

@@ -42,12 +42,14 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .decode import decoder, pair_codes
+from ...formats import get_format
 from .int8 import byte_gather, word_codes
 from .emit import (device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_blocks,
                    vec_bytes)
 from .mma import mma_helpers
 
-__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_permutation_i8", "act_bytes", "box_values", "slab_codes", "weights_unsupported", "wgmma_gemv_unsupported",
+__all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_permutation_i8", "act_bytes", "box_values", "slab_codes",
+           "weights_unsupported", "wgmma_gemv_unsupported",
            "wgmma_rows", "permute_script", "WgmmaGemvFn",
            "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
            "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
@@ -92,7 +94,7 @@ def slab_permutation_i8(bits: int, nw: int, order=None) -> List[int]:
 
 def act_bytes(act: str) -> int:
     """Bytes per activation value of the wgmma kernels (float16 / bfloat16, or int8)."""
-    return 1 if act == "int8" else 2
+    return get_format(act, "A", "A_dtype").bits // 8
 
 
 def box_values(act: str) -> int:
@@ -259,8 +261,8 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type
     """``bb_wg_{tag}(c, dg, dh, desc)``: the ``steps`` k16 wgmma of one slab for one 64-channel
     tile: A = decoded words 2s, 2s+1 of channels g (``dg``) and g+8 (``dh``), B = the slab's
     activation boxes in shared memory (``desc``: the slot's descriptor; +32 bytes per k16 step,
-    +``box_bytes`` per box of 4 steps). int8 activations (the fused GEMM): ``bb_wgi_{tag}(c, dg,
-    dh, desc, keep)``, k32 steps of ``.s32.{a_type}.s8`` on decoded bytes (4 per word, 32 bytes a
+    +``box_bytes`` per box of 4 steps). int8 activations (the fused GEMM; an int8 ``tag``):
+    ``bb_wg_{tag}(c, dg, dh, desc, keep)``, k32 steps of ``.s32.{a_type}.s8`` on decoded bytes (4 per word, 32 bytes a
     step as well) into int32 sums ``c`` (as unsigned words); the first step adds to them if ``keep``,
     else overwrites them."""
     i8 = act == "int8"
@@ -269,7 +271,7 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type
     regs = ", ".join(f"%{i}" for i in range(nacc))
     a0 = nacc
     if i8:
-        head = f"bb_wgi_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, unsigned long long desc, int keep)"
+        head = f"bb_wg_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, unsigned long long desc, int keep)"
         shape, tail = f"m64n{NT}k32.s32.{a_type}.s8", "p"
     else:
         ab = "f16" if act == "float16" else "bf16"
@@ -409,19 +411,18 @@ def wgmma_wait(add, ind: str, R: int, NACC: int, unroll: bool = False, pending: 
 
 
 def wgmma_slot(add, ind: str, slot: str, phase: str, words: int, R: int, NACC: int, wsrc: str, tag: str,
-               pair0: int = 0, unroll: bool = False, dq: str = "dq", acc: str = "acc", fn: str = "",
-               extra: str = ""):
+               pair0: int = 0, unroll: bool = False, dq: str = "dq", acc: str = "acc", extra: str = ""):
     """Wait for the activations of ring slot ``slot`` (``full`` mbarrier, ``phase``), point the B
-    descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (or ``fn``; ``wsrc``: its
-    source's repr; ``extra``: arguments after the descriptor) per 64-channel tile on the decoded
-    words from ``pair0``, into accumulators ``acc``."""
+    descriptor at its ``words`` words of ``Sm`` and issue ``bb_wg_{tag}`` (``wsrc``: its source's
+    repr; ``extra``: arguments after the descriptor) per 64-channel tile on the decoded words from
+    ``pair0``, into accumulators ``acc``."""
     add(f"{ind}T.cuda.mbarrier_wait(full.ptr_to([{slot}]), {phase})")
     add(f"{ind}T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
         f"Sm.ptr_to([({slot}) * {words}]), 1, 64, 3)")
     for_accs(add, ind, f"T.cuda.wgmma.noop_barrier({acc}[r, j])", R, NACC, unroll)
     add(f"{ind}T.ptx.wgmma.fence.sync.aligned()")
     add(f"{ind}for r in T.unroll({R}):")
-    add(f"{ind}    T.cuda.func_call('{fn or f'bb_wg_{tag}'}', {acc}.ptr_to([r, 0]), {dq}.ptr_to([r, 0, {pair0}]), "
+    add(f"{ind}    T.cuda.func_call('bb_wg_{tag}', {acc}.ptr_to([r, 0]), {dq}.ptr_to([r, 0, {pair0}]), "
         f"{dq}.ptr_to([r, 1, {pair0}]), descB{f', {extra}' if extra else ''}, source_code={wsrc})")
 
 

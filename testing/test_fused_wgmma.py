@@ -185,7 +185,7 @@ def test_fused_int8_slab_model(W):
     G, per, stride = _perm_groups(perm, 16)
     helper = _perm_helper_bytes(perm, per)
     assert repr(helper) in permute_script(plan, _gemv_stand_in(FusedWgmmaHint()))   # the kernel's own permute
-    hs = mma_i8_helpers("m" + "t", b, plan.w_storage, 4, order)["bb_mdec_mt"]
+    hs = mma_i8_helpers("mt", b, plan.w_storage, 4, order)["bb_mdec_mt"]
     assert repr(hs.split("{", 1)[1])[1:-1] in main_script(plan, FusedWgmmaHint(row_tile=128, stages=4))
     a = [rng.randrange(256) for _ in range(SL)]                  # int8 activations as bytes
     P = [None] * SL

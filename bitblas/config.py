@@ -30,7 +30,8 @@ _PAIRS = {
     "int8": _INT_WEIGHTS,
     "int4": ("int4", "int2", "int1", "uint4", "uint2", "uint1"),
     "uint4": ("int4", "int2", "int1", "uint4", "uint2", "uint1"),     # BitBLAS's uint4 x uint4 and below
-    "float8_e4m3": ("float8_e4m3", "float8_e5m2"),
+    # W4A-fp8 / W2A-fp8: 4- and 2-bit integer codes are exact e4m3 values (fp8 tensor cores)
+    "float8_e4m3": ("float8_e4m3", "float8_e5m2", "int4", "uint4", "int2", "uint2"),
     "float8_e5m2": ("float8_e4m3", "float8_e5m2"),
     # NVFP4 x NVFP4 (both operands e2m1 with float8_e4m3 scales per 16 K elements). float8 weights
     # are not paired: nothing computes an e2m1 x e4m3 product natively on sm_90, and no model ships them

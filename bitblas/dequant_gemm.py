@@ -74,14 +74,27 @@ class DequantGemm:
         names = [s.name for s in plan.args]
         deq_names = weight_arg_names(plan)
         self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in deq_names]
-        self._gemm_idx = [None if s.name == "W" else names.index(s.name) for s in self.dense_plan.args]
+        # the GEMM's arguments: the caller's by index, the decoded weight (None), or a lookup table of
+        # the dense plan's own (its float8 weights' ``w_table``, by name: made once per device)
+        self._gemm_idx = [None if s.name == "W" else names.index(s.name) if s.name in names else s.name
+                          for s in self.dense_plan.args]
+        self._tables: Dict[tuple, torch.Tensor] = {}
         self._shape = (c.N, c.K)
-        self._dtype = TORCH_DTYPES[c.A_dtype]
+        self._dtype = TORCH_DTYPES[self.dense_plan.arg("W").dtype]    # float8: the kernels take the bits (int8)
+
+    def _table(self, name: str, device) -> torch.Tensor:
+        t = self._tables.get((name, device))
+        if t is None:
+            fmt = self.dense_plan.w if name == "w_table" else self.dense_plan.a
+            t = self._tables[(name, device)] = torch.tensor(fmt.table, dtype=torch.float32, device=device)
+        return t
 
     def __call__(self, *args):
-        ws = torch.empty(self._shape, dtype=self._dtype, device=args[0].device)
+        dev = args[0].device
+        ws = torch.empty(self._shape, dtype=self._dtype, device=dev)
         self.dequant(*[args[i] for i in self._deq_idx], ws)
-        self.gemm(*[ws if i is None else args[i] for i in self._gemm_idx])
+        self.gemm(*[ws if i is None else self._table(i, dev) if isinstance(i, str) else args[i]
+                    for i in self._gemm_idx])
 
     def __repr__(self):
         return f"DequantGemm({self.plan.config.W_dtype} -> {self.plan.config.A_dtype}, {self.hint})"

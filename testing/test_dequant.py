@@ -270,12 +270,13 @@ def test_dequant_cpu_plan(w_dtype, combo):
     assert err is None, f"seed={seed}: {err}"
 
 
-@pytest.mark.parametrize("w_dtype", ["int8", "int4", "uint4", "int2", "uint2", "int1", "uint1"])
-def test_dequant_int8_codes_cpu(w_dtype):
-    """int8 activations: W_decoded is the integer weight value as int8 (scales stay with the GEMM),
-    every code, against the reference decode."""
+@pytest.mark.parametrize("a_dtype,w_dtype", [("int8", w) for w in ("int8", "int4", "uint4", "int2", "uint2", "int1", "uint1")]
+                         + [("float8_e4m3", w) for w in ("int4", "uint4", "int2", "uint2")])
+def test_dequant_int8_codes_cpu(a_dtype, w_dtype):
+    """int8 / float8_e4m3 activations: W_decoded is the integer weight value as int8 or as its e4m3
+    bit pattern (scales stay with the GEMM), every code, against the reference decode."""
     import dataclasses
-    cfg = MatmulConfig(N=64, K=256, A_dtype="int8", W_dtype=w_dtype, group_size=128, with_scaling=True,
+    cfg = MatmulConfig(N=64, K=256, A_dtype=a_dtype, W_dtype=w_dtype, group_size=128, with_scaling=True,
                        with_act_scaling=True)
     plan = make_plan(cfg, "cuda")
     f = emit_dequant(plan)
@@ -285,7 +286,10 @@ def test_dequant_int8_codes_cpu(w_dtype):
     out = torch.full((cfg.N, cfg.K), 99, dtype=torch.int8)
     fn(*dequant_args(plan, inputs, out))
     ref = dequantize(dataclasses.replace(cfg, with_scaling=False, group_size=-1), inputs["W"])
-    assert torch.equal(out.to(torch.float64), ref.to(torch.float64))
+    lo, hi = FORMATS[w_dtype].code_range
+    assert int(ref.min()) <= lo + 1 and int(ref.max()) >= hi - 1, "the random weight missed codes"
+    got = out if a_dtype == "int8" else out.view(torch.float8_e4m3fn)
+    assert torch.equal(got.to(torch.float64), ref.to(torch.float64))
 
 
 def test_dequant_args_checks():
@@ -354,6 +358,18 @@ def test_dequant_codegen(arch, name):
         assert "*(uint4*)(W_decoded_ptr + " in src, "no 16-byte store of the decoded weights"
         assert f"__launch_bounds__({threads})" in src
         assert nvcc_compile(src, arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("a_dtype,w_dtype", [("int8", "uint2"), ("float8_e4m3", "int4")])
+def test_dequant_codes_codegen(a_dtype, w_dtype):
+    """int8 / float8 activations: the codes kernel (one byte per weight) compiles for sm_90."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cfg = MatmulConfig(N=1000, K=4096, A_dtype=a_dtype, W_dtype=w_dtype, group_size=128, with_scaling=True)
+    src = dequant_source(make_plan(cfg, "cuda"), TARGETS["sm_90"])
+    assert "main_kernel(signed char* __restrict__ W_ptr, signed char* __restrict__ W_decoded_ptr)" in src
+    assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
 
 
 @pytest.mark.gpu

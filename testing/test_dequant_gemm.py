@@ -14,7 +14,7 @@ from bitblas.kernels.select import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
-from bitblas.schedule.gemv import GEMV_MMA_MAX_ROWS
+from bitblas.schedule.gemv import GEMV_ACTIVATIONS, GEMV_MMA_MAX_ROWS
 from bitblas.schedule.gemv.mma import row_class
 from kernel_helpers import TARGETS, choose, past_gemv
 
@@ -38,7 +38,14 @@ FORMATS = {
     "w2a8-chan-bias": dict(A_dtype="int8", W_dtype="uint2", with_scaling=True, with_act_scaling=True,
                            with_bias=True, out_dtype="bfloat16"),
     "w4a8-g256-u4": dict(A_dtype="int8", W_dtype="uint4", group_size=256, with_scaling=True),
+    # float8_e4m3 activations (W4A-fp8): e4m3 codes of the integer values, then the float8 wgmma
+    "w4afp8-g128": dict(A_dtype="float8_e4m3", W_dtype="int4", group_size=G, with_scaling=True,
+                        with_act_scaling=True),
+    "w2afp8-chan-bias": dict(A_dtype="float8_e4m3", W_dtype="uint2", with_scaling=True, with_act_scaling=True,
+                             with_bias=True, out_dtype="bfloat16"),
+    "w4afp8-u4-g256": dict(A_dtype="float8_e4m3", W_dtype="uint4", group_size=256, with_scaling=True),
 }
+CODES = [f for f in FORMATS if FORMATS[f].get("A_dtype") in ("int8", "float8_e4m3")]   # decoded to codes
 
 
 def test_dense_config_keeps_shape_bias_output():
@@ -55,7 +62,11 @@ def test_dispatch_on_sm90(fmt):
     assert dequant_gemm_reason(op._base_plan("cuda"), op.target) is None
     m, choice = choose(op, "cuda", 4096)
     assert m is None and choice[0] == "dequant-gemm" and isinstance(choice[1], WGMMAHint)
-    assert choose(op, "cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1] is None       # fewer rows: the fused kernels
+    few = choose(op, "cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1]
+    if op.config.A_dtype in GEMV_ACTIVATIONS:
+        assert few is None                                              # fewer rows: the GEMV
+    else:                                     # no GEMV takes float8 activations: past it from one row
+        assert past_gemv(few) and past_gemv(choose(op, "cuda", 1)[1])
     # 17..64 rows: the tensor-core GEMV (the kernel of the rows' class) where it takes the plan, else this path
     for rows in (DEQUANT_GEMM_MIN_ROWS, GEMV_MMA_MAX_ROWS):
         expect = (row_class(rows), None) if gemv_serves(op._kc, "cuda", rows, op.arch) else None
@@ -92,6 +103,37 @@ def test_dense_config_int8():
     d = dense_config(c)
     assert (d.A_dtype, d.W_dtype, d.group_size, d.with_scaling, d.with_act_scaling, d.with_bias, d.out_dtype) == \
         ("int8", "int8", 128, True, True, True, "bfloat16")
+
+
+def test_dense_config_float8():
+    c = C(M=None, N=1000, K=512, **FORMATS["w4afp8-g128"])
+    d = dense_config(c)
+    assert (d.A_dtype, d.W_dtype, d.group_size, d.with_scaling, d.with_act_scaling) == \
+        ("float8_e4m3", "float8_e4m3", 128, True, True)
+
+
+@pytest.mark.parametrize("fmt", CODES)
+def test_codes_then_dense_gemm_cpu(fmt):
+    """The two halves with codes in between (int8 / float8 activations), on the CPU: the decode
+    kernel's codes, given to the dense plan's operator with the plan's own scales, bias and
+    activation scales, give the quantized operator's reference (the GPU path runs the same pair)."""
+    from bitblas.dequant_gemm import DequantGemm
+    from bitblas.schedule.cuda_dequant import build_dequant, dequant_args
+    cfg = C(M=None, N=96, K=512, **FORMATS[fmt])
+    plan = make_plan(cfg, "cuda", None)
+    d = DequantGemm(plan, bitblas.build.cuda_target(TARGETS["sm_90"]))
+    inputs = random_inputs(cfg, 33, seed=7)
+    codes = torch.full((cfg.N, cfg.K), 99, dtype=torch.int8)
+    build_dequant(plan, "cpu")(*dequant_args(plan, inputs, codes))
+    dense = dense_config(cfg)
+    wt = codes if dense.W_dtype == "int8" else codes.view(torch.float8_e4m3fn)
+    names = [s.name for s in plan.args]
+    kw = {s.name: (wt if i is None else inputs[names[i]]) for s, i in zip(d.dense_plan.args, d._gemm_idx)
+          if s.role == "input" and not isinstance(i, str)}
+    assert [i for i in d._gemm_idx if isinstance(i, str)] == (["w_table"] if "fp8" in fmt else [])
+    out = bitblas.Matmul(dense, target="llvm")(**kw)
+    err = relative_error(out, reference_matmul(cfg, **inputs))
+    assert err <= tolerance(cfg), f"{fmt}: rel. err {err:.3e}"
 
 
 def test_argument_wiring_int8():

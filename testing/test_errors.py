@@ -191,7 +191,9 @@ def test_config_bad_value(naming, field, fields):
     (dict(W_dtype="nf4", with_scaling=True, with_zeros=True), ("with_zeros", "nf4")),
     (dict(A_dtype="int8", W_dtype="nf4"), ("A_dtype", "nf4")),
     (dict(A_dtype="int4", W_dtype="int8"), ("A_dtype", "int8")),
-    (dict(A_dtype="float8_e4m3", W_dtype="uint4"), ("A_dtype", "uint4")),
+    (dict(A_dtype="float8_e4m3", W_dtype="int8"), ("A_dtype", "int8")),     # 8-bit codes are not exact in e4m3
+    (dict(A_dtype="float8_e5m2", W_dtype="uint4"), ("A_dtype", "uint4")),
+    (dict(A_dtype="float8_e4m3", W_dtype="uint4", with_scaling=True, with_zeros=True), ("with_zeros", "float8_e4m3")),
     (dict(W_dtype="bfloat16"), ("W_dtype", "bfloat16")),
     (dict(W_dtype="float16", with_scaling=True), ("with_scaling", "float16")),
     (dict(W_dtype="int4", with_scaling=True, with_zeros=True, zeros_mode="quantized"), ("zeros_mode", "int4")),

@@ -60,6 +60,11 @@ def _i8cfg(W_dtype, N=1000, K=1536, M=None, **kw):
                                           "with_act_scaling": True, "out_dtype": "float16", **kw})
 
 
+def _f8cfg(W_dtype, N=1000, K=1536, M=None, **kw):
+    """float8_e4m3 activations (per-token scales) x ``W_dtype`` (W4A-fp8 / W2A-fp8)."""
+    return _i8cfg(W_dtype, N, K, M, **{"A_dtype": "float8_e4m3", **kw})
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,m,tile", [
     ("u4-g128", None, (128, 1, 1)), ("u4-g128", 100, (256, 1, 2)), ("u4-g128", 257, (128, 2, 1)),
@@ -132,6 +137,132 @@ def test_fused_int8_codegen(W, gs, m, tile):
     props = re.search(r"Function properties for main_kernel\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
                       text)
     assert props and props.groups() == ("0", "0"), text[-2000:]
+
+
+F8_CASES = [("int4", 128, None, (128, 1, 2, "split_k", "s4r4")), ("uint4", 128, 257, (128, 1, 1)),
+            ("int4", -1, None, (64, 2, 2)), ("int2", 256, None, (128, 1, 2)), ("uint2", -1, 100, (64, 1, 2, "split_k")),
+            ("uint4", 256, None, (128, 1, 2, "split_k"))]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("W,gs,m,tile", F8_CASES)
+def test_fused_fp8_codegen(W, gs, m, tile):
+    """float8_e4m3 activations (W4A-fp8 / W2A-fp8): ``wgmma m64n{row_tile}k32 .f32.e4m3.e4m3`` with
+    the weights decoded to e4m3 bytes as A (``bb_fdec``), each slab's sums promoted into float32
+    ones; compiles for sm_90a within 60 s, no spills or stack, no C7513."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *flags = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
+    src = cuda_source(make_plan(_f8cfg(W, group_size=gs), "cuda", m), SM90, hint)
+    assert f"wgmma.mma_async.sync.aligned.m64n{RT}k32.f32.e4m3.e4m3" in src
+    assert '"r"(keep)' in src and "bb_fdec_f8_" in src and "bb_perm" in src and "cp_async_bulk_tensor" in src
+    t0 = time.perf_counter()
+    text = _nvcc(src, "sm_90", 300, ["--resource-usage"])[1]
+    assert time.perf_counter() - t0 < 60
+    assert "C7513" not in text, text[-2000:]
+    props = re.search(r"Function properties for main_kernel\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+                      text)
+    assert props and props.groups() == ("0", "0"), text[-2000:]
+
+
+def _run_fdec(src: str, w: list) -> list:
+    """Interpret a generated ``bb_fdec`` (its declarations, ``prmt`` and ``lop3`` lines) on the
+    weight words ``w``; returns the output words ``d``."""
+    from bitblas.schedule.gemv.decode import _emu_lop3, _emu_prmt
+    env, d = {"w": w, "0u": 0}, {}
+
+    def val(x):
+        x = x.strip()
+        if re.fullmatch(r"0x[0-9a-f]+u|0u", x):
+            return int(x.rstrip("u"), 16 if x.startswith("0x") else 10)
+        return env[x]
+
+    def expr(x):
+        py = re.sub(r"(0x[0-9a-f]+)u", r"\1", x)
+        return eval(py, {}, {k: v for k, v in env.items() if k != "0u"}) & 0xFFFFFFFF   # noqa: S307 - our own source
+
+    for line in src.strip().splitlines()[1:-1]:
+        line = line.strip().strip("{} ").strip()
+        for stmt in re.findall(r'(?:[^;"]|"[^"]*")+', line):      # statements (a ';' inside asm quotes stays)
+            stmt = stmt.strip("{} ")
+            if not stmt:
+                continue
+            if stmt.startswith("asm("):
+                m = re.fullmatch(r'asm\("(prmt|lop3)\.b32 %0, %1, %2, (%3|0x[0-9a-f]+)(?:, (0x[0-9a-f]+))?;" : '
+                                 r'"=r"\((\S+)\) : "r"\((\S+)\), "r"\((\S+)\)(?:, "r"\((\S+)\))?\)', stmt)
+                assert m, stmt
+                op, c, lut, out, a, b, cc = m.groups()
+                a, b = val(a), val(b)
+                if op == "prmt":
+                    r = _emu_prmt(a, b, val(cc) if c == "%3" else int(c, 16))
+                else:
+                    r = _emu_lop3(a, b, val(cc), int(lut, 16))
+                dm = re.fullmatch(r"d\[(\d+)\]", out)
+                if dm:
+                    d[int(dm[1])] = r
+                else:
+                    env[out] = r
+                continue
+            stmt = re.sub(r"^(const )?unsigned ", "", stmt)
+            for decl in stmt.split(", "):
+                if " = " in decl:                 # (``unsigned m0, m1``: declared, assigned by asm)
+                    name, rhs = (t.strip() for t in decl.split(" = ", 1))
+                    env[name] = expr(rhs)
+    return [d[i] for i in range(len(d))]
+
+
+@pytest.mark.parametrize("W", ["int4", "uint4", "int2", "uint2"])
+def test_fused_fp8_slab_model(W):
+    """The float8 path's decode and index plumbing, on the generated helpers: every code through
+    the kernel's ``bb_fdec`` (interpreted) gives the e4m3 byte of its value; weights packed as the
+    plan stores them (its code order), activations (e4m3 bytes) reordered by the permute kernel's
+    ``bb_perm``, and the wgmma m64nNk32 A / B fragment model (as the int8 test) give, per
+    channel, exactly the natural order's sum(value * a)."""
+    import random
+    from bitblas.code_order import slot_codes
+    from bitblas.formats import E4M3_TABLE
+    from bitblas.schedule.fused_wgmma import _gemv_stand_in, main_script
+    from bitblas.schedule.gemv.decode import e4m3_code_dec, e4m3_code_slots
+    from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper_bytes, permute_script, slab_permutation_i8
+    rng = random.Random(11)
+    plan = make_plan(_f8cfg(W, K=2048), "cuda", None)
+    b, order = plan.w.bits, plan.w_order
+    off = 1 << (b - 1) if W.startswith("int") else 0
+    n, V = 32 // b, 128 // b
+    SL = 4 * V
+    code = slot_codes(order) if order is not None else tuple(range(n))
+    src = e4m3_code_dec("t", b, plan.w_storage, 4)
+    assert repr(src.split("{", 1)[1])[1:-1] in main_script(plan, FusedWgmmaHint(row_tile=128, stages=4))
+    # each code value, in every field of a word
+    for u in range(1 << b):
+        out = _run_fdec(src, [sum(u << (b * s) for s in range(n))] * 4)
+        assert all(E4M3_TABLE[(x >> (8 * i)) & 0xFF] == u - off for x in out for i in range(4)), (u, out)
+    perm = slab_permutation_i8(b, 4, order, e4m3_code_slots(b))
+    assert sorted(perm) == list(range(SL))
+    G, per, stride = _perm_groups(perm, 16)
+    helper = _perm_helper_bytes(perm, per)
+    assert repr(helper) in permute_script(plan, _gemv_stand_in(FusedWgmmaHint()))   # the kernel's own permute
+    finite = [x for x in range(256) if E4M3_TABLE[x] == E4M3_TABLE[x]]              # no NaN pattern
+    a = [rng.choice(finite) for _ in range(SL)]
+    P = [None] * SL
+    for J in range(G):
+        P[16 * per * J:16 * per * (J + 1)] = _emulate_perm_bytes(helper, a[16 * stride * J:], per)
+    assert P == [a[perm[t]] for t in range(SL)]
+    for _ in range(3):
+        u = [rng.randrange(1 << b) for _ in range(SL)]
+        dec = []
+        for q in range(4):
+            words = [sum(u[q * V + j * n + code[s]] << (b * s) for s in range(n)) for j in range(4)]
+            dec.append(_run_fdec(src, words))
+        got = 0.0
+        for s in range(len(dec[0]) // 2):
+            for q in range(4):
+                for h in range(2):
+                    for i in range(4):
+                        got += E4M3_TABLE[(dec[q][2 * s + h] >> (8 * i)) & 0xFF] * E4M3_TABLE[P[32 * s + 16 * h + 4 * q + i]]
+        assert got == sum((u[k] - off) * E4M3_TABLE[a[k]] for k in range(SL))
 
 
 def _emulate_perm_bytes(helper: str, src: list, nchunks: int) -> list:
@@ -242,9 +373,15 @@ def test_fused_refusals_name_the_argument():
         (make_plan(_i8cfg("int4", out_dtype="int32", with_scaling=False, with_act_scaling=False), "cuda", None),
          FusedWgmmaHint(), "out_dtype='int32'"),
         (make_plan(_i8cfg("int4"), "cuda", None), FusedWgmmaHint(overlap=True), "overlap=True"),
-        (make_plan(_i8cfg("int4", group_size=128), "cuda", None), FusedWgmmaHint(row_tile=256), "int32 and float32"),
+        (make_plan(_i8cfg("int4", group_size=128), "cuda", None), FusedWgmmaHint(row_tile=256), "two sets"),
+        # float8 activations: the same rules, and two sets of sums always (promoted per slab)
         (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float8_e4m3", W_dtype="float8_e4m3", with_scaling=True),
-                   "cuda", None), FusedWgmmaHint(), "A_dtype='float8_e4m3'"),
+                   "cuda", None), FusedWgmmaHint(), "W_dtype='float8_e4m3'"),
+        (make_plan(_f8cfg("int2", group_size=128), "cuda", None), FusedWgmmaHint(), "group_size=128"),
+        (make_plan(_f8cfg("uint4"), "cuda", None), FusedWgmmaHint(row_tile=256), "two sets"),
+        (make_plan(_f8cfg("int4"), "cuda", None), FusedWgmmaHint(overlap=True), "overlap=True"),
+        (make_plan(MatmulConfig(N=1000, K=1536, A_dtype="float8_e5m2", W_dtype="float8_e4m3", with_scaling=True),
+                   "cuda", None), FusedWgmmaHint(), "A_dtype='float8_e5m2'"),
     ]
     for p, h, word in cases:
         why = fused_wgmma_unsupported(p, h)

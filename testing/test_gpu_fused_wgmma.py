@@ -221,6 +221,52 @@ def test_int8_default_kernels(name):
     assert {"fused-wgmma", "dequant-gemm"} <= used, used
 
 
+# float8_e4m3 activations (per-token scales) x 2- / 4-bit codes (W4A-fp8, W2A-fp8): two sets of sums
+# always (each slab's float8 sums promoted), so the tiles of int8 with group scales; from one row (no
+# GEMV takes float8 activations)
+F8_FORMATS = {
+    "w4afp8-g128": dict(W_dtype="int4", group_size=128),
+    "w4afp8-u4-g256-bias": dict(W_dtype="uint4", group_size=256, with_bias=True, out_dtype="bfloat16"),
+    "w4afp8-chan": dict(W_dtype="int4"),
+    "w2afp8-chan": dict(W_dtype="int2"),
+    "w2afp8-u2-g256-f32": dict(W_dtype="uint2", group_size=256, out_dtype="float32"),
+}
+F8_HINTS = {k: I8_HINTS[k] for k in ("t128", "t128w2", "t128w2k", "t64c2w2k")}
+
+
+def _f8cfg(name, N, K, **kw):
+    return MatmulConfig(N=N, K=K, **{"A_dtype": "float8_e4m3", "with_scaling": True, "with_act_scaling": True,
+                                     "out_dtype": "float16", **F8_FORMATS[name], **kw})
+
+
+@pytest.mark.parametrize("name,hk", [(n, h) for n in F8_FORMATS for h in F8_HINTS])
+@gpu
+def test_fused_fp8(name, hk):
+    """float8 activations, N=1000, K=1536: one kernel (symbolic rows) per format x tile, 1..1024 rows."""
+    errors = _check(_f8cfg(name, 1000, 1536), F8_HINTS[hk], (1, 7, 16, 17) + ROWS)
+    assert not errors, errors
+
+
+@gpu
+def test_fused_fp8_8192():
+    """W4A-fp8 g128, N = K = 8192 at 1, 128 and 4096 rows."""
+    errors = _check(_f8cfg("w4afp8-g128", 8192, 8192), F8_HINTS["t128w2k"], (1, 128, 4096))
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("name", ["w4afp8-g128", "w2afp8-chan"])
+@gpu
+def test_fp8_default_kernels(name):
+    """A dynamic-M float8-activation operator (N=8192, K=2048) with its default kernels on sm_90: the
+    fused GEMM from one row up to 1024 rows, decode-then-GEMM (the float8 wgmma GEMM) above."""
+    import bitblas
+    cfg = _f8cfg(name, 8192, 2048, M=None)
+    op = bitblas.Matmul(cfg)
+    _check_operator(op, cfg, (1, 16, 17, 64, 65, 128, 256, 1024, 1025, 2048))
+    used = {c.template for kind, c in op._kernels if kind == "cuda"}
+    assert {"fused-wgmma", "dequant-gemm"} <= used, used
+
+
 @gpu
 def test_fused_k_off_slab_falls_back():
     """N=8192, K=1000 (no whole slab): the fused kernel refuses the plan (naming K); a Matmul whose

@@ -140,5 +140,5 @@ def test_cuda_reason_steps():
     assert mma.reason(w4, sm80) is None and mma.reason(w4, None) is None
     assert fused.reason(w4, sm80) == "wgmma needs sm_90 (target: sm_80)"
     assert fused.reason(f32, sm90) == fused.reason(f32, None) == \
-        "A_dtype='float32': the fused wgmma GEMM takes float16 / bfloat16 / int8 activations"
+        "A_dtype='float32': the fused wgmma GEMM takes float16 / bfloat16 / int8 / float8_e4m3 activations"
     assert fused.reason(w4, sm90) is None

@@ -34,12 +34,21 @@ _FUSED = by_name("fused-wgmma")
 DEQUANT_GEMM_MIN_ROWS = 17         # quantized weights from this many rows on sm_90: decode, then wgmma
 
 
+def _past_gemv_rows(config, rows: int) -> bool:
+    """Rows the GEMV leaves to the paths past it: from ``DEQUANT_GEMM_MIN_ROWS``, or every row count
+    for activations no GEMV kernel takes (float8_e4m3 x integer codes: the fused wgmma GEMM and
+    decode-then-GEMM from one row)."""
+    from ..schedule.gemv import GEMV_ACTIVATIONS
+    return rows >= DEQUANT_GEMM_MIN_ROWS or config.A_dtype not in GEMV_ACTIVATIONS
+
+
 def dense_config(config: MatmulConfig) -> MatmulConfig:
     """The config of the GEMM half: the same shape, activations, bias and output, float weights;
     for int8 activations int8 weights (the decoded integer values) with the original per-channel
-    or group scales and activation scales."""
-    if config.A_dtype == "int8":
-        return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype="int8", W_dtype="int8",
+    or group scales and activation scales; for float8_e4m3 activations e4m3 weights (the integer
+    values' bit patterns) with the same scales."""
+    if config.A_dtype in ("int8", "float8_e4m3"):
+        return MatmulConfig(M=config.M, N=config.N, K=config.K, A_dtype=config.A_dtype, W_dtype=config.A_dtype,
                             out_dtype=config.out_dtype, accum_dtype=config.accum_dtype, layout=config.layout,
                             with_bias=config.with_bias, with_scaling=config.with_scaling,
                             group_size=config.group_size, with_act_scaling=config.with_act_scaling)
@@ -116,7 +125,7 @@ _dequant_reason_cached = functools.lru_cache(maxsize=1024)(_dequant_reason)
 
 def _dequant_gemm(config, rows: int, arch):
     """The dense GEMM's hint of the decode-then-GEMM path for ``rows``, or None where it does not apply."""
-    if rows < DEQUANT_GEMM_MIN_ROWS or not arch.wgmma or _dequant_gemm_reason(config, arch) is not None:
+    if not _past_gemv_rows(config, rows) or not arch.wgmma or _dequant_gemm_reason(config, arch) is not None:
         return None
     return _WGMMA.default(make_plan(dense_config(config), "cuda", rows), arch)
 
@@ -165,7 +174,7 @@ def select(config, kind: str, rows: int, arch, tuned=None, composite: bool = Tru
         return KernelChoice(template_of(hint).name, hint, None)
     if gemv_hint is not None:
         return KernelChoice(template_of(gemv_hint).name, gemv_hint, default_m)
-    if composite and kind == "cuda" and default_m >= DEQUANT_GEMM_MIN_ROWS:
+    if composite and kind == "cuda" and _past_gemv_rows(config, default_m):
         c = _past_the_gemv(config, rows, arch, default_m)     # a static M (the config's int) past the GEMV
         if c is not None:
             return c
@@ -182,7 +191,7 @@ def composite_serves(config, kind: str, bucket: int, arch) -> Optional[str]:
     mma.sync tiles. The tuner tunes such a bucket over the fused GEMM's tiles only, against that
     untuned choice (bitblas.tune.tuner.tune_bucket's ``past_gemv``)."""
     from ..arch import as_arch
-    if kind != "cuda" or bucket < DEQUANT_GEMM_MIN_ROWS:
+    if kind != "cuda" or not _past_gemv_rows(config, bucket):
         return None
     arch = as_arch(arch)             # an Arch or a tvm Target (tuner.composite_serves takes any spelling)
     if gemv_serves(config, kind, bucket, arch):    # the GEMV serves these rows (up to 64)

@@ -57,7 +57,7 @@ from .._tvm import tvm
 from ..ir.matmul import decoded_weight, placeholders
 from ..plan import Plan
 
-__all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
+__all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "e4m3_bits", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
            "compile_dequant", "build_dequant", "dequant_args", "dequant_source"]
 
 # The weight-side arguments of a plan, the dequantize kernel's inputs (in plan.args order).
@@ -66,8 +66,9 @@ WEIGHT_ARGS = ("W", "scale", "zeros", "global_scale", "w_table", "s_table")
 
 def weight_arg_names(plan: Plan) -> tuple:
     """Names of the dequantize kernel's inputs, in ``plan.args`` order: the weight-side arguments
-    (``WEIGHT_ARGS``) the plan has; only ``W`` for int8 activations (codes, scales stay with the GEMM)."""
-    names = ("W",) if plan.config.A_dtype == "int8" else WEIGHT_ARGS
+    (``WEIGHT_ARGS``) the plan has; only ``W`` for int8 and float8 activations (codes, scales stay
+    with the GEMM)."""
+    names = ("W",) if not plan.float_acts else WEIGHT_ARGS
     return tuple(s.name for s in plan.args if s.name in names)
 
 
@@ -83,9 +84,13 @@ def dequant_unsupported(plan: Plan) -> Optional[str]:
         if c.W_dtype not in INT8_MMA_WEIGHTS:
             return (f"W_dtype={c.W_dtype!r} with int8 activations: the dequantize kernel writes int8 codes, "
                     f"for weights whose values fit int8 ({', '.join(INT8_MMA_WEIGHTS)})")
+    elif c.A_dtype == "float8_e4m3":
+        if plan.w.kind not in ("int", "uint") or plan.w.bits > 4:
+            return (f"W_dtype={c.W_dtype!r} with float8_e4m3 activations: the dequantize kernel writes e4m3 "
+                    f"codes, for integer weights of at most 4 bits (exact in e4m3)")
     elif c.A_dtype not in ("float16", "bfloat16"):
-        return (f"A_dtype={c.A_dtype!r}: the dequantize kernel decodes for float16, bfloat16 (or int8, "
-                f"integer weights) activations")
+        return (f"A_dtype={c.A_dtype!r}: the dequantize kernel decodes for float16, bfloat16 (or int8 / "
+                f"float8_e4m3 with integer weights) activations")
     if c.layout != "nt":
         return f"layout={c.layout!r}: the dequantize kernel takes layout 'nt' (W is [N, K])"
     if plan.w.kind == "float":
@@ -103,6 +108,15 @@ def _check(plan: Plan) -> None:
         raise NotImplementedError(f"dequantize kernel: {reason}")
 
 
+def e4m3_bits(v):
+    """The float8_e4m3 bit pattern (int8) of an int32 expression ``v`` with |v| < 16 (every such
+    integer is exact in e4m3: sign, exponent ``e + 7`` with 2**e <= |v|, 3 mantissa bits)."""
+    a = tirx.Select(v < 0, -v, v)
+    e = tirx.Select(a >= 8, 3, tirx.Select(a >= 4, 2, tirx.Select(a >= 2, 1, 0)))
+    mag = tirx.Select(a == 0, 0, ((e + 7) << 3) | ((a << (3 - e)) & 7))
+    return (mag | tirx.Select(v < 0, 0x80, 0)).astype("int8")
+
+
 def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     """TensorIR of ``W_decoded[n, k] = decoded weight (n, k)`` in the activation dtype.
 
@@ -112,16 +126,21 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     scale is folded in (float32 multiply, then the cast; see the module docstring for the rounding).
     int8 activations: ``W_decoded`` holds the integer weight values as int8 (exact; the scale
     stays with the GEMM, which applies per-channel or group scales to its integer sums), and the
-    parameters are ``W`` and ``W_decoded`` only.
+    parameters are ``W`` and ``W_decoded`` only. float8_e4m3 activations: the same, with the
+    integer values as e4m3 bit patterns (:func:`e4m3_bits`; the GEMM is the float8 one).
     """
     _check(plan)
     c = plan.config
     names = weight_arg_names(plan)
     ph = placeholders(plan, None, names)
-    weight = decoded_weight(plan, ph, plan.decode_dtype)      # int8 activations: integer values, no scale
+    fp8 = c.A_dtype == "float8_e4m3"
+    # int8 / float8 activations: integer values, no scale
+    weight = decoded_weight(plan, ph, "int32" if fp8 else plan.decode_dtype)
 
     def decoded(n, k):
         v = weight(n, k)
+        if fp8:
+            return e4m3_bits(v)
         if plan.w.global_scale:
             v = v.astype("float32") * ph["global_scale"][0]
         return v.astype(c.A_dtype)

@@ -109,8 +109,8 @@ class FusedWgmmaHint:
         blocks at N=8192 and 128 rows keep 132 SMs busy; two blocks per SM from 256 rows), 256
         rows x 2 warpgroups of 64 channels above (half the activation reads per FLOP)."""
         m = plan.m or 4096
-        if m <= 512 or _int8(plan):   # 3 slabs of weights in flight cover a slab's wgmma here (int8:
-                                      # int32 and float32 sums, at most 128-row tiles of 64 channels)
+        if m <= 512 or _byte_acts(plan):   # 3 slabs of weights in flight cover a slab's wgmma here (int8,
+                                           # float8: two sets of sums, at most 128-row tiles of 64 channels)
             return cls(row_tile=128, stages=4)
         return cls(row_tile=256, warpgroups=2)
 
@@ -144,11 +144,25 @@ def _int8(plan) -> bool:
     return plan.config.A_dtype == "int8"
 
 
+def _fp8(plan) -> bool:
+    """float8_e4m3 activations: ``wgmma m64nNk32 .e4m3.e4m3`` on the weights decoded to e4m3 bytes
+    (:func:`~.gemv.decode.e4m3_code_dec`), each slab's float32 sums promoted into the float32
+    accumulators (times the group scale)."""
+    return plan.config.A_dtype == "float8_e4m3"
+
+
+def _byte_acts(plan) -> bool:
+    """1-byte activations (int8, float8_e4m3): k32 wgmma on decoded bytes, byte-wise permute."""
+    return _int8(plan) or _fp8(plan)
+
+
 def _sum_sets(plan) -> int:
-    """Accumulator sets a thread holds through the main loop: int32 and float32 sums for int8
-    activations with group scales (promoted per slab), one set otherwise (per-channel int8 sums
-    become float32 only after the loop)."""
-    return 2 if _int8(plan) and plan.groups > 1 else 1
+    """Accumulator sets a thread holds through the main loop: the wgmma's sums of a slab and the
+    float32 accumulators they are promoted into, for int8 activations with group scales and for
+    float8 activations (the float8 wgmma's sums keep fewer bits than float32: promoted every slab,
+    as DeepSeek-V3 does every 128 K); one set otherwise (per-channel int8 sums become float32 only
+    after the loop)."""
+    return 2 if (_int8(plan) and plan.groups > 1) or _fp8(plan) else 1
 
 
 # accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
@@ -162,7 +176,7 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
     and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile); ``overlap``:
     two slabs of decoded pairs."""
     R = hint.channel_tiles
-    decoded = R * 2 * (64 // plan.w.bits // (2 if _int8(plan) else 1)) * (2 if hint.overlap else 1)
+    decoded = R * 2 * (64 // plan.w.bits // (2 if _byte_acts(plan) else 1)) * (2 if hint.overlap else 1)
     return R * hint.row_tile // 2 * _sum_sets(plan) + decoded + max(1, hint.stages) * R * 2 * 4
 
 
@@ -175,12 +189,13 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
         return "not a CUDA plan"
     if not plan.args or plan.args[0].name != "A":
         return "the fused wgmma GEMM passes the activations as the first argument"
-    if c.A_dtype not in ("float16", "bfloat16", "int8"):
-        return f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 / int8 activations"
+    if c.A_dtype not in ("float16", "bfloat16", "int8", "float8_e4m3"):
+        return (f"A_dtype={c.A_dtype!r}: the fused wgmma GEMM takes float16 / bfloat16 / int8 / float8_e4m3 "
+                f"activations")
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
-    if _int8(plan):
-        why = _int8_unsupported(plan, hint)
+    if _byte_acts(plan):
+        why = _byte_acts_unsupported(plan, hint)
         if why:
             return why
     else:
@@ -203,7 +218,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     nacc = hint.channel_tiles * hint.row_tile // 2 * _sum_sets(plan)
     if nacc > 128:
         return (f"channel_tiles={hint.channel_tiles}, row_tile={hint.row_tile}: {nacc} accumulators per thread"
-                f"{' (int32 and float32: group scales)' if _sum_sets(plan) > 1 else ''}, at most 128")
+                f"{' (two sets: per slab and float32)' if _sum_sets(plan) > 1 else ''}, at most 128")
     if hint.stages < 1:
         return f"stages={hint.stages}: at least one weight register slot"
     if hint.raster_rows < 1:
@@ -214,7 +229,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
                 f"registers of accumulators, decoded and loaded weights per thread, more than {_REG_WORDS_MAX} "
                 f"(ptxas would spill)")
     # the template's rule (int8 tensor cores: a lane quad's 4 vectors inside one group)
-    if vec_bytes(plan, 16, group_vectors=4 if _int8(plan) else 1,
+    if vec_bytes(plan, 16, group_vectors=4 if _byte_acts(plan) else 1,
                  blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
@@ -233,25 +248,27 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     return None
 
 
-def _int8_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
-    """:func:`fused_wgmma_unsupported` for int8 activations: int/uint 2- and 4-bit codes (8-bit ones
-    are the dense int8 wgmma GEMM's), float32 group scales whose groups hold whole slabs (the
-    int32 sums of a slab are promoted with one scale per channel), or per-channel scales; a float
-    output; no ``overlap`` (a slab's sums are promoted before the next slab's wgmma overwrite them)."""
+def _byte_acts_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
+    """:func:`fused_wgmma_unsupported` for int8 and float8_e4m3 activations: int/uint 2- and 4-bit
+    codes (8-bit int8 ones are the dense int8 wgmma GEMM's), float32 group scales whose groups hold
+    whole slabs (a slab's sums are promoted with one scale per channel), or per-channel scales; a
+    float output; no ``overlap`` (a slab's sums are promoted before the next slab's wgmma overwrite
+    them)."""
     c, w = plan.config, plan.w
+    act = c.A_dtype
     if w.kind not in ("int", "uint") or w.bits not in (2, 4):
-        return (f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM takes int/uint 2- and 4-bit codes with int8 "
+        return (f"W_dtype={c.W_dtype!r}: the fused wgmma GEMM takes int/uint 2- and 4-bit codes with {act} "
                 f"activations")
     if c.with_zeros:
-        return "with_zeros=True: int8 activations take no zero points"
+        return f"with_zeros=True: {act} activations take no zero points"
     if plan.groups > 1 and c.group_size % slab_codes(w.bits):
-        return (f"group_size={c.group_size}: with int8 activations the fused wgmma GEMM needs whole slabs of "
+        return (f"group_size={c.group_size}: with {act} activations the fused wgmma GEMM needs whole slabs of "
                 f"{slab_codes(w.bits)} {c.W_dtype} codes in a group")
     if c.out_dtype not in ("float16", "bfloat16", "float32"):
         return (f"out_dtype={c.out_dtype!r}: with int8 activations the fused wgmma GEMM writes float16, bfloat16 "
                 f"or float32 (exact int32 sums: the GEMV or decode-then-GEMM)")
     if hint.overlap:
-        return "overlap=True: with int8 activations each slab's sums are promoted before the next slab's wgmma"
+        return f"overlap=True: with {act} activations each slab's sums are promoted before the next slab's wgmma"
     return None
 
 
@@ -274,7 +291,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     against 76.5 us, and 8-bit codes are not measured: both keep 128-row tiles); else 256-row
     tiles with two warpgroups side by side."""
     N = plan.config.N
-    if _int8(plan):
+    if _byte_acts(plan):
         return _int8_default(plan, rows)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
@@ -301,7 +318,7 @@ INT8_DEFAULT_MAX_ROWS = 1024     # the most rows _int8_default serves
 
 
 def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
-    """int8 activations: the fused tile where it measured faster than decode-then-GEMM (H100,
+    """int8 and float8_e4m3 activations (float8: the int8 rules, not measured on their own): the fused tile where it measured faster than decode-then-GEMM (H100,
     8192^2, tuner runs beside torch._int_mm), up to 1024 rows: with group scales (W4A8 g128: 31, 46
     and 185 us at 128, 256 and 1024 rows against 72, 84 and 208) split-K 128-row tiles up to 128
     rows (two warpgroups over 64 channels, 4 weight slots, a ring of 4 boxes each), else 128-row
@@ -314,7 +331,7 @@ def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
         return None
     if rows <= 128:
         hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
-    elif plan.groups > 1:
+    elif _sum_sets(plan) > 1:        # two sets of sums (group scales; float8 always): 128-row tiles
         hint = FusedWgmmaHint(row_tile=128, stages=4)
     else:
         hint = FusedWgmmaHint(row_tile=128 if rows <= 256 else 256, warpgroups=2, stages=4)
@@ -357,6 +374,8 @@ def _body(plan, hint: FusedWgmmaHint):
         KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
         CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
         I8 = _int8(plan)                        # int8 activations: int32 sums ``iacc``, promoted per slab
+        F8 = _fp8(plan)                         # float8 activations: float32 sums ``pacc``, promoted per slab
+        B8 = I8 or F8                           # k32 wgmma on decoded bytes
         SL = slab_codes(plan.w.bits)
         UPS = boxes_per_slab(plan)              # boxes per slab
         BV = box_values(c.A_dtype)              # K values per box row
@@ -374,13 +393,20 @@ def _body(plan, hint: FusedWgmmaHint):
         NBLK = -(-N // CH)
         NRT = f"((mv + {RT - 1}) // {RT})"
         at_store = scales_at_store(plan, e)
-        GS = I8 and plan.groups > 1             # int8 with group scales: promote each slab's sums
-        SUMS = "iacc" if I8 else "acc"          # the accumulators the wgmma write
+        GS = (I8 and plan.groups > 1) or F8     # promote each slab's sums (times its group scale)
+        SUMS = "iacc" if I8 else "pacc" if F8 else "acc"     # the accumulators the wgmma write
+        SH = 0
         if I8:
             from .gemv.mma_int8 import mma_i8_helpers, code_shift
             SH = code_shift(plan)               # signed codes decode to q * 2**SH
-            dsrc = repr(mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[f"bb_mdec_m{tag}"])
+            dname = f"bb_mdec_m{tag}"
+            dsrc = repr(mma_i8_helpers("m" + tag, plan.w.bits, plan.w_storage, 4, plan.w_order)[dname])
             wsrc = repr(wgmma_helper(tag, "int8", RT, 4, BOXB, a_type="s8" if plan.w.kind == "int" else "u8"))
+        elif F8:
+            from .gemv.decode import e4m3_code_dec
+            dname = f"bb_fdec_{tag}"
+            dsrc = repr(e4m3_code_dec(tag, plan.w.bits, plan.w_storage, 4))
+            wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
         else:
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
@@ -398,10 +424,10 @@ def _body(plan, hint: FusedWgmmaHint):
         add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
         add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
         add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
-        if I8:
-            add(f"    iacc = T.alloc_local(({R}, {NACC}), 'uint32')")
+        if B8:
+            add(f"    {SUMS} = T.alloc_local(({R}, {NACC}), {'uint32' if I8 else 'float32'!r})")
             add(f"    gs = T.alloc_local(({R}, 2), 'float32')")
-            for_accs(add, "    ", "iacc[r, j] = T.uint32(0)", R, NACC, unroll=True)
+            for_accs(add, "    ", f"{SUMS}[r, j] = T.{'uint32' if I8 else 'float32'}(0)", R, NACC, unroll=True)
             add(f"    for r, h in T.grid({R}, 2):")
             add("        gs[r, h] = T.float32(0)")
         init_accs_barriers(add, R, NACC, KW * STG, empty=STG if CW > 1 else 0, arrivals=CW, unroll=True)
@@ -458,32 +484,34 @@ def _body(plan, hint: FusedWgmmaHint):
                 if CW > 1:
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
-            if I8:
-                decode_i8(ind, ws, dq)
+            if B8:
+                decode_bytes(ind, ws, dq)
             else:
                 decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
-                # int8: the first k32 of a slab overwrites the sums where they are promoted per slab
+                # bytes: the first k32 of a slab overwrites the sums where they are promoted per slab
                 wgmma_slot(add, ind, slot(u), f"(({u}) // {STG}) % 2", SW, R, NACC, wsrc, tag, pair0=8 * b,
-                           unroll=True, dq=dq, acc=SUMS, extra=("0" if GS and b == 0 else "1") if I8 else "")
+                           unroll=True, dq=dq, acc=SUMS, extra=("0" if GS and b == 0 else "1") if B8 else "")
             add(f"{ind}T.ptx.wgmma.commit_group.sync.aligned()")
             if OV and j == GRP - 1:
                 wgmma_wait(add, ind, R, NACC, unroll=True)
 
-        def decode_i8(ind, ws, dq):
-            """The slab's vectors to bytes (the int8 mma GEMV's decoder) and, with group scales, the
-            slab's scales (times 2**-SH) for its promotion."""
+        def decode_bytes(ind, ws, dq):
+            """The slab's vectors to bytes (int8: the int8 mma GEMV's decoder; float8: e4m3 codes) and,
+            with group scales, the slab's scales (int8: times 2**-SH) for its promotion."""
             add(f"{ind}for r, h in T.grid({R}, 2):")
-            if GS:
+            if GS and plan.groups > 1:
                 add(f"{ind}    gs[r, h] = T.Cast('float32', sr[{ws}, r, h]){f' * T.float32({2.0 ** -SH!r})' if SH else ''}")
-            add(f"{ind}    T.cuda.func_call('bb_mdec_m{tag}', wq.ptr_to([{ws}, r, h, 0]), {dq}.ptr_to([r, h, 0]), "
+            add(f"{ind}    T.cuda.func_call({dname!r}, wq.ptr_to([{ws}, r, h, 0]), {dq}.ptr_to([r, h, 0]), "
                 f"source_code={dsrc})")
 
         def promote(ind):
-            """acc += the int32 sums of the last slab x its channel's scale (channel g + 8 * (j % 4 // 2))."""
-            for_accs(add, ind, "acc[r, j] = acc[r, j] + T.Cast('float32', T.reinterpret('int32', iacc[r, j])) "
-                               "* gs[r, j % 4 // 2]", R, NACC, unroll=True)
+            """acc += the sums of the last slab (int8: as int32) x its channel's group scale (channel
+            g + 8 * (j % 4 // 2)); float8 per-channel: the sums alone (the scale at the store)."""
+            part = f"T.Cast('float32', T.reinterpret('int32', {SUMS}[r, j]))" if I8 else f"{SUMS}[r, j]"
+            scaled = " * gs[r, j % 4 // 2]" if plan.groups > 1 else ""
+            for_accs(add, ind, f"acc[r, j] = acc[r, j] + {part}{scaled}", R, NACC, unroll=True)
 
         GRP = STW * -(-OVERLAP_STEPS // STW)
         step_loop(add, NS, STW, load, process, after_prologue=first_activations,

@@ -149,6 +149,81 @@ def _emu_prmt(a, b, sel):
     return out
 
 
+def _e4m3_byte(v: int) -> int:
+    """The float8_e4m3 bit pattern of a whole number |v| < 16 (exact)."""
+    return E4M3_TABLE.index(float(v)) if v >= 0 else 0x80 | E4M3_TABLE.index(float(-v))
+
+
+def e4m3_code_consts(bits: int, storage: str):
+    """Integer weight codes -> float8_e4m3 bytes (float8 activations, the fused wgmma GEMM: every
+    2- and 4-bit value is exact in e4m3). The value of field ``u`` is ``u - 2**(bits-1)`` (storage
+    "offset") or ``u`` ("plain"); a table of those bytes sits in registers and ``prmt`` looks 4
+    codes up at once. 4-bit: the 16 bytes in four registers (``t0``: entries 0..7, ``t1``: 8..15);
+    the selector is a half of the word masked to 3-bit indices (``sel_mask``), a ``prmt`` of each
+    8-byte table, and ``lop3`` picks by bit 3 of each code (``msel``: the sign-mode ``prmt`` of the
+    word and the word << 4 that makes the 0x00 / 0xff byte mask, as the lut4 decoder); output word
+    ``h`` of a weight word holds slots ``4h .. 4h + 3``. 2-bit: the 4 bytes in one register, the
+    selector a half of the word (or of the word >> 2) masked to 2-bit indices; output word
+    ``2h + e`` holds slots ``8h + 2t + e`` (t = 0..3). :func:`e4m3_code_slots` lists them."""
+    if bits not in (2, 4) or storage not in ("offset", "plain"):
+        raise ValueError(f"bits={bits}, storage={storage!r}: e4m3 codes of 2- or 4-bit offset / plain fields")
+    off = (1 << (bits - 1)) if storage == "offset" else 0
+    t = [_e4m3_byte(u - off) for u in range(1 << bits)]
+
+    def pack(vals):
+        return sum(v << (8 * i) for i, v in enumerate(vals))
+    if bits == 2:
+        return dict(table=pack(t), sel_mask=0x33333333)
+    return dict(t0=(pack(t[0:4]), pack(t[4:8])), t1=(pack(t[8:12]), pack(t[12:16])), sel_mask=0x77777777,
+                msel=(0x9D8C, 0xBFAE), lut_sel=_LUT_SEL)
+
+
+def e4m3_code_slots(bits: int):
+    """``slots[p][t]``: the slot (field of the weight word) whose e4m3 byte lands in byte ``t`` of
+    output word ``p`` of :func:`e4m3_code_dec` (``8 // bits`` output words per weight word)."""
+    if bits == 4:
+        return [[4 * p + t for t in range(4)] for p in range(2)]
+    return [[8 * (p // 2) + 2 * t + p % 2 for t in range(4)] for p in range(4)]
+
+
+def e4m3_code_dec(tag: str, bits: int, storage: str, nw: int) -> str:
+    """``bb_fdec_{tag}(w, d)``: ``nw`` weight words of 2- or 4-bit integer codes to ``nw * 8 / bits``
+    words of float8_e4m3 bytes (:func:`e4m3_code_consts`, slots :func:`e4m3_code_slots`)."""
+    k = e4m3_code_consts(bits, storage)
+    F = 8 // bits
+    prmt = 'asm("prmt.b32 %0, %1, %2, %3;" : "=r"({}) : "r"({}), "r"({}), "r"({}));'
+    lines = [f"__device__ __forceinline__ void bb_fdec_{tag}(const unsigned* w, unsigned* d) {{"]
+    if bits == 2:
+        lines.append(f"  const unsigned tb = 0x{k['table']:08x}u;")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}];")
+            for h in range(2):
+                for e in range(2):
+                    sh = 16 * h + 2 * e
+                    x = f"(q >> {sh})" if sh else "q"
+                    lines.append(f"    {{ const unsigned s = {x} & 0x{k['sel_mask']:08x}u; "
+                                 + prmt.format(f"d[{F * j + 2 * h + e}]", "tb", "0u", "s") + " }")
+            lines.append("  }")
+    else:
+        for nm in ("t0", "t1"):
+            a, b = k[nm]
+            lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
+            lines.append("    unsigned m0, m1;")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][0]:x};\" : \"=r\"(m0) : \"r\"(q), \"r\"(q4));")
+            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][1]:x};\" : \"=r\"(m1) : \"r\"(q), \"r\"(q4));")
+            for h, (sv, mv) in enumerate((("s0", "m0"), ("s1", "m1"))):
+                lines.append("    { unsigned x, y;")
+                lines.append("      " + prmt.format("x", "t0a", "t0b", sv))
+                lines.append("      " + prmt.format("y", "t1a", "t1b", sv))
+                lines.append(f"      asm(\"lop3.b32 %0, %1, %2, %3, 0x{k['lut_sel']:02x};\" : \"=r\"(d[{F * j + h}]) "
+                             f": \"r\"(x), \"r\"(y), \"r\"({mv})); }}")
+            lines.append("  }")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def e4m3_scale_helper():
     """float8_e4m3 scale byte -> float32, exact (normal: exponent rebiased in the bit pattern;
     subnormal: m * 2**-9). 0x7f / 0xff (NaN in e4m3fn) decode to +-480; quantizers never write them."""

@@ -243,6 +243,8 @@ def format_helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: st
     (``Plan.w_order``; the activations are paired / gathered to match it)."""
     if act == "int8":
         return {**load_helpers(nw), **i8_helpers(tag, bits, storage, nw, order)}
+    if act == "float8_e4m3":          # the fused wgmma GEMM's float8 path: its own decoder (decode.e4m3_code_dec)
+        return load_helpers(nw)
     src = _int_helpers(tag, act, bits, storage == "twos", nw, half_pairs, order)
     if dec in ("e4m3", "e5m2") and half_pairs:
         src[f"bb_dec_{tag}"] = f8_pair_dec(tag, act, nw, dec)

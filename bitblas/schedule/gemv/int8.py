@@ -97,13 +97,16 @@ def _i8_gather(bits: int, nw: int, order=None):
     return prog
 
 
-def word_codes(bits: int, nw: int, order=None):
+def word_codes(bits: int, nw: int, order=None, slots=None):
     """The natural K position (within a vector of ``nw`` weight words) of byte ``t`` of decoded
-    word ``j * F + p`` (field ``p`` of word ``j``: ``F`` codes per byte), for weights in code order
-    ``order`` (None: natural): ``out[j * F + p][t]``."""
+    word ``j * F + p`` of a decoder that puts slot ``slots[p][t]`` of weight word ``j`` there
+    (default: field ``p`` of byte ``t``, the int8 decoders; ``F`` codes per byte), for weights in
+    code order ``order`` (None: natural): ``out[j * F + p][t]``."""
     F, n = 8 // bits, 32 // bits
     code = slot_codes(order) if order is not None else tuple(range(n))
-    return [[j * n + code[t * F + p] for t in range(4)] for j in range(nw) for p in range(F)]
+    if slots is None:
+        slots = [[t * F + p for t in range(4)] for p in range(F)]
+    return [[j * n + code[slots[p][t]] for t in range(4)] for j in range(nw) for p in range(F)]
 
 
 def byte_gather(dst: str, src):

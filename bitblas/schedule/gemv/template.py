@@ -61,8 +61,10 @@ from .rows import body as rows_body
 from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
 __all__ = ["default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
-           "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES"]
+           "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
+           "GEMV_ACTIVATIONS"]
 
+GEMV_ACTIVATIONS = ("float16", "bfloat16", "int8")      # the activation dtypes the GEMV kernels take
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
 GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
 WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (wgmma_tile) and tuned from here
@@ -302,8 +304,8 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "not a CUDA plan"
     if plan.m is None or not 1 <= plan.m <= GEMV_MMA_MAX_ROWS:
         return f"needs a static row count 1..{GEMV_MMA_MAX_ROWS}"
-    if c.A_dtype not in ACT and c.A_dtype != "int8":
-        return f"A_dtype={c.A_dtype!r}: activations must be float16, bfloat16 or int8"
+    if c.A_dtype not in GEMV_ACTIVATIONS:
+        return f"A_dtype={c.A_dtype!r}: activations must be {', '.join(GEMV_ACTIVATIONS[:-1])} or {GEMV_ACTIVATIONS[-1]}"
     if c.layout != "nt":
         return "layout must be 'nt'"
     if c.A_dtype == "int8":
@@ -353,10 +355,11 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     c, w = plan.config, plan.w
     act = c.A_dtype
     i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
+    b8 = i8 or act == "float8_e4m3"         # 1-byte activations (float8: only the fused wgmma GEMM's body)
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
-    # int8 tensor cores: the 4 vectors of a lane quad inside one group
-    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if i8 and hint.tensor_cores else 1,
+    # byte activations on tensor cores: the 4 vectors of a lane quad inside one group
+    VB = vec_bytes(plan, hint.vec_bytes, group_vectors=4 if b8 and hint.tensor_cores else 1,
                    blocks=vec_blocks(plan, hint))
     if VB is None:
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
@@ -364,13 +367,13 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     V = VB * 8 // b                         # values per vector
     # scale blocks per vector: 2 for nvfp4 in the wgmma kernels (two float8 bytes, one register)
     SB = V // c.group_size if plan.groups > 1 and V > c.group_size else 1
-    AV = 16 if i8 else 8                    # activation values per 16-byte load
-    NA = V // 4 if i8 else V // 2           # activation words (4 int8 / 2 float16 values) per vector
+    AV = 16 if b8 else 8                    # activation values per 16-byte load
+    NA = V // 4 if b8 else V // 2           # activation words (4 bytes / 2 float16 values) per vector
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
     dec = decoder(w)
-    if i8:
-        tag = f"i8_{'i' if signed else 'u'}{b}_v{VB}"
+    if b8:
+        tag = f"{'i8' if i8 else 'f8'}_{'i' if signed else 'u'}{b}_v{VB}"
     elif dec == "int":
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
@@ -441,7 +444,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         The offset centres the codes: x_shift (signed codes, stored offset-binary), the zero-point
         code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
         cv * sum(a)."""
-        if i8:                                 # int8: the group scale only (dp4a sums are exact)
+        if b8:                                 # int8 / float8: the group scale only (on the slab's sums)
             return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
         if SB > 1:                             # the block scales: bb_sclb on the decoded pairs
             return [f"{ind}ov[{idx}] = {x_shift}", f"{ind}cv[{idx}] = T.float32(0)"]
@@ -510,7 +513,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
                 f"return_type='float32')")
 
     def store_line(ind, i, n, val):
-        if i8:
+        if b8:
             return f"{ind}output[{i}, {n}] = {int8_epilogue(i, n, val)}"
         if w.global_scale:
             val = f"{val} * global_scale[0]"

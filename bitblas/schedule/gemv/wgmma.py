@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .decode import decoder, pair_codes
+from .decode import decoder, e4m3_code_slots, pair_codes
 from ...formats import get_format
 from .int8 import byte_gather, word_codes
 from .emit import (device_entry, f8_scales, mma_decodable, pdl_trigger, reduce_k_warps, step_loop, vec_blocks,
@@ -75,14 +75,15 @@ def slab_permutation(bits: int, nw: int, dec: str, order=None) -> List[int]:
     return perm
 
 
-def slab_permutation_i8(bits: int, nw: int, order=None) -> List[int]:
-    """int8 activations (``wgmma m64nNk32 .s8``; the fused GEMM): ``perm[t]``, the natural K
-    position (within a slab of 4 vectors of ``V`` codes) of the activation at position ``t`` of the
-    permuted slab. Position ``32 s + 16 h + 4 q + i`` is k32 step ``s``'s B row of K slot ``4q + i +
-    16h``: byte ``i`` of lane ``q``'s decoded word ``2 s + h`` (the bytes of each decoded word:
-    :func:`~.int8.word_codes` of the code order ``order``)."""
+def slab_permutation_i8(bits: int, nw: int, order=None, slots=None) -> List[int]:
+    """int8 / float8 activations (``wgmma m64nNk32`` on bytes; the fused GEMM): ``perm[t]``, the
+    natural K position (within a slab of 4 vectors of ``V`` codes) of the activation at position
+    ``t`` of the permuted slab. Position ``32 s + 16 h + 4 q + i`` is k32 step ``s``'s B row of K
+    slot ``4q + i + 16h``: byte ``i`` of lane ``q``'s decoded word ``2 s + h`` (the bytes of each
+    decoded word: :func:`~.int8.word_codes` of the code order ``order`` and the decoder's
+    ``slots``)."""
     V = nw * 32 // bits
-    words = word_codes(bits, nw, order)
+    words = word_codes(bits, nw, order, slots)
     perm = [0] * (4 * V)
     for s in range(len(words) // 2):
         for q in range(4):
@@ -90,6 +91,11 @@ def slab_permutation_i8(bits: int, nw: int, order=None) -> List[int]:
                 for i in range(4):
                     perm[32 * s + 16 * h + 4 * q + i] = V * q + words[2 * s + h][i]
     return perm
+
+
+def _kernel_act(act: str) -> str:
+    """The dtype the kernels see for activations ``act`` (float8: their bits, int8)."""
+    return "int8" if act.startswith("float8") else act
 
 
 def act_bytes(act: str) -> int:
@@ -228,8 +234,9 @@ def permute_script(plan, hint) -> str:
     one thread per group of output chunks that read the same input chunks (:func:`_perm_groups`),
     ``mv`` rows at run time."""
     c, w = plan.config, plan.w
-    if c.A_dtype == "int8":           # the fused GEMM's int8 path: 16-byte vectors, bytes
-        perm, epc = slab_permutation_i8(w.bits, 4, plan.w_order), 16
+    if c.A_dtype in ("int8", "float8_e4m3"):      # the fused GEMM's byte paths: 16-byte vectors, bytes
+        slots = e4m3_code_slots(w.bits) if c.A_dtype == "float8_e4m3" else None
+        perm, epc = slab_permutation_i8(w.bits, 4, plan.w_order, slots), 16
         helper = lambda per: _perm_helper_bytes(perm, per)     # noqa: E731
     else:
         nw = vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) // 4
@@ -242,8 +249,8 @@ def permute_script(plan, hint) -> str:
     L = ["@T.prim_func",
          "def permute(A_ptr: T.handle, P_ptr: T.handle):",
          "    mv = T.int32()",
-         f"    A = T.match_buffer(A_ptr, (mv, {c.K}), {c.A_dtype!r}, align=16)",
-         f"    P = T.match_buffer(P_ptr, (mv, {c.K}), {c.A_dtype!r}, align=16)",
+         f"    A = T.match_buffer(A_ptr, (mv, {c.K}), {_kernel_act(c.A_dtype)!r}, align=16)",
+         f"    P = T.match_buffer(P_ptr, (mv, {c.K}), {_kernel_act(c.A_dtype)!r}, align=16)",
          "    T.device_entry()"]
     if hint.pdl:        # then the main kernel may launch: it loads weights, and waits for this one to finish
         L += ["    T.ptx.griddepcontrol.wait()", "    T.ptx.griddepcontrol.launch_dependents()"]
@@ -264,8 +271,10 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type
     +``box_bytes`` per box of 4 steps). int8 activations (the fused GEMM; an int8 ``tag``):
     ``bb_wg_{tag}(c, dg, dh, desc, keep)``, k32 steps of ``.s32.{a_type}.s8`` on decoded bytes (4 per word, 32 bytes a
     step as well) into int32 sums ``c`` (as unsigned words); the first step adds to them if ``keep``,
-    else overwrites them."""
+    else overwrites them. float8_e4m3 activations: the same with ``.f32.e4m3.e4m3`` into float32
+    sums."""
     i8 = act == "int8"
+    b8 = i8 or act == "float8_e4m3"        # k32 steps on bytes, the first one keeping the sums or not
     nacc = NT // 2
     outs = ", ".join(f'"+{"r" if i8 else "f"}"(c[{i}])' for i in range(nacc))
     regs = ", ".join(f"%{i}" for i in range(nacc))
@@ -273,6 +282,9 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type
     if i8:
         head = f"bb_wg_{tag}(unsigned* c, const unsigned* dg, const unsigned* dh, unsigned long long desc, int keep)"
         shape, tail = f"m64n{NT}k32.s32.{a_type}.s8", "p"
+    elif b8:
+        head = f"bb_wg_{tag}(float* c, const unsigned* dg, const unsigned* dh, unsigned long long desc, int keep)"
+        shape, tail = f"m64n{NT}k32.f32.e4m3.e4m3", "p, 1, 1"
     else:
         ab = "f16" if act == "float16" else "bf16"
         head = f"bb_wg_{tag}(float* c, const unsigned* dg, const unsigned* dh, unsigned long long desc)"
@@ -284,7 +296,7 @@ def wgmma_helper(tag: str, act: str, NT: int, steps: int, box_bytes: int, a_type
                      f"wgmma.mma_async.sync.aligned.{shape} "
                      f"{{{regs}}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, {tail}; }}\" "
                      f": {outs} : \"r\"(dg[{2 * s}]), \"r\"(dh[{2 * s}]), \"r\"(dg[{2 * s + 1}]), "
-                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"({'keep' if i8 and s == 0 else 1}));")
+                     f"\"r\"(dh[{2 * s + 1}]), \"l\"(desc + {off}ull), \"r\"({'keep' if b8 and s == 0 else 1}));")
     lines.append("}")
     return "\n" + "\n".join(lines) + "\n"
 
@@ -316,9 +328,9 @@ def for_accs(add, ind: str, stmt: str, R: int, NACC: int, unroll: bool = False):
 def tensor_map(add, act: str, K: int, rows: int):
     """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of 128
     bytes (:func:`box_values`) x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows
-    read as zeros)."""
+    read as zeros); float8 activations as their bits (int8)."""
     add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
-    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {act!r}, 2, A.data, "
+    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {_kernel_act(act)!r}, 2, A.data, "
         f"{K}, mv, {K * act_bytes(act)}, {box_values(act)}, {rows}, 1, 1, 0, 3, 2, 0)")
 
 

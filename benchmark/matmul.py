@@ -68,6 +68,13 @@ FORMATS = {
     "w2a8-chan": dict(A_dtype="int8", W_dtype="int2", with_scaling=True, with_act_scaling=True),
     "fp8-g128": dict(A_dtype="float8_e4m3", W_dtype="float8_e4m3", group_size=128, with_scaling=True,
                      with_act_scaling=True, out_dtype="bfloat16"),
+    # float8_e4m3 activations x integer codes (W4A-fp8, W2A-fp8)
+    "w4afp8-g128": dict(A_dtype="float8_e4m3", W_dtype="int4", group_size=128, with_scaling=True,
+                        with_act_scaling=True, out_dtype="bfloat16"),
+    "w4afp8-chan": dict(A_dtype="float8_e4m3", W_dtype="int4", with_scaling=True, with_act_scaling=True,
+                        out_dtype="bfloat16"),
+    "w2afp8-chan": dict(A_dtype="float8_e4m3", W_dtype="int2", with_scaling=True, with_act_scaling=True,
+                        out_dtype="bfloat16"),
 }
 # the torch baseline a format is compared with (ratio column): torch._int_mm for int8 activations,
 # torch._scaled_mm for float8 ones, cuBLAS fp16 otherwise

@@ -1,7 +1,7 @@
 """Tuning past the GEMV on sm_90: what the tuner finds for the rows that run as the fused wgmma GEMM
 or decode + wgmma GEMM (bitblas.tune.tuner.tune_bucket's ``past_gemv``), beside the untuned choice
-and cuBLAS fp16 (benchmark/tuning.py's ``torch_fp16_ms``; int8 activations: ``torch._int_mm``,
-benchmark/matmul.py's CUDA-graph timing), all in the same run, ours with the tuner's own timer
+and cuBLAS fp16 (benchmark/tuning.py's ``torch_fp16_ms``; int8 activations: ``torch._int_mm``, float8
+ones: ``torch._scaled_mm``, benchmark/matmul.py's CUDA-graph timing), all in the same run, ours with the tuner's own timer
 (bitblas.tune.measure.time_kernel: batches of launches, weight copies cycled past the L2); then the
 tuned operator's output on fresh data (output poisoned first) against the reference.
 
@@ -32,7 +32,7 @@ def _short(h) -> str:
 
 
 def main(argv=None) -> int:
-    from benchmark.matmul import FORMATS, bench_int_mm
+    from benchmark.matmul import FORMATS, bench_int_mm, bench_scaled_mm
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="w4a16-g128", help=f"comma list of: {', '.join(FORMATS)}")
     ap.add_argument("--rows", default="128,256,1024,4096", help="the operator's M buckets")
@@ -70,6 +70,8 @@ def main(argv=None) -> int:
         for b, r in sorted(res.items()):
             if cfg.A_dtype == "int8":           # int8 activations: torch._int_mm (CUDA graphs over weight copies)
                 base_name, cub = "int_mm", bench_int_mm(N, K, b).get("us", float("nan"))
+            elif cfg.A_dtype == "float8_e4m3":  # float8 activations: torch._scaled_mm (row-wise scales)
+                base_name, cub = "scaled_mm", bench_scaled_mm(N, K, b).get("us", float("nan"))
             else:
                 base_name, cub = "cuBLAS", 1e3 * torch_fp16_ms(b, N, K, spec)
             ok = sorted([x for x in r.candidates if x.get("ok")], key=lambda x: x["ms"])

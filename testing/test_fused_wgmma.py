@@ -431,6 +431,23 @@ def test_int8_default_tiles():
     assert not isinstance(choose(op, "cuda", 2048)[1], FusedWgmmaHint)
 
 
+def test_fp8_default_tiles():
+    """float8_e4m3 activations: the fused GEMM from one row (no GEMV takes them), split-K 64-row
+    tiles up to 64 rows, then the int8 rules with two sets of sums (group or per-channel scales
+    alike: 128-row tiles of one warpgroup past 128 rows); decode-then-GEMM above 1024 rows."""
+    g128 = make_plan(_f8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
+    chan = make_plan(_f8cfg("uint2", N=8192, K=8192), "cuda", None)
+    for p in (g128, chan):
+        assert fused_default(p, 1) == fused_default(p, 64) == \
+            FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
+        assert fused_default(p, 65) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+        assert fused_default(p, 129) == fused_default(p, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
+        assert fused_default(p, 1025) is None
+    op = bitblas.Matmul(_f8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
+    assert choose(op, "cuda", 1)[1] == fused_default(g128, 1)
+    assert not isinstance(choose(op, "cuda", 2048)[1], FusedWgmmaHint)
+
+
 def test_fused_hint_is_data():
     h = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=3, ring=3, pdl=False)
     assert hint_from_dict(hint_to_dict(h)) == h

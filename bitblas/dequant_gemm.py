@@ -18,6 +18,9 @@ int8 activations (W4A8 / W2A8 / W1A8: int4, uint4, int2, uint2, int1, uint1 weig
 group scales): the decode writes the integer weight values as int8 (N*K bytes, exact), and the
 GEMM is the int8 x int8 wgmma kernel with the plan's scales: per-channel ones in its epilogue,
 group ones by promoting the int32 partial sums of each group to float32 (see cuda_wgmma).
+float8_e4m3 activations (W4A-fp8 / W2A-fp8: int4, uint4, int2, uint2 weights): the same with the
+values as e4m3 bit patterns (exact) and the float8 wgmma kernel; its lookup table (``w_table`` of
+the float8 weights) is made here, once per device.
 
 Values: the decoded weights are the fused kernel's (one shared expression), rounded once to the
 activation dtype; the GEMM accumulates in float32. nvfp4's global scale is folded into the

@@ -1,7 +1,7 @@
 """The fused mixed-input Hopper GEMM for more rows than the wgmma GEMV takes (``FusedWgmmaHint``,
 sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2m1, nvfp4 (two
 float8 block scales per vector, per decoded pair), nf4 (4-bit tables) and float8 weights; the mma
-GEMV's decoder of the format; int8 activations x int/uint 2- and 4-bit codes, below): packed weights
+GEMV's decoder of the format; int8 and float8_e4m3 activations x int/uint 2- and 4-bit codes, below): packed weights
 stay packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV).
 
@@ -64,10 +64,20 @@ warpgroups per SM, ~240 SASS instructions per slab and warp of which 128 are the
 slower (more instructions), and a per-warp ``empty`` arrival instead of the warpgroup barrier per
 slab did not help (its stall moved to the ring's TMA thread).
 
+float8_e4m3 activations (W4A-fp8 / W2A-fp8, per-token scales): the int8 path with ``wgmma
+m64nNk32 .f32.e4m3.e4m3`` on the codes decoded to e4m3 bytes (:func:`~.gemv.decode.e4m3_code_dec`,
+a ``prmt`` table; the permute follows its slots), float32 sums ``pacc`` promoted into the float32
+accumulators after every slab (times the group scale where there is one): the float8 wgmma's sums
+keep fewer bits than float32. No GEMV takes float8 activations, so the fused GEMM serves them from
+one row: split-K 64-row tiles up to 64 rows, then the int8 defaults. What bounds it (ncu, H100,
+W4A-fp8 g128 8192^2): at 256 rows the int8 path's issue and latency (18.0 M instructions against
+int8's 17.0 M, ~2 warps per scheduler, 46% issue-active); at one row the weight loads (long
+scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak).
+
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
 in natural K order would remove the permute kernel); no persistent tile loop, split-K or
-warp-specialized producer; no float8 activations (W4A-fp8).
+warp-specialized producer.
 """
 from __future__ import annotations
 

@@ -186,6 +186,22 @@ def e4m3_code_slots(bits: int):
     return [[8 * (p // 2) + 2 * t + p % 2 for t in range(4)] for p in range(4)]
 
 
+def _table_regs(lines, k, names):
+    """The table registers ``{name}a``, ``{name}b`` of 16-entry ``prmt`` lookups (``k[name]``: a pair)."""
+    for nm in names:
+        a, b = k[nm]
+        lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+
+
+def _lut16_selectors(lines, j: int, k):
+    """Opens word ``j``'s block of a 16-entry ``prmt`` lookup: the selectors of its two halves (codes
+    & 7, ``s0`` / ``s1``) and the byte masks of bit 3 of each code (``m0`` / ``m1``, ``k['msel']``)."""
+    lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
+    lines.append("    unsigned m0, m1;")
+    for i in range(2):
+        lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][i]:x};\" : \"=r\"(m{i}) : \"r\"(q), \"r\"(q4));")
+
+
 def e4m3_code_dec(tag: str, bits: int, storage: str, nw: int) -> str:
     """``bb_fdec_{tag}(w, d)``: ``nw`` weight words of 2- or 4-bit integer codes to ``nw * 8 / bits``
     words of float8_e4m3 bytes (:func:`e4m3_code_consts`, slots :func:`e4m3_code_slots`)."""
@@ -205,14 +221,9 @@ def e4m3_code_dec(tag: str, bits: int, storage: str, nw: int) -> str:
                                  + prmt.format(f"d[{F * j + 2 * h + e}]", "tb", "0u", "s") + " }")
             lines.append("  }")
     else:
-        for nm in ("t0", "t1"):
-            a, b = k[nm]
-            lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+        _table_regs(lines, k, ("t0", "t1"))
         for j in range(nw):
-            lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
-            lines.append("    unsigned m0, m1;")
-            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][0]:x};\" : \"=r\"(m0) : \"r\"(q), \"r\"(q4));")
-            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][1]:x};\" : \"=r\"(m1) : \"r\"(q), \"r\"(q4));")
+            _lut16_selectors(lines, j, k)
             for h, (sv, mv) in enumerate((("s0", "m0"), ("s1", "m1"))):
                 lines.append("    { unsigned x, y;")
                 lines.append("      " + prmt.format("x", "t0a", "t0b", sv))
@@ -316,14 +327,9 @@ def table_dec(tag: str, act: str, nw: int, dec: str, table):
             lines.append("  }")
     else:                                   # lut4
         k = _lut4_consts(table, act)
-        for nm in ("tl0", "tl1", "th0", "th1"):
-            a, b = k[nm]
-            lines.append(f"  const unsigned {nm}a = 0x{a:08x}u, {nm}b = 0x{b:08x}u;")
+        _table_regs(lines, k, ("tl0", "tl1", "th0", "th1"))
         for j in range(nw):
-            lines.append(f"  {{ const unsigned q = w[{j}], s0 = q & 0x{k['sel_mask']:08x}u, s1 = s0 >> 16, q4 = q << 4;")
-            lines.append("    unsigned m0, m1;")
-            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][0]:x};\" : \"=r\"(m0) : \"r\"(q), \"r\"(q4));")
-            lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][1]:x};\" : \"=r\"(m1) : \"r\"(q), \"r\"(q4));")
+            _lut16_selectors(lines, j, k)
             for h, (sv, mv) in enumerate((("s0", "m0"), ("s1", "m1"))):
                 lines.append("    { unsigned x0, x1, y0, y1, lo, hi;")
                 for out, tb in (("x0", "tl0"), ("x1", "tl1"), ("y0", "th0"), ("y1", "th1")):

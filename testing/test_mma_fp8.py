@@ -33,7 +33,8 @@ def _plan(cfg, m=None):
 
 
 def _mma_name(cfg):
-    return f"mma.sync.aligned.m16n8k32.row.col.f32.{PTX[cfg.A_dtype]}.{PTX[cfg.W_dtype]}.f32"
+    # integer codes with float8_e4m3 activations (W4A-fp8) are decoded to e4m3
+    return f"mma.sync.aligned.m16n8k32.row.col.f32.{PTX[cfg.A_dtype]}.{PTX.get(cfg.W_dtype, 'e4m3')}.f32"
 
 
 # -- dispatch (CPU only) --------------------------------------------------------------------------
@@ -136,6 +137,10 @@ CODEGEN = {
                                        with_bias=True, **SCALED),
     "e5m2xe5m2-M256-N256-bf16": C(M=256, N=256, K=512, A_dtype=E5, W_dtype=E5, out_dtype="bfloat16", **SCALED),
     "e4m3xe4m3-dyn-N256-noscale-f32": C(M=None, N=256, K=512, A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+    # W4A-fp8 / W2A-fp8 per channel: the codes decoded to e4m3 bits in the shared tile
+    "e4m3xint4-dyn-N1000-bf16": C(M=None, N=1000, K=512, A_dtype=E4, W_dtype="int4", out_dtype="bfloat16", **SCALED),
+    "e4m3xuint2-M128-N256-f32-bias": C(M=128, N=256, K=512, A_dtype=E4, W_dtype="uint2", out_dtype="float32",
+                                       with_bias=True, **SCALED),
 }
 
 
@@ -195,6 +200,8 @@ GPU_CONFIGS = {
     "e5m2xe4m3-f16-bias": dict(A_dtype=E5, W_dtype=E4, out_dtype="float16", with_bias=True, **SCALED),
     "e4m3xe5m2-f32": dict(A_dtype=E4, W_dtype=E5, out_dtype="float32", **SCALED),
     "e4m3xe4m3-noscale-f32": dict(A_dtype=E4, W_dtype=E4, out_dtype="float32"),
+    "e4m3xint4-bf16": dict(A_dtype=E4, W_dtype="int4", out_dtype="bfloat16", **SCALED),
+    "e4m3xuint2-f32-bias": dict(A_dtype=E4, W_dtype="uint2", out_dtype="float32", with_bias=True, **SCALED),
 }
 SHAPES = ((256, 512), (1000, 512), (1000, 1536))
 M_LIST = (17, 128, 1000, 1024)

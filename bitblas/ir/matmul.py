@@ -10,7 +10,9 @@ M is ``plan.m`` or the symbolic variable ``m``.
 ``fp8_values=True`` (float8 activations and weights; the fp8 tensor-core schedule): ``B_decode``
 holds the weight's bit patterns (int8) and ``C`` multiplies the float8 values themselves
 (``reinterpret`` of the bits, cast to float32) instead of looking the codes up in tables, the
-form that schedule tensorizes into ``mma.sync`` e4m3 / e5m2.
+form that schedule tensorizes into ``mma.sync`` e4m3 / e5m2. Integer weights of at most 4 bits
+with float8_e4m3 activations: ``B_decode`` holds the e4m3 bit patterns of their values
+(:func:`e4m3_bits`, exact).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..code_order import order_bits
 from ..formats import FORMATS, Format
 from ..plan import M_VAR, Plan
 
-__all__ = ["emit_matmul", "decode_code", "slot_of", "decoded_weight", "scale_value", "zero_value", "placeholders"]
+__all__ = ["emit_matmul", "e4m3_bits", "e4m3_codes", "decode_code", "slot_of", "decoded_weight", "scale_value", "zero_value", "placeholders"]
 
 
 def slot_of(k, order):
@@ -62,6 +64,21 @@ def decode_code(buf, row, k, fmt: Format, storage: str, order=None):
     if storage == "twos":
         return (u ^ half) - half
     return u
+
+
+def e4m3_bits(v):
+    """The float8_e4m3 bit pattern (int8) of an int32 expression ``v`` with |v| < 16 (every such
+    integer is exact in e4m3: sign, exponent ``e + 7`` with 2**e <= |v|, 3 mantissa bits)."""
+    a = tirx.Select(v < 0, -v, v)
+    e = tirx.Select(a >= 8, 3, tirx.Select(a >= 4, 2, tirx.Select(a >= 2, 1, 0)))
+    mag = tirx.Select(a == 0, 0, ((e + 7) << 3) | ((a << (3 - e)) & 7))
+    return (mag | tirx.Select(v < 0, 0x80, 0)).astype("int8")
+
+
+def e4m3_codes(plan: Plan) -> bool:
+    """Integer weights the float8_e4m3 kernels take as e4m3 values (int / uint of at most 4 bits
+    with float8_e4m3 activations: every value is exact)."""
+    return plan.a.name == "float8_e4m3" and plan.w.kind in ("int", "uint") and plan.w.bits <= 4
 
 
 def _group_len(plan: Plan) -> int:
@@ -153,8 +170,10 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     if plan.nvfp4_acts:
         raise NotImplementedError("nvfp4 activations have no TensorIR form: their kernels are hand-written "
                                   "(bitblas/schedule/nvfp4.py)")
-    if fp8_values and not all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w)):
-        raise ValueError(f"fp8_values=True needs float8 activations and weights, not {c.A_dtype} x {c.W_dtype}")
+    if fp8_values and not (all((f.torch_dtype or "").startswith("float8") for f in (plan.a, plan.w))
+                           or e4m3_codes(plan)):
+        raise ValueError(f"fp8_values=True needs float8 activations and weights (or integer codes of at most 4 "
+                         f"bits with float8_e4m3 activations), not {c.A_dtype} x {c.W_dtype}")
     if fp8_values and c.with_scaling and not plan.scale_in_epilogue:
         raise NotImplementedError("fp8_values=True with group scales (the scales apply in the epilogue only)")
     m = te.var(M_VAR, "int32") if plan.m is None else plan.m
@@ -162,7 +181,11 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     a, w, dec, acc = plan.a, plan.w, plan.decode_dtype, plan.accum
     float_decode = not dec.startswith("int")
     scale_at = scale_value(plan, ph, dec if float_decode else "float32")
-    if fp8_values:
+    w_f8 = w.torch_dtype if w.torch_dtype else "float8_e4m3fn"      # the float8 dtype of B_decode's bits
+    if fp8_values and e4m3_codes(plan):
+        def weight(n, k):                     # integer codes: their values' e4m3 bits
+            return e4m3_bits(decode_code(ph["W"], n, k, w, plan.w_storage, plan.w_order))
+    elif fp8_values:
         def weight(n, k):
             return ph["W"][n, k]              # the bits (int8); C reinterprets them
     else:
@@ -181,7 +204,7 @@ def emit_matmul(plan: Plan, fp8_values: bool = False) -> tirx.PrimFunc:
     def body(i, j):
         if fp8_values:
             return te.sum(tirx.reinterpret(a.torch_dtype, ph["A"][i, k]).astype("float32")
-                          * tirx.reinterpret(w.torch_dtype, B[j, k]).astype("float32"), axis=k)
+                          * tirx.reinterpret(w_f8, B[j, k]).astype("float32"), axis=k)
         if int_grouped:  # integer products, float group scales: scale each product in float32
             return te.sum((act(i, k) * B[j, k]).astype("float32") * scale_at(j, k), axis=k)
         return te.sum(act(i, k).astype(acc) * B[j, k].astype(acc), axis=k)

@@ -54,10 +54,10 @@ from typing import Optional
 from tvm import te, tirx
 
 from .._tvm import tvm
-from ..ir.matmul import decoded_weight, placeholders
+from ..ir.matmul import decoded_weight, e4m3_bits, placeholders
 from ..plan import Plan
 
-__all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "e4m3_bits", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
+__all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
            "compile_dequant", "build_dequant", "dequant_args", "dequant_source"]
 
 # The weight-side arguments of a plan, the dequantize kernel's inputs (in plan.args order).
@@ -108,15 +108,6 @@ def _check(plan: Plan) -> None:
         raise NotImplementedError(f"dequantize kernel: {reason}")
 
 
-def e4m3_bits(v):
-    """The float8_e4m3 bit pattern (int8) of an int32 expression ``v`` with |v| < 16 (every such
-    integer is exact in e4m3: sign, exponent ``e + 7`` with 2**e <= |v|, 3 mantissa bits)."""
-    a = tirx.Select(v < 0, -v, v)
-    e = tirx.Select(a >= 8, 3, tirx.Select(a >= 4, 2, tirx.Select(a >= 2, 1, 0)))
-    mag = tirx.Select(a == 0, 0, ((e + 7) << 3) | ((a << (3 - e)) & 7))
-    return (mag | tirx.Select(v < 0, 0x80, 0)).astype("int8")
-
-
 def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     """TensorIR of ``W_decoded[n, k] = decoded weight (n, k)`` in the activation dtype.
 
@@ -127,7 +118,7 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     int8 activations: ``W_decoded`` holds the integer weight values as int8 (exact; the scale
     stays with the GEMM, which applies per-channel or group scales to its integer sums), and the
     parameters are ``W`` and ``W_decoded`` only. float8_e4m3 activations: the same, with the
-    integer values as e4m3 bit patterns (:func:`e4m3_bits`; the GEMM is the float8 one).
+    integer values as e4m3 bit patterns (``ir.matmul.e4m3_bits``; the GEMM is the float8 one).
     """
     _check(plan)
     c = plan.config

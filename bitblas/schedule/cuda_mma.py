@@ -47,6 +47,7 @@ from typing import Optional
 
 from .._tvm import tvm, tensor_intrin_cuda
 from ..arch import FP8_MIN_SM, arch_of, as_arch
+from ..ir.matmul import e4m3_codes
 
 __all__ = ["MMAHint", "schedule_cuda_mma", "mma_reason", "mma_unsupported_reason", "mma_int8_unsupported_reason",
            "mma_fp8_unsupported_reason", "ir_options", "MIN_ROWS", "FP8_MIN_SM"]
@@ -220,8 +221,9 @@ def mma_fp8_unsupported_reason(plan, sm=None) -> Optional[str]:
     c = plan.config
     if plan.a.torch_dtype not in PTX_FP8:
         return f"A_dtype={c.A_dtype} (float8 tensor-core path: float8 activations)"
-    if plan.w.torch_dtype not in PTX_FP8:
-        return f"W_dtype={c.W_dtype} (float8 tensor-core path: float8_e4m3 / float8_e5m2 weights)"
+    if plan.w.torch_dtype not in PTX_FP8 and not e4m3_codes(plan):
+        return (f"W_dtype={c.W_dtype} (float8 tensor-core path: float8_e4m3 / float8_e5m2 weights, or int / uint "
+                f"codes of at most 4 bits with float8_e4m3 activations)")
     if c.with_scaling and not plan.scale_in_epilogue:
         return "group-scaled weights need per-group partial sums (not implemented)"
     arch = as_arch(sm)
@@ -236,7 +238,7 @@ def ir_options(plan, hint) -> dict:
     """Keyword arguments of :func:`bitblas.ir.matmul.emit_matmul` that this template needs: the
     float8 path multiplies float8 values (``fp8_values``), where its scales can apply (epilogue)."""
     c = plan.config
-    fp8 = isinstance(hint, MMAHint) and is_fp8(plan) and plan.w.torch_dtype in PTX_FP8
+    fp8 = isinstance(hint, MMAHint) and is_fp8(plan) and (plan.w.torch_dtype in PTX_FP8 or e4m3_codes(plan))
     return {"fp8_values": True} if fp8 and (not c.with_scaling or plan.scale_in_epilogue) else {}
 
 
@@ -276,7 +278,8 @@ _I8_INTRINS = {}
 def _plan_intrinsics(plan) -> dict:
     """Names of the ldmatrix / fill / mma / store intrinsics of the plan's path."""
     if is_fp8(plan):
-        return _fp8_intrinsics(PTX_FP8[plan.a.torch_dtype], PTX_FP8[plan.w.torch_dtype])
+        # integer codes with float8_e4m3 activations are decoded to e4m3 (ir.matmul.e4m3_codes)
+        return _fp8_intrinsics(PTX_FP8[plan.a.torch_dtype], PTX_FP8.get(plan.w.torch_dtype, "e4m3"))
     return _intrinsics(plan.config.A_dtype)
 
 

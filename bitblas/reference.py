@@ -27,8 +27,9 @@ TOLERANCES = {
     "int4": 1e-4,
     "uint4": 1e-4,
     # exact float8 products, but the float8 tensor cores of Ada / Hopper keep 13 mantissa bits in their
-    # sums (testing/kernel_helpers.fp8_mma_tolerance); the fused GEMM promotes every slab of 4 or 8
-    # k32 instructions into float32: 4 * 2**-13 (H100, W2A-fp8 g256, K=1536, float32 output: 1.1e-4)
+    # sums (testing/kernel_helpers.fp8_mma_tolerance); the fused GEMM promotes every slab of 4 (4-bit
+    # codes) or 8 (2-bit) k32 instructions into float32: 4 * 2**-13, over the 1.1e-4 measured with 8
+    # (H100, W2A-fp8 g256, K=1536, float32 output)
     "float8_e4m3": 5e-4,
     "float8_e5m2": 1e-4,
     "nvfp4": 1e-4,      # NVFP4 x NVFP4: exact products, float32 sums (the output dtype rounds)

@@ -5,8 +5,9 @@ x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile
 warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
 for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2, nvfp4) in the default tiles
-at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary. Fresh random inputs, outputs poisoned with NaN, the float64 reference and
-the tolerance table.
+at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary; int8 activations
+(W4A8 / W2A8) and float8_e4m3 ones (W4A-fp8 / W2A-fp8, from one row) in their tiles and through default
+operators. Fresh random inputs, outputs poisoned with NaN, the float64 reference and the tolerance table.
 
     python -m pytest testing/test_gpu_fused_wgmma.py -m gpu
 """

@@ -72,7 +72,12 @@ keep fewer bits than float32. No GEMV takes float8 activations, so the fused GEM
 one row: split-K 64-row tiles up to 64 rows, then the int8 defaults. What bounds it (ncu, H100,
 W4A-fp8 g128 8192^2): at 256 rows the int8 path's issue and latency (18.0 M instructions against
 int8's 17.0 M, ~2 warps per scheduler, 46% issue-active); at one row the weight loads (long
-scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak).
+scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak). Two changes missed there (H100,
+W4A-fp8 g128 at 1 / 16 / 64 rows, 64-row split-K tiles): 8 weight slots per lane instead of 4,
+expected to put twice the bytes in flight (30.1 / 28.2 / 24.1 against 31.8 / 27.8 / 25.9 us), and
+4 warpgroups splitting K with 2 slots, expected to hide twice the latency (32.4 / 30.3 / 23.3 us;
+W2A-fp8 slower): neither the loads in flight per lane nor the warps per SM is the limit, which is
+not found yet (4 warpgroups are not allowed: no gain).
 
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land

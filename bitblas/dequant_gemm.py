@@ -88,8 +88,8 @@ class DequantGemm:
     def _table(self, name: str, device) -> torch.Tensor:
         t = self._tables.get((name, device))
         if t is None:
-            fmt = self.dense_plan.w if name == "w_table" else self.dense_plan.a
-            t = self._tables[(name, device)] = torch.tensor(fmt.table, dtype=torch.float32, device=device)
+            t = self._tables[(name, device)] = torch.tensor(self.dense_plan.table_values(name), dtype=torch.float32,
+                                                            device=device)
         return t
 
     def __call__(self, *args):

@@ -68,6 +68,14 @@ class Plan:
                 return a
         return None
 
+    def table_values(self, name: str) -> Tuple[float, ...]:
+        """The values of lookup-table argument ``name`` (role "table"): ``w_table`` (the weight
+        format's), ``s_table`` (the scale format's), ``a_table`` (the activation format's)."""
+        fmt = {"w_table": self.w, "a_table": self.a, "s_table": FORMATS.get(self.scale_dtype)}.get(name)
+        if fmt is None or fmt.table is None:
+            raise KeyError(f"{name}: not a lookup table of this plan")
+        return fmt.table
+
     @property
     def nvfp4_acts(self) -> bool:
         """NVFP4 activations (with NVFP4 weights): the hand-written kernels of

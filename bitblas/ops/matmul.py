@@ -14,7 +14,6 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..config import MatmulConfig
-from ..formats import FORMATS
 from ..plan import M_VAR, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..kernels import KernelChoice
@@ -253,12 +252,8 @@ class Matmul(BitBLASOperatorAPI):
         key = (name, device)
         t = self._consts.get(key)
         if t is None:
-            if name == "w_table":
-                vals = plan.w.table
-            elif name == "s_table":
-                vals = FORMATS[plan.scale_dtype].table
-            elif name == "a_table":
-                vals = plan.a.table
+            if name in ("w_table", "s_table", "a_table"):
+                vals = plan.table_values(name)
             elif name == "global_scale":
                 vals = (1.0,)
             else:  # pragma: no cover - the plan names no other constants

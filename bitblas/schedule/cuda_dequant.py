@@ -54,7 +54,7 @@ from typing import Optional
 from tvm import te, tirx
 
 from .._tvm import tvm
-from ..ir.matmul import decoded_weight, e4m3_bits, placeholders
+from ..ir.matmul import decoded_weight, e4m3_bits, e4m3_codes, placeholders
 from ..plan import Plan
 
 __all__ = ["WEIGHT_ARGS", "weight_arg_names", "dequant_unsupported", "emit_dequant", "schedule_cuda_dequant", "schedule_cpu_dequant",
@@ -85,7 +85,7 @@ def dequant_unsupported(plan: Plan) -> Optional[str]:
             return (f"W_dtype={c.W_dtype!r} with int8 activations: the dequantize kernel writes int8 codes, "
                     f"for weights whose values fit int8 ({', '.join(INT8_MMA_WEIGHTS)})")
     elif c.A_dtype == "float8_e4m3":
-        if plan.w.kind not in ("int", "uint") or plan.w.bits > 4:
+        if not e4m3_codes(plan):
             return (f"W_dtype={c.W_dtype!r} with float8_e4m3 activations: the dequantize kernel writes e4m3 "
                     f"codes, for integer weights of at most 4 bits (exact in e4m3)")
     elif c.A_dtype not in ("float16", "bfloat16"):
@@ -231,15 +231,13 @@ def dequant_args(plan: Plan, inputs: dict, out) -> list:
     checks shapes, dtypes and contiguity.
     """
     import torch
-    from ..formats import FORMATS
     args = []
     names = weight_arg_names(plan)
     for spec in plan.args:
         if spec.name not in names:
             continue
         if spec.role == "table":
-            fmt = plan.w if spec.name == "w_table" else FORMATS[plan.scale_dtype]
-            args.append(torch.tensor(fmt.table, dtype=torch.float32, device=out.device))
+            args.append(torch.tensor(plan.table_values(spec.name), dtype=torch.float32, device=out.device))
         elif spec.name == "global_scale" and inputs.get(spec.name) is None:
             args.append(torch.ones(1, dtype=torch.float32, device=out.device))
         else:

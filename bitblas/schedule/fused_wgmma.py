@@ -429,7 +429,7 @@ def _body(plan, hint: FusedWgmmaHint):
         else:
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
-        tensor_map(add, c.A_dtype, K, RT)
+        tensor_map(add, plan.arg("A").dtype, K, RT)
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
                      None if at_store else e["sdt"], e["zdt"], wait=False)
         # the rings; after the main loop the K warpgroups' sums (``red``) reuse them

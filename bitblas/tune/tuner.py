@@ -56,7 +56,6 @@ from ..cache import get_database
 from ..cache import kernels as _kernels
 from ..config import MatmulConfig
 from ..dispatch import BucketTable
-from ..formats import FORMATS
 from ..plan import make_plan
 from ..kernels import template_of
 from ..kernels.select import DEQUANT_GEMM, composite_serves as _composite_serves, row_class, select
@@ -189,10 +188,7 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
             args.append(out)
             continue
         if spec.role == "table":
-            vals = {"w_table": plan.w.table, "a_table": plan.a.table}.get(spec.name)
-            if vals is None:
-                vals = FORMATS[plan.scale_dtype].table
-            args.append(torch.tensor(vals, dtype=torch.float32, device=dev))
+            args.append(torch.tensor(plan.table_values(spec.name), dtype=torch.float32, device=dev))
             continue
         t = inputs.get(spec.name)
         if t is None:

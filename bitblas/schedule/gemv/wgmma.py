@@ -93,11 +93,6 @@ def slab_permutation_i8(bits: int, nw: int, order=None, slots=None) -> List[int]
     return perm
 
 
-def _kernel_act(act: str) -> str:
-    """The dtype the kernels see for activations ``act`` (float8: their bits, int8)."""
-    return "int8" if act.startswith("float8") else act
-
-
 def act_bytes(act: str) -> int:
     """Bytes per activation value of the wgmma kernels (float16 / bfloat16, or int8)."""
     return get_format(act, "A", "A_dtype").bits // 8
@@ -249,8 +244,8 @@ def permute_script(plan, hint) -> str:
     L = ["@T.prim_func",
          "def permute(A_ptr: T.handle, P_ptr: T.handle):",
          "    mv = T.int32()",
-         f"    A = T.match_buffer(A_ptr, (mv, {c.K}), {_kernel_act(c.A_dtype)!r}, align=16)",
-         f"    P = T.match_buffer(P_ptr, (mv, {c.K}), {_kernel_act(c.A_dtype)!r}, align=16)",
+         f"    A = T.match_buffer(A_ptr, (mv, {c.K}), {plan.arg('A').dtype!r}, align=16)",
+         f"    P = T.match_buffer(P_ptr, (mv, {c.K}), {plan.arg('A').dtype!r}, align=16)",
          "    T.device_entry()"]
     if hint.pdl:        # then the main kernel may launch: it loads weights, and waits for this one to finish
         L += ["    T.ptx.griddepcontrol.wait()", "    T.ptx.griddepcontrol.launch_dependents()"]
@@ -328,9 +323,9 @@ def for_accs(add, ind: str, stmt: str, R: int, NACC: int, unroll: bool = False):
 def tensor_map(add, act: str, K: int, rows: int):
     """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of 128
     bytes (:func:`box_values`) x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows
-    read as zeros); float8 activations as their bits (int8)."""
+    read as zeros); ``act``: the dtype the kernel sees (``plan.arg("A").dtype``: float8 as int8 bits)."""
     add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
-    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {_kernel_act(act)!r}, 2, A.data, "
+    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {act!r}, 2, A.data, "
         f"{K}, mv, {K * act_bytes(act)}, {box_values(act)}, {rows}, 1, 1, 0, 3, 2, 0)")
 
 
@@ -503,7 +498,7 @@ def body(plan, hint, add, e):
     at_store = scales_at_store(plan, e)
     wsrc = repr(wgmma_helper(tag, c.A_dtype, NT, STEPS, box_bytes))
 
-    tensor_map(add, c.A_dtype, K, NT)
+    tensor_map(add, plan.arg("A").dtype, K, NT)
     # programmatic dependent launch: the weights (and scales) of the first steps are loaded before
     # waiting for the permute kernel; no kernel of this stream writes them while it runs
     device_entry(add, hint, NBLK, 128 * KW, (STW, R, 2), NW, None if at_store else e["sdt"], e["zdt"], wait=False)

@@ -294,7 +294,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     """The fused kernel's tile for ``rows`` rows of ``plan`` (a CUDA plan that decode-then-GEMM would
     serve: the caller checks that) on a GPU of ``sms`` SMs (None: ``arch.GENERIC_SM_COUNT``), or
     None where decode-then-GEMM stays the default: more than 1024 rows (2048 where N >= 8192), or a
-    plan no tile takes; int8 activations: :func:`_int8_default`. Each tile with
+    plan no tile takes; int8 and float8_e4m3 activations: :func:`_byte_acts_default`. Each tile with
     ``overlap`` for 4-bit codes (uint2 refuses it for its registers or ring; 8-bit codes measured
     slower with it).
 
@@ -307,7 +307,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     tiles with two warpgroups side by side."""
     N = plan.config.N
     if _byte_acts(plan):
-        return _int8_default(plan, rows)
+        return _byte_acts_default(plan, rows)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
@@ -329,12 +329,15 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     return None
 
 
-INT8_DEFAULT_MAX_ROWS = 1024     # the most rows _int8_default serves
+BYTE_ACTS_DEFAULT_MAX_ROWS = 1024     # the most rows _byte_acts_default serves
 
 
-def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
-    """int8 and float8_e4m3 activations (float8: the int8 rules, not measured on their own): the fused tile where it measured faster than decode-then-GEMM (H100,
-    8192^2, tuner runs beside torch._int_mm), up to 1024 rows: with group scales (W4A8 g128: 31, 46
+def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
+    """int8 and float8_e4m3 activations: the fused tile where it measured faster than decode-then-GEMM
+    (H100, 8192^2, tuner runs beside torch._int_mm / torch._scaled_mm), up to 1024 rows. float8 up
+    to 64 rows (no GEMV takes them): split-K 64-row tiles. Past that float8 takes the int8 rules
+    with its two sets of sums (W4A-fp8 g128 at 128 and 256 rows: the default was the tuner's best
+    or within 3%). int8 with group scales (W4A8 g128: 31, 46
     and 185 us at 128, 256 and 1024 rows against 72, 84 and 208) split-K 128-row tiles up to 128
     rows (two warpgroups over 64 channels, 4 weight slots, a ring of 4 boxes each), else 128-row
     tiles of one warpgroup; per-channel (W4A8 / W2A8: 34 / 28 us at 128 rows against 73, 49 / 44 at
@@ -342,11 +345,11 @@ def _int8_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     128-row tiles of two warpgroups side by side up to 256, 256-row ones above (at 4096 rows
     decode-then-GEMM's dense int8 GEMM won for 4-bit codes, 512 us against the best fused tile's
     522, and lost for 2-bit ones, 523 against 482: left to the tuner)."""
-    if rows > INT8_DEFAULT_MAX_ROWS:
+    if rows > BYTE_ACTS_DEFAULT_MAX_ROWS:
         return None
-    if rows <= 64:                   # float8 (no GEMV takes them): split-K 64-row tiles (H100, W4A-fp8
-                                     # 8192^2 at 1 / 16 / 64 rows: 31.7 / 27.5 / 25.5 us against 45.6 /
-                                     # 44.4 / 38.0 for 128-row ones)
+    if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
+                                     # 64 rows: 31.7 / 27.5 / 25.5 us against 45.6 / 44.4 / 38.0 for
+                                     # the 128-row tile
         hint = FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
     elif rows <= 128:
         hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)

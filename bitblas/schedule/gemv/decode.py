@@ -80,6 +80,9 @@ def _act_bits(v: float, act: str) -> int:
 _LUT_AND = lop3_lut(lambda a, b, c: a & b)                       # a & b
 _LUT_AND_OR = lop3_lut(lambda a, b, c: (a & b) | c)              # (a & b) | c
 _LUT_SEL = lop3_lut(lambda a, b, c: (c & b) | (~c & a))          # c ? b : a, bitwise
+# a 16-entry prmt lookup (lut4, e4m3 codes): selectors of codes & 7, the sign-mode prmt selectors
+# (on the word and the word << 4) that make each code's bit 3 a 0x00 / 0xff byte mask, the pick
+_LUT16 = dict(sel_mask=0x77777777, msel=(0x9D8C, 0xBFAE), lut_sel=_LUT_SEL)
 
 
 def _e2m1_consts(act: str):
@@ -110,7 +113,7 @@ def _lut4_consts(table, act: str):
     lo, hi = [h & 0xFF for h in hb], [h >> 8 for h in hb]
     return dict(tl0=(pack(lo[0:4]), pack(lo[4:8])), tl1=(pack(lo[8:12]), pack(lo[12:16])),
                 th0=(pack(hi[0:4]), pack(hi[4:8])), th1=(pack(hi[8:12]), pack(hi[12:16])),
-                sel_mask=0x77777777, msel=(0x9D8C, 0xBFAE), ilv=(0x5140, 0x7362), lut_sel=_LUT_SEL)
+                ilv=(0x5140, 0x7362), **_LUT16)
 
 
 def e4m3_consts():
@@ -174,8 +177,7 @@ def e4m3_code_consts(bits: int, storage: str):
         return sum(v << (8 * i) for i, v in enumerate(vals))
     if bits == 2:
         return dict(table=pack(t), sel_mask=0x33333333)
-    return dict(t0=(pack(t[0:4]), pack(t[4:8])), t1=(pack(t[8:12]), pack(t[12:16])), sel_mask=0x77777777,
-                msel=(0x9D8C, 0xBFAE), lut_sel=_LUT_SEL)
+    return dict(t0=(pack(t[0:4]), pack(t[4:8])), t1=(pack(t[8:12]), pack(t[12:16])), **_LUT16)
 
 
 def e4m3_code_slots(bits: int):

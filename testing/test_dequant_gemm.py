@@ -14,7 +14,7 @@ from bitblas.kernels.select import DEQUANT_GEMM_MIN_ROWS, dense_config, dequant_
 from bitblas.plan import make_plan
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import WGMMAHint
-from bitblas.schedule.gemv import GEMV_ACTIVATIONS, GEMV_MMA_MAX_ROWS
+from bitblas.schedule.gemv import GEMV_MMA_MAX_ROWS
 from bitblas.schedule.gemv.mma import row_class
 from kernel_helpers import TARGETS, choose, past_gemv
 
@@ -63,10 +63,7 @@ def test_dispatch_on_sm90(fmt):
     m, choice = choose(op, "cuda", 4096)
     assert m is None and choice[0] == "dequant-gemm" and isinstance(choice[1], WGMMAHint)
     few = choose(op, "cuda", DEQUANT_GEMM_MIN_ROWS - 1)[1]
-    if op.config.A_dtype in GEMV_ACTIVATIONS:
-        assert few is None                                              # fewer rows: the GEMV
-    else:                                     # no GEMV takes float8 activations: past it from one row
-        assert past_gemv(few) and past_gemv(choose(op, "cuda", 1)[1])
+    assert few is None                                                  # fewer rows: the GEMV
     # 17..64 rows: the tensor-core GEMV (the kernel of the rows' class) where it takes the plan, else this path
     for rows in (DEQUANT_GEMM_MIN_ROWS, GEMV_MMA_MAX_ROWS):
         expect = (row_class(rows), None) if gemv_serves(op._kc, "cuda", rows, op.arch) else None

@@ -24,7 +24,7 @@ from bitblas.dispatch import BucketTable
 from bitblas.plan import make_plan
 from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
 from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported, schedule_fused_wgmma
-from kernel_helpers import TARGETS, choose
+from kernel_helpers import TARGETS, choose, run_fdec
 
 SM90 = cuda_target(TARGETS["sm_90"])
 SM80 = cuda_target(TARGETS["sm_80"])
@@ -161,52 +161,6 @@ def test_fused_fp8_codegen(W, gs, m, tile):
     _compiles_clean(src)
 
 
-def _run_fdec(src: str, w: list) -> list:
-    """Interpret a generated ``bb_fdec`` (its declarations, ``prmt`` and ``lop3`` lines) on the
-    weight words ``w``; returns the output words ``d``."""
-    from bitblas.schedule.gemv.decode import _emu_lop3, _emu_prmt
-    env, d = {"w": w, "0u": 0}, {}
-
-    def val(x):
-        x = x.strip()
-        if re.fullmatch(r"0x[0-9a-f]+u|0u", x):
-            return int(x.rstrip("u"), 16 if x.startswith("0x") else 10)
-        return env[x]
-
-    def expr(x):
-        py = re.sub(r"(0x[0-9a-f]+)u", r"\1", x)
-        return eval(py, {}, {k: v for k, v in env.items() if k != "0u"}) & 0xFFFFFFFF   # noqa: S307 - our own source
-
-    for line in src.strip().splitlines()[1:-1]:
-        line = line.strip().strip("{} ").strip()
-        for stmt in re.findall(r'(?:[^;"]|"[^"]*")+', line):      # statements (a ';' inside asm quotes stays)
-            stmt = stmt.strip("{} ")
-            if not stmt:
-                continue
-            if stmt.startswith("asm("):
-                m = re.fullmatch(r'asm\("(prmt|lop3)\.b32 %0, %1, %2, (%3|0x[0-9a-f]+)(?:, (0x[0-9a-f]+))?;" : '
-                                 r'"=r"\((\S+)\) : "r"\((\S+)\), "r"\((\S+)\)(?:, "r"\((\S+)\))?\)', stmt)
-                assert m, stmt
-                op, c, lut, out, a, b, cc = m.groups()
-                a, b = val(a), val(b)
-                if op == "prmt":
-                    r = _emu_prmt(a, b, val(cc) if c == "%3" else int(c, 16))
-                else:
-                    r = _emu_lop3(a, b, val(cc), int(lut, 16))
-                dm = re.fullmatch(r"d\[(\d+)\]", out)
-                if dm:
-                    d[int(dm[1])] = r
-                else:
-                    env[out] = r
-                continue
-            stmt = re.sub(r"^(const )?unsigned ", "", stmt)
-            for decl in stmt.split(", "):
-                if " = " in decl:                 # (``unsigned m0, m1``: declared, assigned by asm)
-                    name, rhs = (t.strip() for t in decl.split(" = ", 1))
-                    env[name] = expr(rhs)
-    return [d[i] for i in range(len(d))]
-
-
 @pytest.mark.parametrize("W", ["int4", "uint4", "int2", "uint2"])
 def test_fused_fp8_slab_model(W):
     """The float8 path's decode and index plumbing, on the generated helpers: every code through
@@ -231,7 +185,7 @@ def test_fused_fp8_slab_model(W):
     assert repr(src.split("{", 1)[1])[1:-1] in main_script(plan, FusedWgmmaHint(row_tile=128, stages=4))
     # each code value, in every field of a word
     for u in range(1 << b):
-        out = _run_fdec(src, [sum(u << (b * s) for s in range(n))] * 4)
+        out = run_fdec(src, [sum(u << (b * s) for s in range(n))] * 4)
         assert all(E4M3_TABLE[(x >> (8 * i)) & 0xFF] == u - off for x in out for i in range(4)), (u, out)
     perm = slab_permutation_i8(b, 4, order, e4m3_code_slots(b))
     assert sorted(perm) == list(range(SL))
@@ -249,7 +203,7 @@ def test_fused_fp8_slab_model(W):
         dec = []
         for q in range(4):
             words = [sum(u[q * V + j * n + code[s]] << (b * s) for s in range(n)) for j in range(4)]
-            dec.append(_run_fdec(src, words))
+            dec.append(run_fdec(src, words))
         got = 0.0
         for s in range(len(dec[0]) // 2):
             for q in range(4):
@@ -426,9 +380,10 @@ def test_int8_default_tiles():
 
 
 def test_fp8_default_tiles():
-    """float8_e4m3 activations: the fused GEMM from one row (no GEMV takes them), split-K 64-row
-    tiles up to 64 rows, then the int8 rules with two sets of sums (group or per-channel scales
-    alike: 128-row tiles of one warpgroup past 128 rows); decode-then-GEMM above 1024 rows."""
+    """float8_e4m3 activations: the fused GEMM's split-K 64-row tiles up to 64 rows (the tuner's
+    space from one row; by default the m16n8k32 GEMV serves up to 16 on sm_90), then the int8
+    rules with two sets of sums (group or per-channel scales alike: 128-row tiles of one
+    warpgroup past 128 rows); decode-then-GEMM above 1024 rows."""
     g128 = make_plan(_f8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
     chan = make_plan(_f8cfg("uint2", N=8192, K=8192), "cuda", None)
     for p in (g128, chan):
@@ -438,7 +393,8 @@ def test_fp8_default_tiles():
         assert fused_default(p, 129) == fused_default(p, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
         assert fused_default(p, 1025) is None
     op = bitblas.Matmul(_f8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
-    assert choose(op, "cuda", 1)[1] == fused_default(g128, 1)
+    assert all(op.choice("cuda", r).template == "gemv-mma" for r in (1, 16))     # the m16n8k32 GEMV
+    assert choose(op, "cuda", 17)[1] == fused_default(g128, 17)
     assert not isinstance(choose(op, "cuda", 2048)[1], FusedWgmmaHint)
 
 

@@ -38,9 +38,10 @@ def _byte(x: int, i: int, signed: bool) -> int:
     return v - 256 if signed and v >= 128 else v
 
 
-def mma_m16n8k32(a, b, c, a_signed):
+def mma_m16n8k32(a, b, c, a_signed, value=None):
     """The warp-wide mma on per-lane registers: ``a[lane]`` 4 words, ``b[lane]`` 2 words (s8),
-    ``c[lane]`` 4 int32; returns the new ``c``."""
+    ``c[lane]`` 4 int32; returns the new ``c``. ``value``: byte -> value of both operands
+    (float8: the e4m3 table) instead of the integer bytes."""
     A = [[None] * 32 for _ in range(16)]
     B = [[None] * 8 for _ in range(32)]
     for lane in range(32):
@@ -48,10 +49,10 @@ def mma_m16n8k32(a, b, c, a_signed):
         for i in range(4):
             row, k0 = g + 8 * (i % 2), 4 * q + 16 * (i // 2)
             for e in range(4):
-                A[row][k0 + e] = _byte(a[lane][i], e, a_signed)
+                A[row][k0 + e] = value((a[lane][i] >> (8 * e)) & 0xFF) if value else _byte(a[lane][i], e, a_signed)
         for i in range(2):
             for e in range(4):
-                B[4 * q + 16 * i + e][g] = _byte(b[lane][i], e, True)
+                B[4 * q + 16 * i + e][g] = value((b[lane][i] >> (8 * e)) & 0xFF) if value else _byte(b[lane][i], e, True)
     out = []
     for lane in range(32):
         g, q = lane // 4, lane % 4
@@ -149,8 +150,68 @@ def test_mma_int8_fragment_model(wd, nw):
                 assert got == want << sh, (wd, nw, trial, lane, j, got, want)
 
 
-def _plan(w, m=4, n=1000, k=1536, **kw):
-    return make_plan(MatmulConfig(N=n, K=k, A_dtype="int8", W_dtype=w, **kw), "cuda", m)
+_MMA_F8 = re.compile(_MMA.pattern.replace(r"s32\.(u8|s8)\.s8\.s32", r"f32\.(e4m3)\.e4m3\.f32").replace(r'\+r', r'\+f'))
+
+
+@pytest.mark.parametrize("wd", ("int4", "uint4", "int2", "uint2"))
+@pytest.mark.parametrize("nw", (1, 2, 4))
+def test_mma_f8_fragment_model(wd, nw):
+    """float8_e4m3 activations (W4A-fp8 / W2A-fp8): the generated e4m3 code decoder (interpreted),
+    the activation gather into its slots and the m16n8k32 .e4m3 operand order give, per (channel,
+    token), exactly sum_k value(code[n, k]) * a[t, k] over one vector per lane quad; weights packed in
+    the plan's code order (BitBLAS's fast-decoding order for an 8-bit target), activations any finite
+    e4m3 byte."""
+    from bitblas.code_order import slot_codes
+    from bitblas.formats import E4M3_TABLE
+    from kernel_helpers import run_fdec
+    fmt = FORMATS[wd]
+    b = fmt.bits
+    V = nw * 32 // b
+    if V < 16:
+        pytest.skip("fewer than 16 values per vector")
+    plan = _plan(wd, A_dtype="float8_e4m3", k=4 * V * 4)
+    order, n = plan.w_order, 32 // b
+    code = slot_codes(order) if order is not None else tuple(range(n))
+    off = (1 << (b - 1)) if fmt.kind == "int" else 0
+    NA = V // 4
+    src = mma_i8_helpers("t", b, plan.w_storage, nw, order, f8=True)
+    steps = [m for m in (_MMA_F8.fullmatch(ln.strip()) for ln in src["bb_mma_t"].splitlines()) if m]
+    assert len(steps) == NA // 2
+    finite = [x for x in range(256) if E4M3_TABLE[x] == E4M3_TABLE[x]]
+    rng = random.Random(b * 7 + nw)
+    for trial in range(3):
+        u = [[[rng.randrange(1 << b) for _ in range(V)] for _ in range(4)] for _ in range(16)]   # [n][q][k]
+        acts = [[rng.choice(finite) for _ in range(4 * V)] for _ in range(8)]
+        dec, prep = {}, {}
+        for lane in range(32):
+            g, q = lane // 4, lane % 4
+            for h in range(2):
+                uq = u[g + 8 * h][q]
+                words = [sum(uq[j * n + code[s]] << (b * s) for s in range(n)) for j in range(nw)]
+                dec[lane, h] = run_fdec(src["bb_mdec_t"], words)
+                assert len(dec[lane, h]) == NA
+            ab = bytes(acts[g][q * V:(q + 1) * V])
+            env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
+            prep[lane] = [env[f"ap{i}"] for i in range(NA)]
+        c = [[0.0] * 8 for _ in range(32)]
+        for s in steps:
+            o = [int(s[i]) for i in (2, 3, 4, 5)]
+            regs = [(s[6 + 2 * i], int(s[7 + 2 * i])) for i in range(4)]
+            a = [[dec[lane, 0 if nm == "dg" else 1][i] for nm, i in regs] for lane in range(32)]
+            bb = [[prep[lane][int(s[14])], prep[lane][int(s[15])]] for lane in range(32)]
+            new = mma_m16n8k32(a, bb, [c[lane][o[0]:o[0] + 4] for lane in range(32)], False, E4M3_TABLE.__getitem__)
+            for lane in range(32):
+                c[lane][o[0]:o[0] + 4] = new[lane]
+        for lane in range(32):
+            g, q = lane // 4, lane % 4
+            for j in range(4):
+                ch, t = g + 8 * (j // 2), 2 * q + j % 2
+                want = sum((u[ch][qq][k] - off) * E4M3_TABLE[acts[t][qq * V + k]] for qq in range(4) for k in range(V))
+                assert c[lane][j] + c[lane][j + 4] == want, (wd, nw, trial, lane, j)
+
+
+def _plan(w, m=4, n=1000, k=1536, A_dtype="int8", **kw):
+    return make_plan(MatmulConfig(N=n, K=k, A_dtype=A_dtype, W_dtype=w, **kw), "cuda", m)
 
 
 def test_mma_int8_vec_bytes_and_shift():
@@ -267,3 +328,74 @@ def test_mma_int8_codegen(w, arch):
             src = cuda_source(plan, tgt, hint)
             assert f"mma.sync.aligned.m16n8k32.row.col.s32.{at}.s8.s32" in src, (w, m, v)
             assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, m, v, n, k)
+
+
+# -- float8_e4m3 activations (W4A-fp8 / W2A-fp8): the same kernel on mma.sync .e4m3 --------------
+F8_WEIGHTS = ("int4", "uint4", "int2", "uint2")
+
+
+def _f8(w, m, n=8192, k=8192, **kw):
+    return _plan(w, m, n=n, k=k, A_dtype="float8_e4m3", with_scaling=True, with_act_scaling=True, **kw)
+
+
+def test_mma_f8_routing_and_defaults():
+    """The untuned operator: the m16n8k32 GEMV for float8 activations from one row, up to 16 rows on
+    sm_90 (the fused wgmma GEMM above) and 64 on sm_89; never on sm_80 (no float8 mma.sync); its
+    tiles: 4-bit codes the wide tile without the next step in flight at every row count, 2-bit
+    codes the int8 tiles; above 16 rows the chunk loop."""
+    from bitblas.arch import Arch
+    from bitblas.kernels.select import select
+    t89, t90 = cuda_target(TARGETS["sm_89"]), cuda_target(TARGETS["sm_90"])
+    for w in F8_WEIGHTS:
+        for kw in (dict(), dict(group_size=128)):
+            cfg = _f8(w, 1, **kw).config
+            for rows in (1, 8, 16, 17, 64, 65):
+                got = {sm: select(cfg, "cuda", rows, Arch.from_sm(sm)).template for sm in (80, 89, 90)}
+                assert got[89] == ("gemv-mma" if rows <= 64 else got[89]) and got[80] != "gemv-mma", (w, kw, rows, got)
+                assert (got[90] == "gemv-mma") == (rows <= 16), (w, kw, rows, got)
+            wide = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2, pdl=True)
+            for m in (1, 8, 16):
+                h = default_gemv_hint(_f8(w, m, **kw), t90)
+                if w.endswith("4") or m > 8:
+                    assert h == wide, (w, m, h)
+                else:
+                    assert h == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2, pdl=True), (w, m, h)
+            assert default_gemv_hint(_f8(w, 40, **kw), t89).chunk_loop
+
+
+def test_mma_f8_refused():
+    """Only the m16n8k32 tiles take float8 activations (the rows, k-split and wgmma GEMV hints are
+    refused naming the dtype); an sm_80 target refuses the build; the tuner's GEMV candidates are
+    mma tiles only, and none on sm_80."""
+    from bitblas.arch import Arch
+    from bitblas.kernels import by_name
+    from bitblas.schedule import GEMVWgmmaHint
+    p = _f8("int4", 4)
+    for h in (GEMVHint(4, warps=2, unroll=4, stages=2), GEMVHint(2, k_warps=4), GEMVWgmmaHint(rows_per_warp=16)):
+        assert "float8_e4m3" in gemv_hint_unsupported(p, h), h
+    assert gemv_hint_unsupported(p, GEMVHint(32, k_warps=8, mma=True)) is None
+    with pytest.raises(ValueError, match="sm_89"):
+        cuda_source(p, cuda_target(TARGETS["sm_80"]), GEMVHint(32, k_warps=8, mma=True))
+    assert "sm_89" in by_name("gemv-mma").reason(p, Arch.from_sm(80))
+    assert by_name("gemv-mma").space(p, 4, Arch.from_sm(80)) == []
+    cands = by_name("gemv-mma").space(p, 4, Arch.from_sm(90))
+    assert cands and all(isinstance(c.hint, GEMVMmaHint) for c in cands)
+    assert all(by_name(t).space(p, 4, Arch.from_sm(90)) == [] for t in ("gemv-rows", "gemv-ksplit"))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+@pytest.mark.parametrize("w", F8_WEIGHTS)
+def test_mma_f8_codegen(w, arch):
+    """m16n8k32 .e4m3 kernels compile with no stack frame: group / per-channel scales, bias, bfloat16
+    output, N=1000 K=1536 (N remainder, lanes past K), at 1, 16 and 40 (the chunk loop) rows."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    tgt = cuda_target(TARGETS[arch])
+    for i, m in enumerate((1, 16, 40)):
+        kw = (dict(group_size=128), dict(with_bias=True, out_dtype="bfloat16"), dict())[i]
+        plan = _f8(w, m, n=1000, k=1536, **kw)
+        hint = default_gemv_hint(plan, tgt)
+        src = cuda_source(plan, tgt, hint)
+        assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in src, (w, m)
+        assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, m, arch)

@@ -6,7 +6,7 @@ warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off th
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
 for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2, nvfp4) in the default tiles
 at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary; int8 activations
-(W4A8 / W2A8) and float8_e4m3 ones (W4A-fp8 / W2A-fp8, from one row) in their tiles and through default
+(W4A8 / W2A8) and float8_e4m3 ones (W4A-fp8 / W2A-fp8, from one row as tuned) in their tiles and through default
 operators. Fresh random inputs, outputs poisoned with NaN, the float64 reference and the tolerance table.
 
     python -m pytest testing/test_gpu_fused_wgmma.py -m gpu
@@ -223,8 +223,8 @@ def test_int8_default_kernels(name):
 
 
 # float8_e4m3 activations (per-token scales) x 2- / 4-bit codes (W4A-fp8, W2A-fp8): two sets of sums
-# always (each slab's float8 sums promoted), so the tiles of int8 with group scales; from one row (no
-# GEMV takes float8 activations)
+# always (each slab's float8 sums promoted), so the tiles of int8 with group scales; from one row (a
+# tuned bucket's kernel; untuned, the m16n8k32 GEMV serves 1..16 rows)
 F8_FORMATS = {
     "w4afp8-g128": dict(W_dtype="int4", group_size=128),
     "w4afp8-u4-g256-bias": dict(W_dtype="uint4", group_size=256, with_bias=True, out_dtype="bfloat16"),
@@ -259,13 +259,14 @@ def test_fused_fp8_8192():
 @gpu
 def test_fp8_default_kernels(name):
     """A dynamic-M float8-activation operator (N=8192, K=2048) with its default kernels on sm_90: the
-    fused GEMM from one row up to 1024 rows, decode-then-GEMM (the float8 wgmma GEMM) above."""
+    m16n8k32 GEMV up to 16 rows, the fused GEMM up to 1024, decode-then-GEMM (the float8 wgmma GEMM)
+    above."""
     import bitblas
     cfg = _f8cfg(name, 8192, 2048, M=None)
     op = bitblas.Matmul(cfg)
     _check_operator(op, cfg, (1, 16, 17, 64, 65, 128, 256, 1024, 1025, 2048))
     used = {c.template for kind, c in op._kernels if kind == "cuda"}
-    assert {"fused-wgmma", "dequant-gemm"} <= used, used
+    assert {"gemv-mma", "fused-wgmma", "dequant-gemm"} <= used, used
 
 
 @gpu

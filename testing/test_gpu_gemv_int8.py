@@ -62,18 +62,37 @@ SHAPES = ((1000, 1536), (4104, 8192))      # N no multiple of the rows per block
 
 
 def _cfg(name, n=1000, k=1536):
+    if name in F8_CASES:
+        return MatmulConfig(N=n, K=k, A_dtype="float8_e4m3", **F8_CASES[name])
     return MatmulConfig(N=n, K=k, A_dtype="int8", **CASES[name])
+
+
+# float8_e4m3 activations x 2- / 4-bit codes (W4A-fp8 / W2A-fp8): the m16n8k32 .e4m3 GEMV (sm_89+)
+F8_CASES = {
+    "w4afp8-g128-as-bias-f16": dict(W_dtype="int4", group_size=128, with_scaling=True, with_act_scaling=True,
+                                    with_bias=True),
+    "w4afp8-u4-chan-as-bf16": dict(W_dtype="uint4", with_scaling=True, with_act_scaling=True, out_dtype="bfloat16"),
+    "w2afp8-chan-as-f16": dict(W_dtype="int2", with_scaling=True, with_act_scaling=True),
+    "w2afp8-u2-g256-f32": dict(W_dtype="uint2", group_size=256, with_scaling=True, out_dtype="float32"),
+    "w4afp8-noscale-bias-f32": dict(W_dtype="int4", with_bias=True, out_dtype="float32"),   # sums past float16's range
+}
+F8_ROWS = (1, 3, 8, 9, 16, 17, 40, 64)
 
 
 def _inputs(cfg, m, seed):
     """random_inputs' scales / a_scale / bias, with weight codes drawn over the format's whole range
     (without scales the quantizer would round the small random weights to 0) and int8 activations
-    over -128..127 (per-token quantization never writes -128)."""
+    over -128..127 (per-token quantization never writes -128); float8_e4m3 activations: every finite
+    byte (subnormals and +-448 included)."""
     inp = random_inputs(cfg, m, seed=seed)
     g = torch.Generator().manual_seed(seed)
     lo, hi = FORMATS[cfg.W_dtype].code_range
     inp["W"] = pack_weight(cfg, torch.randint(lo, hi + 1, (cfg.N, cfg.K), generator=g))["W"]
-    inp["A"] = torch.randint(-128, 128, (m, cfg.K), generator=g, dtype=torch.int8)
+    if cfg.A_dtype == "float8_e4m3":
+        b = torch.randint(0, 256, (m, cfg.K), generator=g, dtype=torch.int32).to(torch.uint8)
+        inp["A"] = torch.where((b & 0x7F) == 0x7F, 0, b).to(torch.uint8).view(torch.float8_e4m3fn)   # no NaN byte
+    else:
+        inp["A"] = torch.randint(-128, 128, (m, cfg.K), generator=g, dtype=torch.int8)
     return inp
 
 
@@ -196,6 +215,47 @@ def test_gemv_int8_mma(name, n, k, m):
             pytest.skip(f"tensor-core GEMV refuses {name}: {why}")
     why = _check(cfg, m, build_plan(plan, tgt, hint), plan)
     assert why is None, f"{name} {hint}: {why}"
+
+
+@pytest.mark.parametrize("m", F8_ROWS, ids=[f"m{m}" for m in F8_ROWS])
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("name", list(F8_CASES))
+@gpu
+def test_gemv_f8_mma(name, n, k, m):
+    """float8_e4m3 activations on the m16n8k32 .e4m3 GEMV: through ``bitblas.Matmul`` where it
+    serves the rows by default (1..16 on sm_90, 1..64 on sm_89), else its default hint built
+    directly (17..64, the chunk loop); fresh random codes over their range and any finite e4m3
+    activation byte, into a poisoned output."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 mma.sync needs sm_89+")
+    cfg = _cfg(name, n, k)
+    plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
+    from bitblas.schedule.gemv import gemv_default_takes
+    if gemv_default_takes(plan, tgt):
+        why = _check(cfg, m)
+    else:
+        hint = default_gemv_hint(plan, tgt)
+        assert hint.tensor_cores and hint.chunk_loop, hint
+        why = _check(cfg, m, build_plan(plan, tgt, hint), plan)
+    assert why is None, f"{name}: {why}"
+
+
+@pytest.mark.parametrize("hint", ["r16k1u1s1", "r32k2u4s2", "r64k8u2s2", "r32k8u1s2-v8"])
+@pytest.mark.parametrize("name", ["w4afp8-g128-as-bias-f16", "w2afp8-chan-as-f16"])
+@gpu
+def test_gemv_f8_mma_hints(name, hint):
+    """Explicit m16n8k32 .e4m3 tiles (k_warps 1..8, 8-byte vectors), K=1664 (lanes past K), 3..16 rows."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 mma.sync needs sm_89+")
+    from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
+    h = MMA_HINTS[hint]
+    cfg = _cfg(name, 1000, 1664)
+    for m in (3, 9, 16):
+        plan = make_plan(cfg, "cuda", m)
+        if mma_int8_unsupported(plan, h):
+            pytest.skip(mma_int8_unsupported(plan, h))
+        why = _check(cfg, m, build_plan(plan, cuda_target(), h), plan)
+        assert why is None, f"{name} {h}: {why}"
 
 
 MMA_HINTS = {

@@ -10,7 +10,7 @@ from typing import List, Optional
 from ..plan import make_plan
 from ..schedule.fused_wgmma import (FusedWgmmaHint, box_bytes, fused_default, fused_space, fused_wgmma_unsupported,
                                     register_words, ring_slots, schedule_fused_wgmma)
-from ..schedule.gemv import GEMV_ACTIVATIONS, GEMV_MMA_MAX_ROWS, slab_codes
+from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
 from ._common import cuda_reason, need_spec
 from .base import Candidate
 from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMMA_SLAB_CHAIN_CLK, elem_bytes,
@@ -18,12 +18,6 @@ from .costmodel import (LAUNCH_S, WGMMA_RS_FIXED_CLK, WGMMA_RS_PER_COL_CLK, WGMM
 from .mma import mma_rows
 
 FUSED_MIN_ROWS = GEMV_MMA_MAX_ROWS + 1      # the tuner's space starts past the GEMV's rows
-
-
-def _min_rows(config) -> int:
-    """The fewest rows the fused GEMM is tuned for: past the GEMV's, or one row for activations no
-    GEMV kernel takes (float8)."""
-    return FUSED_MIN_ROWS if config.A_dtype in GEMV_ACTIVATIONS else 1
 
 
 class FusedWgmma:
@@ -47,8 +41,8 @@ class FusedWgmma:
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         """Every tile that takes the plan (``schedule.fused_wgmma.fused_space``), symbolic in M, for
-        buckets past the GEMV (:func:`_min_rows`) on an sm_90 arch with device facts."""
-        if rows < _min_rows(plan.config) or arch is None or arch.spec is None or self.reason(plan, arch) is not None:
+        buckets past the GEMV (``FUSED_MIN_ROWS``) on an sm_90 arch with device facts."""
+        if rows < FUSED_MIN_ROWS or arch is None or arch.spec is None or self.reason(plan, arch) is not None:
             return []
         m = mma_rows(plan.config)          # static for an int M (as the selector builds it), else symbolic
         return [Candidate(m, h) for h in fused_space(make_plan(plan.config, "cuda", m))]
@@ -58,7 +52,7 @@ class FusedWgmma:
         range past the GEMV's (fewer stay with the untuned GEMV; the last bucket's range has every
         row count above it too); a static-rows kernel only its own."""
         m = mma_rows(config)
-        return (rows >= _min_rows(config) and (m is None or m == rows)), m
+        return (rows >= FUSED_MIN_ROWS and (m is None or m == rows)), m
 
     def shape_key(self, hint):
         return ("fused-wgmma", hint.row_tile, hint.channel_tiles, hint.warpgroups, hint.split_k)

@@ -25,7 +25,7 @@ class GEMVMma(GEMVTemplate):
         blocks per SM or none (the default tiles are such variants: gemv/template.py's
         float_mma_tile / int8_mma_tile / chunk_tile). 17..64 rows also the chunk loop."""
         p = space_plan(plan.config, rows)
-        if p is None or (arch is not None and not arch.mma):
+        if p is None or (arch is not None and not arch.mma) or self.reason(p, arch) is not None:
             return []
         bucket, out = rows, []
         for R, kw, unroll, stages, mb in itertools.product((16, 32, 64), (1, 2, 4, 8), (2, 4), (2, 1), (0, 2)):

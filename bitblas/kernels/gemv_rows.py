@@ -20,7 +20,7 @@ class GEMVRows(GEMVTemplate):
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         p = space_plan(plan.config, rows)
-        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS:
+        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS or p.config.A_dtype in gemv_schedule.MMA_ONLY_ACTIVATIONS:
             return []
         bucket, out = rows, []
         vbs = [vb for vb in (16, 8, 4) if gemv_schedule.vec_bytes(p, vb) is not None]

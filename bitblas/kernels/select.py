@@ -35,11 +35,8 @@ DEQUANT_GEMM_MIN_ROWS = 17         # quantized weights from this many rows on sm
 
 
 def _past_gemv_rows(config, rows: int) -> bool:
-    """Rows the GEMV leaves to the paths past it: from ``DEQUANT_GEMM_MIN_ROWS``, or every row count
-    for activations no GEMV kernel takes (float8_e4m3 x integer codes: the fused wgmma GEMM and
-    decode-then-GEMM from one row)."""
-    from ..schedule.gemv import GEMV_ACTIVATIONS
-    return rows >= DEQUANT_GEMM_MIN_ROWS or config.A_dtype not in GEMV_ACTIVATIONS
+    """Rows the GEMV leaves to the paths past it (from ``DEQUANT_GEMM_MIN_ROWS``)."""
+    return rows >= DEQUANT_GEMM_MIN_ROWS
 
 
 def dense_config(config: MatmulConfig) -> MatmulConfig:

@@ -68,8 +68,8 @@ float8_e4m3 activations (W4A-fp8 / W2A-fp8, per-token scales): the int8 path wit
 m64nNk32 .f32.e4m3.e4m3`` on the codes decoded to e4m3 bytes (:func:`~.gemv.decode.e4m3_code_dec`,
 a ``prmt`` table; the permute follows its slots), float32 sums ``pacc`` promoted into the float32
 accumulators after every slab (times the group scale where there is one): the float8 wgmma's sums
-keep fewer bits than float32. No GEMV takes float8 activations, so the fused GEMM serves them from
-one row: split-K 64-row tiles up to 64 rows, then the int8 defaults. What bounds it (ncu, H100,
+keep fewer bits than float32. Past the m16n8k32 GEMV's rows (gemv/mma_int8.py: 1..16 on sm_90):
+split-K 64-row tiles up to 64 rows, then the int8 defaults. What bounds it (ncu, H100,
 W4A-fp8 g128 8192^2): at 256 rows the int8 path's issue and latency (18.0 M instructions against
 int8's 17.0 M, ~2 warps per scheduler, 46% issue-active); at one row the weight loads (long
 scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak). Two changes missed there (H100,
@@ -335,7 +335,8 @@ BYTE_ACTS_DEFAULT_MAX_ROWS = 1024     # the most rows _byte_acts_default serves
 def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     """int8 and float8_e4m3 activations: the fused tile where it measured faster than decode-then-GEMM
     (H100, 8192^2, tuner runs beside torch._int_mm / torch._scaled_mm), up to 1024 rows. float8 up
-    to 64 rows (no GEMV takes them): split-K 64-row tiles. Past that float8 takes the int8 rules
+    to 64 rows: split-K 64-row tiles (from one row, for a tuned bucket; the untuned operator runs
+    1..16 rows on the m16n8k32 GEMV). Past that float8 takes the int8 rules
     with its two sets of sums (W4A-fp8 g128 at 128 and 256 rows: the default was the tuner's best
     or within 3%). int8 with group scales (W4A8 g128: 31, 46
     and 185 us at 128, 256 and 1024 rows against 72, 84 and 208) split-K 128-row tiles up to 128

@@ -204,13 +204,13 @@ def _lut16_selectors(lines, j: int, k):
         lines.append(f"    asm(\"prmt.b32 %0, %1, %2, 0x{k['msel'][i]:x};\" : \"=r\"(m{i}) : \"r\"(q), \"r\"(q4));")
 
 
-def e4m3_code_dec(tag: str, bits: int, storage: str, nw: int) -> str:
-    """``bb_fdec_{tag}(w, d)``: ``nw`` weight words of 2- or 4-bit integer codes to ``nw * 8 / bits``
-    words of float8_e4m3 bytes (:func:`e4m3_code_consts`, slots :func:`e4m3_code_slots`)."""
+def e4m3_code_dec(tag: str, bits: int, storage: str, nw: int, name: Optional[str] = None) -> str:
+    """``bb_fdec_{tag}(w, d)`` (or ``name``): ``nw`` weight words of 2- or 4-bit integer codes to
+    ``nw * 8 / bits`` words of float8_e4m3 bytes (:func:`e4m3_code_consts`, slots :func:`e4m3_code_slots`)."""
     k = e4m3_code_consts(bits, storage)
     F = 8 // bits
     prmt = 'asm("prmt.b32 %0, %1, %2, %3;" : "=r"({}) : "r"({}), "r"({}), "r"({}));'
-    lines = [f"__device__ __forceinline__ void bb_fdec_{tag}(const unsigned* w, unsigned* d) {{"]
+    lines = [f"__device__ __forceinline__ void {name or f'bb_fdec_{tag}'}(const unsigned* w, unsigned* d) {{"]
     if bits == 2:
         lines.append(f"  const unsigned tb = 0x{k['table']:08x}u;")
         for j in range(nw):

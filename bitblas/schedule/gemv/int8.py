@@ -72,15 +72,16 @@ def _transpose(x, y):
             (y[2], t[1], t[3], 0x5410), (y[3], t[1], t[3], 0x7632)]
 
 
-def _i8_gather(bits: int, nw: int, order=None):
+def _i8_gather(bits: int, nw: int, order=None, slots=None):
     """The activation gather of one vector of ``nw`` weight words: ``prmt`` steps ``(dst, a, b,
     selector)`` over names ``a{j}`` (activation words in K order), ``p{q}`` (gathered word q,
     matching decoded weight word q) and temporaries. 8-bit codes need none (``p{j}`` = ``a{j}``).
     ``order`` (``Plan.w_order``): the weight words hold code ``j`` in slot ``order[j]``, so byte
     ``t`` of decoded word ``j * F + p`` is code ``c`` with ``order[c] = t * F + p``
-    (:func:`_order_gather`)."""
-    if order is not None:
-        return _order_gather(bits, nw, order)
+    (:func:`_order_gather`). ``slots``: a decoder that puts other slots in each byte
+    (:func:`word_codes`; the e4m3 code decoder's)."""
+    if order is not None or slots is not None:
+        return _order_gather(bits, nw, order, slots)
     prog = []
     if bits == 4:
         for j in range(nw):
@@ -128,11 +129,11 @@ def byte_gather(dst: str, src):
     return prog + [(dst, f"{dst}_g0", f"{dst}_g1", sel)]
 
 
-def _order_gather(bits: int, nw: int, order):
-    """The gather for weights in code order ``order``: each gathered word from the activation
-    bytes its decoded word's codes need (:func:`word_codes`, :func:`byte_gather`)."""
+def _order_gather(bits: int, nw: int, order, slots=None):
+    """The gather for weights in code order ``order`` (decoded into ``slots``): each gathered word
+    from the activation bytes its decoded word's codes need (:func:`word_codes`, :func:`byte_gather`)."""
     prog = []
-    for q, codes in enumerate(word_codes(bits, nw, order)):
+    for q, codes in enumerate(word_codes(bits, nw, order, slots)):
         prog += byte_gather(f"p{q}", [(f"a{w}", b) for w, b in (divmod(k, 4) for k in codes)])
     return prog
 
@@ -144,10 +145,10 @@ def _cname(nm: str) -> str:
     return nm
 
 
-def gather_lines(bits: int, nw: int, order=None):
+def gather_lines(bits: int, nw: int, order=None, slots=None):
     """CUDA lines: activation words ``a`` gathered into the decode's K order, into ``ap`` (the
     ``prmt`` program of :func:`_i8_gather`; 8-bit codes: the words as they are)."""
-    prog = _i8_gather(bits, nw, order)
+    prog = _i8_gather(bits, nw, order, slots)
     if not prog:
         return [f"  ap[{q}] = a[{q}];" for q in range(nw * i8_consts(bits, "plain")["F"])]
     out = []

@@ -39,12 +39,21 @@ promoted ``acc += float(partial) * scale[channel, group] * 2**-(8-b)``; that nee
 positions inside one group (``group_size % (4 V) == 0``; :func:`mma_i8_vec_bytes` picks a vector
 width that gives it, or refuses).
 
+float8_e4m3 activations (W4A-fp8 / W2A-fp8, sm_89+): the same tiling with ``mma.sync m16n8k32
+.f32.e4m3.e4m3`` (its fragments are the 8-bit ones above), the codes decoded to the e4m3 bytes of
+their values by the fused wgmma GEMM's ``prmt`` table (:func:`~.decode.e4m3_code_dec`; no factor)
+and the activations gathered into its slots. The float8 mma keeps fewer bits in its sums than
+float32, so every vector step's sums go to a fresh float32 tile that is then added into the
+float32 accumulators (times the group scale where there is one), as the int8 group-scaled path
+promotes its int32 tiles.
+
 measurements: docs/performance.md
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from .decode import e4m3_code_dec, e4m3_code_slots
 from .emit import pdl_trigger, step_loop, vec_bytes
 from .int8 import gather_lines, i8_consts
 from .mma import (chunk_loop, chunk_loop_unsupported, mma_chains, mma_entry, mma_lanes, mma_store, mma_tile_unsupported,
@@ -64,9 +73,10 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     """None when the int8 tensor-core GEMV takes ``plan`` with ``hint``, else why not."""
     c = plan.config
     if plan.float_acts:
-        return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations"
-    if plan.w.kind not in ("int", "uint") or plan.w.bits not in (1, 2, 4, 8):
-        return f"W_dtype={c.W_dtype!r}: the int8 tensor-core GEMV takes int/uint 1/2/4/8-bit weights"
+        return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations (or float8_e4m3 ones)"
+    if plan.w.kind not in ("int", "uint") or plan.w.bits not in ((2, 4) if _f8(plan) else (1, 2, 4, 8)):
+        return (f"W_dtype={c.W_dtype!r}: the byte-activation tensor-core GEMV takes int/uint 1/2/4/8-bit weights "
+                "(float8_e4m3 activations: 2- and 4-bit)")
     why = mma_tile_unsupported(hint)
     if why:
         return why
@@ -84,19 +94,28 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     return None
 
 
-def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
+def _f8(plan) -> bool:
+    return plan.config.A_dtype == "float8_e4m3"
+
+
+def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None, f8: bool = False):
     """CUDA helpers: ``bb_mdec`` (weight words -> mma A bytes), ``bb_mprep`` (activation words
     -> the same K order) and ``bb_mma`` (``NA / 2`` m16n8k32 steps of one vector per lane), for
-    codes stored as ``storage`` (bitblas.formats.code_storage)."""
+    codes stored as ``storage`` (bitblas.formats.code_storage); ``f8``: float8_e4m3 activations
+    (the codes' e4m3 bytes, float32 sums)."""
     k = i8_consts(bits, "plain")
     signed = storage != "plain"
     F = k["F"]
     na = nw * F
     src = {}
     lines = [f"__device__ __forceinline__ void bb_mprep_{tag}(const unsigned* a, unsigned* ap) {{"]
-    lines += gather_lines(bits, nw, order)
+    lines += gather_lines(bits, nw, order, e4m3_code_slots(bits) if f8 else None)
     lines.append("}")
     src[f"bb_mprep_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    if f8:
+        src[f"bb_mdec_{tag}"] = e4m3_code_dec(tag, bits, storage, nw, name=f"bb_mdec_{tag}")
+        src.update(mma_chains(tag, na // 2, "m16n8k32.row.col.f32.e4m3.e4m3.f32", "float", "f"))
+        return src
 
     lines = [f"__device__ __forceinline__ void bb_mdec_{tag}(const unsigned* w, unsigned* d) {{"]
     hi = (((1 << bits) - 1) << (8 - bits)) * 0x01010101
@@ -126,7 +145,7 @@ def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None):
 def code_shift(plan) -> int:
     """log2 of the factor the decoded bytes carry (signed sub-byte codes at the top of the byte)."""
     b = plan.w.bits
-    return 8 - b if plan.w.kind == "int" and b < 8 else 0
+    return 8 - b if plan.w.kind == "int" and b < 8 and not _f8(plan) else 0
 
 
 def body(plan, hint, add, e):
@@ -136,7 +155,8 @@ def body(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
-    hs = mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order)
+    f8 = _f8(plan)
+    hs = mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order, f8=f8)
 
     def hsrc(name):
         return repr(hs[name])
@@ -144,10 +164,12 @@ def body(plan, hint, add, e):
     SH = code_shift(plan)
     KW, R, TT, U, NS, ST, guard, NBLK = mma_tiles(hint, e)
     sdt = e["sdt"]                            # group scales (per-channel ones are applied at the store)
-    adt = "float32" if sdt else "int32"
+    adt = "float32" if sdt or f8 else "int32"
+    pdt = "float32" if f8 else "int32"        # a step's tile of sums (promoted: group scales, float8)
+    promote = bool(sdt) or f8
     CL = chunk_loop(hint, e["m"])
     mma_entry(add, hint, NBLK, KW, ST, U, R, NW, NA, TT, sdt, None, adt, CL,
-               [f"    ip = T.alloc_local(({1 if CL else TT}, 8), 'int32')"] if sdt else [])   # a step's int32 tile
+               [f"    ip = T.alloc_local(({1 if CL else TT}, 8), {pdt!r})"] if promote else [])
     cexpr, cload, load, acts = mma_lanes(add, e, R, TT, KW, U, guard, adt, loop=CL)
 
     def process(ind, step, slot):
@@ -165,20 +187,21 @@ def body(plan, hint, add, e):
         mma_into(ind1 + "        ", mma, slot, "t", 2)
 
     def mma_into(ind, mma, slot, it, chains):
-        """The mma of tile ``r`` and token tile ``t`` into ``acc[r, t]``; with group scales into the
-        int32 tile ``ip[it]`` (4 V positions of one group, ``chains`` accumulator sets), promoted to
-        float32 with the group scale."""
-        if not sdt:
+        """The mma of tile ``r`` and token tile ``t`` into ``acc[r, t]``; with group scales or
+        float8 activations into the tile ``ip[it]`` (4 V positions of one group, ``chains``
+        accumulator sets), promoted to float32 (times the group scale)."""
+        if not promote:
             add(f"{ind}{mma.replace('@ACC@', 'acc.ptr_to([r, t, 0])')}")
             return
         f = f" * {float(2.0 ** -SH)!r}" if SH else ""
         tot = f"ip[{it}, j] + ip[{it}, j + 4]" if chains == 2 else f"ip[{it}, j]"
         add(f"{ind}for j in T.unroll({4 * chains}):")
-        add(f"{ind}    ip[{it}, j] = 0")
+        add(f"{ind}    ip[{it}, j] = {'T.float32(0)' if f8 else '0'}")
         add(f"{ind}{mma.replace('@ACC@', f'ip.ptr_to([{it}, 0])')}")
         add(f"{ind}for j in T.unroll(4):")
-        add(f"{ind}    acc[r, t, j] = acc[r, t, j] + T.Cast('float32', {tot}) * "
-            f"(T.Cast('float32', sr[{slot}, u, r, j // 2]){f})")
+        part = f"({tot})" if f8 else f"T.Cast('float32', {tot})"
+        scale = f" * (T.Cast('float32', sr[{slot}, u, r, j // 2]){f})" if sdt else ""
+        add(f"{ind}    acc[r, t, j] = acc[r, t, j] + {part}{scale}")
 
     def process_cl(ind, step, slot):
         """The chunk loop: decode the step's vectors of every channel tile once, then per token
@@ -200,6 +223,6 @@ def body(plan, hint, add, e):
     step_loop(add, NS, ST, load, process_cl if CL else process)
     pdl_trigger(add, hint)
 
-    # group scales: the two chains were summed at each promotion; the chunk loop has one
+    # promoted: the two chains were summed at each promotion; the chunk loop has one
     mma_store(add, e, R, TT, KW, f"T.shift_right(acc[r, t, j], {SH})" if SH and not sdt else "acc[r, t, j]",
-               fold=not sdt and not CL)
+               fold=not promote and not CL)

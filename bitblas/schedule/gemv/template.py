@@ -62,9 +62,11 @@ from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
 __all__ = ["default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
            "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
-           "GEMV_ACTIVATIONS"]
+           "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS"]
 
-GEMV_ACTIVATIONS = ("float16", "bfloat16", "int8")      # the activation dtypes the GEMV kernels take
+GEMV_ACTIVATIONS = ("float16", "bfloat16", "int8", "float8_e4m3")      # the activation dtypes the GEMV kernels take
+BYTE_ACTIVATIONS = ("int8", "float8_e4m3")        # the m16n8k32 GEMV's (mma_int8)
+MMA_ONLY_ACTIVATIONS = ("float8_e4m3",)            # only there (float8 mma.sync: sm_89+)
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
 GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
 WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (wgmma_tile) and tuned from here
@@ -95,6 +97,12 @@ def default_shape(plan, target=None) -> "GEMVHint":
         return wg
     if m > GEMV_MAX_ROWS:
         return chunk_tile(plan)
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
+        if plan.w.bits == 4:
+            # the e4m3 table decode of 4-bit codes: the wide tile without the next step in flight
+            # from one row (H100, W4A-fp8 g128 8192^2: 15.6 against 19.0 us with the base tile)
+            return dataclasses.replace(_MMA_WIDE, stages=1)
+        return int8_mma_tile(plan, m, mma_base(plan, m))
     if m >= 2 and arch.mma:
         mma = mma_base(plan, m)
         if plan.float_acts and mma_decodable(plan.w):
@@ -290,11 +298,26 @@ def gemv_default_takes(plan, target=None) -> bool:
     rows, where the int8 wgmma kernel wins."""
     if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
         return False
+    arch = arch_of(target)
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
+        return _f8_gemv_takes(plan, arch)
     if plan.m <= GEMV_MAX_ROWS:
         return True
-    if not arch_of(target).mma:
+    if not arch.mma:
         return False
     return plan.float_acts or plan.w.bits < 8 or plan.m <= 32
+
+
+F8_GEMV_MAX_ROWS_WGMMA = GEMV_MAX_ROWS      # float8 activations on sm_90: the fused wgmma GEMM above
+
+
+def _f8_gemv_takes(plan, arch) -> bool:
+    """Whether the untuned operator runs float8_e4m3 activations (``plan``, static rows) on the
+    m16n8k32 GEMV: on archs with float8 mma.sync (sm_89+), up to ``F8_GEMV_MAX_ROWS_WGMMA`` rows
+    where the fused wgmma GEMM serves the rest (sm_90), else up to 64."""
+    if not arch.fp8_mma:
+        return False
+    return plan.m <= (F8_GEMV_MAX_ROWS_WGMMA if arch.wgmma else GEMV_MMA_MAX_ROWS)
 
 
 def gemv_unsupported(plan) -> Optional[str]:
@@ -308,11 +331,13 @@ def gemv_unsupported(plan) -> Optional[str]:
         return f"A_dtype={c.A_dtype!r}: activations must be {', '.join(GEMV_ACTIVATIONS[:-1])} or {GEMV_ACTIVATIONS[-1]}"
     if c.layout != "nt":
         return "layout must be 'nt'"
-    if c.A_dtype == "int8":
+    if c.A_dtype in BYTE_ACTIVATIONS:
         why = _int8_unsupported(plan)
-        if why is None and plan.m > GEMV_MAX_ROWS:
+        if why is None and (plan.m > GEMV_MAX_ROWS or c.A_dtype != "int8"):
             mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
-            if mma_why:
+            if mma_why and c.A_dtype != "int8":
+                why = f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core kernel takes these activations ({mma_why})"
+            elif mma_why:
                 why = f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows ({mma_why})"
         return why
     if decoder(plan.w) is None:
@@ -331,11 +356,11 @@ def gemv_unsupported(plan) -> Optional[str]:
 
 
 def _int8_unsupported(plan) -> Optional[str]:
-    """:func:`gemv_unsupported` for int8 activations: int/uint weights (dp4a), float32 scales, no
-    zero points, int32 output only without scales."""
+    """:func:`gemv_unsupported` for byte (int8, float8_e4m3) activations: int/uint weights (dp4a,
+    m16n8k32), float32 scales, no zero points, int32 output only without scales."""
     c = plan.config
     if plan.w.kind not in ("int", "uint"):
-        return f"W_dtype={c.W_dtype!r}: int8 activations take int/uint weights"
+        return f"W_dtype={c.W_dtype!r}: {c.A_dtype} activations take int/uint weights"
     if c.with_zeros:
         return "with_zeros=True: int8 activations take no zero points"
     if c.with_scaling and plan.scale_dtype != "float32":
@@ -355,7 +380,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     c, w = plan.config, plan.w
     act = c.A_dtype
     i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
-    b8 = i8 or act == "float8_e4m3"         # 1-byte activations (float8: only the fused wgmma GEMM's body)
+    b8 = i8 or act == "float8_e4m3"         # 1-byte activations (float8: m16n8k32 or the fused wgmma GEMM's body)
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # byte activations on tensor cores: the 4 vectors of a lane quad inside one group
@@ -532,13 +557,13 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     if body:
         body(add, locals())
     else:
-        _BODIES[type(hint)](i8)(plan, hint, add, locals())
+        _BODIES[type(hint)](b8)(plan, hint, add, locals())
     return "\n".join(L) + "\n"
 
 
-# the kernel body of each hint class (the mma GEMV's by activation dtype: int8 or float)
-_BODIES = {GEMVRowsHint: lambda i8: rows_body, GEMVKSplitHint: lambda i8: ksplit_body,
-           GEMVMmaHint: lambda i8: mma_int8_body if i8 else mma_body, GEMVWgmmaHint: lambda i8: wgmma_body}
+# the kernel body of each hint class (the mma GEMV's by activation bytes: int8 / float8 or float)
+_BODIES = {GEMVRowsHint: lambda b8: rows_body, GEMVKSplitHint: lambda b8: ksplit_body,
+           GEMVMmaHint: lambda b8: mma_int8_body if b8 else mma_body, GEMVWgmmaHint: lambda b8: wgmma_body}
 
 
 def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
@@ -547,6 +572,9 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if type(hint) not in _BODIES:
         return (f"{type(hint).__name__} is not a GEMV kernel's hint (accepted: "
                 f"{', '.join(c.__name__ for c in _BODIES)})")
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not isinstance(hint, GEMVMmaHint):
+        return (f"A_dtype={plan.config.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) takes these "
+                f"activations; got {hint}")
     if isinstance(hint, GEMVWgmmaHint):
         return wgmma_gemv_unsupported(plan, hint)
     if isinstance(hint, GEMVMmaHint):
@@ -595,6 +623,9 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if hint.pdl and not arch.pdl:
         raise ValueError(f"{type(hint).__name__}.pdl=True needs an sm_90+ target (griddepcontrol); "
                          f"target arch is {arch.name()}")
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not arch.fp8_mma:
+        raise ValueError(f"A_dtype={plan.config.A_dtype!r}: the GEMV's float8 mma.sync needs an sm_89+ target; target "
+                         f"arch is {arch.name()}")
     if isinstance(hint, GEMVWgmmaHint) and not arch.wgmma:
         raise ValueError(f"GEMVWgmmaHint (the wgmma GEMV) needs an sm_90 target (wgmma, TMA); target arch is "
                          f"{arch.name()}")

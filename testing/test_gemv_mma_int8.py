@@ -98,6 +98,23 @@ _MMA = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.
                   r'"r"\(b\[(\d+)\]\), "r"\(b\[(\d+)\]\)\);')
 
 
+def _warp_mma(steps, dec, prep, zero, a_signed, value=None):
+    """Run the generated mma steps (``_MMA`` / ``_MMA_F8`` matches of ``bb_mma``) of one warp:
+    A from the lanes' decoded words ``dec[lane, h]`` (channel g: h=0, g+8: h=1), B from the gathered
+    activation words ``prep[lane]``; returns each lane's 8 accumulators (two chains of 4)."""
+    c = [[zero] * 8 for _ in range(32)]
+    for s in steps:
+        o = [int(s[i]) for i in (2, 3, 4, 5)]
+        assert o == list(range(o[0], o[0] + 4))
+        regs = [(s[6 + 2 * i], int(s[7 + 2 * i])) for i in range(4)]
+        a = [[dec[lane, 0 if nm == "dg" else 1][i] for nm, i in regs] for lane in range(32)]
+        b = [[prep[lane][int(s[14])], prep[lane][int(s[15])]] for lane in range(32)]
+        new = mma_m16n8k32(a, b, [c[lane][o[0]:o[0] + 4] for lane in range(32)], a_signed, value)
+        for lane in range(32):
+            c[lane][o[0]:o[0] + 4] = new[lane]
+    return c
+
+
 @pytest.mark.parametrize("wd", WEIGHTS)
 @pytest.mark.parametrize("nw", (1, 2, 4))
 def test_mma_int8_fragment_model(wd, nw):
@@ -131,16 +148,7 @@ def test_mma_int8_fragment_model(wd, nw):
             ab = bytes(x & 0xFF for x in acts[g][q * V:(q + 1) * V])
             env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
             prep[lane] = [env[f"ap{i}"] for i in range(NA)]
-        c = [[0] * 8 for _ in range(32)]
-        for s in steps:
-            o = [int(s[i]) for i in (2, 3, 4, 5)]
-            assert o == list(range(o[0], o[0] + 4))
-            regs = [(s[6 + 2 * i], int(s[7 + 2 * i])) for i in range(4)]
-            a = [[dec[lane, 0 if nm == "dg" else 1][i] for nm, i in regs] for lane in range(32)]
-            b = [[prep[lane][int(s[14])], prep[lane][int(s[15])]] for lane in range(32)]
-            new = mma_m16n8k32(a, b, [c[lane][o[0]:o[0] + 4] for lane in range(32)], signed)
-            for lane in range(32):
-                c[lane][o[0]:o[0] + 4] = new[lane]
+        c = _warp_mma(steps, dec, prep, 0, signed)
         for lane in range(32):
             g, q = lane // 4, lane % 4
             for j in range(4):
@@ -193,15 +201,7 @@ def test_mma_f8_fragment_model(wd, nw):
             ab = bytes(acts[g][q * V:(q + 1) * V])
             env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
             prep[lane] = [env[f"ap{i}"] for i in range(NA)]
-        c = [[0.0] * 8 for _ in range(32)]
-        for s in steps:
-            o = [int(s[i]) for i in (2, 3, 4, 5)]
-            regs = [(s[6 + 2 * i], int(s[7 + 2 * i])) for i in range(4)]
-            a = [[dec[lane, 0 if nm == "dg" else 1][i] for nm, i in regs] for lane in range(32)]
-            bb = [[prep[lane][int(s[14])], prep[lane][int(s[15])]] for lane in range(32)]
-            new = mma_m16n8k32(a, bb, [c[lane][o[0]:o[0] + 4] for lane in range(32)], False, E4M3_TABLE.__getitem__)
-            for lane in range(32):
-                c[lane][o[0]:o[0] + 4] = new[lane]
+        c = _warp_mma(steps, dec, prep, 0.0, False, E4M3_TABLE.__getitem__)
         for lane in range(32):
             g, q = lane // 4, lane % 4
             for j in range(4):

@@ -88,8 +88,9 @@ def default_shape(plan, target=None) -> "GEMVHint":
     channels above; :func:`float_mma_tile` and :func:`int8_mma_tile` refine them. int8
     activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
     without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
-    holding 4 weight vectors), else the rows kernel. Above 16 rows :func:`chunk_tile`; on
-    sm_90 :func:`wgmma_tile` first, where it applies."""
+    holding 4 weight vectors), else the rows kernel. float8_e4m3 activations: the m16n8k32 kernel
+    from one row (4-bit codes the wide tile without the next step in flight, 2-bit codes the int8
+    tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it applies."""
     m = plan.m or 1
     arch = arch_of(target)
     wg = wgmma_tile(plan) if arch.wgmma else None
@@ -100,7 +101,7 @@ def default_shape(plan, target=None) -> "GEMVHint":
     if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
         if plan.w.bits == 4:
             # the e4m3 table decode of 4-bit codes: the wide tile without the next step in flight
-            # from one row (H100, W4A-fp8 g128 8192^2: 15.6 against 19.0 us with the base tile)
+            # from one row (faster than the base tile at 1 and 16 rows, H100, W4A-fp8 g128 8192^2)
             return dataclasses.replace(_MMA_WIDE, stages=1)
         return int8_mma_tile(plan, m, mma_base(plan, m))
     if m >= 2 and arch.mma:
@@ -333,12 +334,13 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "layout must be 'nt'"
     if c.A_dtype in BYTE_ACTIVATIONS:
         why = _int8_unsupported(plan)
-        if why is None and (plan.m > GEMV_MAX_ROWS or c.A_dtype != "int8"):
+        mma_only = c.A_dtype in MMA_ONLY_ACTIVATIONS
+        if why is None and (plan.m > GEMV_MAX_ROWS or mma_only):
             mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
-            if mma_why and c.A_dtype != "int8":
-                why = f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core kernel takes these activations ({mma_why})"
-            elif mma_why:
-                why = f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows ({mma_why})"
+            if mma_why:
+                why = (f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core kernel takes these activations" if mma_only
+                       else f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows")
+                why += f" ({mma_why})"
         return why
     if decoder(plan.w) is None:
         return "weights must be int/uint, e2m1 (fp4_e2m1, nvfp4), a 4-bit table (nf4) or float8"
@@ -380,7 +382,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     c, w = plan.config, plan.w
     act = c.A_dtype
     i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
-    b8 = i8 or act == "float8_e4m3"         # 1-byte activations (float8: m16n8k32 or the fused wgmma GEMM's body)
+    b8 = act in BYTE_ACTIVATIONS            # 1-byte activations (float8: m16n8k32 or the fused wgmma GEMM's body)
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # byte activations on tensor cores: the 4 vectors of a lane quad inside one group

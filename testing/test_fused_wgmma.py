@@ -450,3 +450,14 @@ def test_fused_raster_covers_every_tile(hint):
         gr = max(1, hint.raster_rows // hint.row_tile)
         if nrt >= gr:
             assert [r for _, r in tiles[:gr]] == list(range(gr)) and len({c for c, _ in tiles[:gr]}) == 1
+
+
+def test_byte_acts_group_scale_registers_only_where_grouped():
+    """int8 / float8 activations: the slab's group-scale registers (``gs``) exist in group-scaled
+    kernels only; per-channel scales are applied at the store."""
+    from bitblas.schedule.fused_wgmma import main_script
+    hint = FusedWgmmaHint(row_tile=128, stages=4)
+    for cfg in (_i8cfg, _f8cfg):
+        for gs, W in ((128, "int4"), (-1, "int4"), (-1, "uint2")):
+            src = main_script(make_plan(cfg(W, K=2048, group_size=gs), "cuda", None), hint)
+            assert ("gs = T.alloc_local" in src) == (gs > 0), (cfg.__name__, W, gs)

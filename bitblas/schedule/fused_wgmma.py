@@ -449,10 +449,12 @@ def _body(plan, hint: FusedWgmmaHint):
         add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
         if B8:
             add(f"    {SUMS} = T.alloc_local(({R}, {NACC}), {'uint32' if I8 else 'float32'!r})")
-            add(f"    gs = T.alloc_local(({R}, 2), 'float32')")
+            if plan.groups > 1:                # the slab's group scales (promote); per-channel: at the store
+                add(f"    gs = T.alloc_local(({R}, 2), 'float32')")
             for_accs(add, "    ", f"{SUMS}[r, j] = T.{'uint32' if I8 else 'float32'}(0)", R, NACC, unroll=True)
-            add(f"    for r, h in T.grid({R}, 2):")
-            add("        gs[r, h] = T.float32(0)")
+            if plan.groups > 1:
+                add(f"    for r, h in T.grid({R}, 2):")
+                add("        gs[r, h] = T.float32(0)")
         init_accs_barriers(add, R, NACC, KW * STG, empty=STG if CW > 1 else 0, arrivals=CW, unroll=True)
 
         def slot(u):

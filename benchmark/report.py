@@ -6,7 +6,9 @@ Each table has one line per (layer, rows): our kernel and its time, the torch ba
 same run (cuBLAS fp16 ``F.linear``; ``torch._int_mm`` for int8 activations, ``torch._scaled_mm``
 for float8 ones) and its time, the ratio (torch µs / ours: above 1 is faster than torch), and for
 up to ``--floor-rows`` rows (memory-bound: the time is the bytes moved) the byte floor, the row's
-bytes over the copy rate measured in the same run, with the share of it reached. Several files are
+bytes over the copy rate measured in the same run (or over ``--floor-tbps``, a rate given for the
+card: a copy's mixed reads and writes run below the rate at which a GEMV reads, e.g. 2.77 TB/s
+against the 4.25 the project cites for the H200), with the share of it reached. Several files are
 merged (a later file's row replaces an earlier one's for the same format, layer and rows); the page
 names the command, device, commit and date of each run it uses.
 """
@@ -16,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,8 +71,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.1f}%"
 
 
-def render(paths: Sequence[str], floor_rows: int = 64) -> str:
-    """The markdown page for these JSON files."""
+def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[float] = None) -> str:
+    """The markdown page for these JSON files; ``floor_tbps``: the byte floors' rate (TB/s) instead of
+    each run's measured copy rate."""
+    if floor_tbps is not None and not floor_tbps > 0:
+        raise ValueError(f"floor_tbps={floor_tbps!r}: a rate in TB/s > 0 is required")
     runs, rows = _load(paths)
     if not rows:
         raise ValueError(f"no timed rows of ours in {', '.join(paths)}")
@@ -82,7 +87,11 @@ def render(paths: Sequence[str], floor_rows: int = 64) -> str:
            "`--device cpu` the median of host-clock timings. "
            "**vs torch** is the torch baseline's time over ours (above 1: faster than torch). The **byte floor** "
            f"(up to {floor_rows} rows, where the time is the bytes moved) is the row's bytes (weights, scales, zeros, "
-           "activations, output) over the copy rate measured in the same run; **% floor** is floor / ours.", ""]
+           "activations, output) over "
+           + (f"{floor_tbps:g} TB/s (`--floor-tbps {floor_tbps:g}`, the card's rate; each run's measured copy rate, "
+              "reads and writes of a 1 GB copy, is listed with it)" if floor_tbps
+              else "the copy rate measured in the same run")
+           + "; **% floor** is floor / ours.", ""]
     for i, run in enumerate(runs, 1):
         label = f"Run {i}" if many else "Run"
         out.append(f"{label}: {run.get('device', '?')}, {run.get('date', 'date not recorded')}, "
@@ -110,9 +119,10 @@ def render(paths: Sequence[str], floor_rows: int = 64) -> str:
                 base_us = r.get("base_us")
                 if base_us is None and r.get("vs_base"):
                     base_us = r["vs_base"] * r["us"]
-                floor = r.get("floor_us")
-                if floor is None and r.get("bytes") and runs[run_i - 1].get("copy_tbps"):
-                    floor = r["bytes"] / (runs[run_i - 1]["copy_tbps"] * 1e6)
+                rate = floor_tbps or runs[run_i - 1].get("copy_tbps")
+                floor = r.get("floor_us") if floor_tbps is None else None
+                if floor is None and r.get("bytes") and rate:
+                    floor = r["bytes"] / (rate * 1e6)
                 show_floor = floor is not None and r["m"] <= floor_rows
                 cells = [layer, str(r["m"]), f"`{str(r.get('kernel'))[:40]}`", _us(r["us"]),
                          r.get("base", "") or "", _us(base_us) if base_us else "",
@@ -129,9 +139,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmark.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", nargs="+", help="JSON files written by python -m benchmark.matmul --json")
     ap.add_argument("--floor-rows", type=int, default=64, help="show the byte floor up to this many rows (default 64)")
+    ap.add_argument("--floor-tbps", type=float, default=None,
+                    help="byte floors at this rate in TB/s (default: each run's measured copy rate)")
     args = ap.parse_args(argv)
     try:
-        text = render(args.json, args.floor_rows)
+        text = render(args.json, args.floor_rows, args.floor_tbps)
     except (OSError, ValueError, KeyError) as e:
         print(f"benchmark.report: {e}", file=sys.stderr)
         return 2

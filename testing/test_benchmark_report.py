@@ -57,6 +57,22 @@ def test_report_tables_come_from_the_json(cpu_run, capsys):
     assert "## fp16(torch)" not in text                  # baselines sit beside our rows, not in tables
 
 
+def test_report_floor_at_a_given_rate(cpu_run, capsys):
+    """--floor-tbps: every floor is the row's bytes over that rate, and the page says so; a rate
+    that is not positive is refused naming it."""
+    path, argv, data = cpu_run
+    assert report.main([str(path), "--floor-rows", "1", "--floor-tbps", "4.25"]) == 0
+    text = capsys.readouterr().out
+    assert "over 4.25 TB/s (`--floor-tbps 4.25`" in text
+    ours = [r for r in data["rows"] if r["format"] == "w4a16-g128" and r["m"] <= 1]
+    assert ours
+    for line, r in zip(_table(text, "w4a16-g128"), ours):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[7] == report._us(r["bytes"] / 4.25e6) and cells[8] == report._pct(r["bytes"] / 4.25e6 / r["us"])
+    assert report.main([str(path), "--floor-tbps", "0"]) == 2
+    assert "floor_tbps=0.0" in capsys.readouterr().err
+
+
 def test_report_merges_runs(cpu_run, capsys):
     path = str(cpu_run[0])
     assert report.main([path, path]) == 0

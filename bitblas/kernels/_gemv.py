@@ -60,11 +60,8 @@ class GEMVTemplate:
     tune_fallback = False
 
     def reason(self, plan, arch) -> Optional[str]:
-        why = not_nvfp4(plan, "cuda") or gemv_unsupported(plan)
-        if why is None and plan.config.A_dtype in gemv_schedule.MMA_ONLY_ACTIVATIONS and arch is not None \
-                and not arch.fp8_mma:
-            why = f"A_dtype={plan.config.A_dtype!r}: the GEMV's float8 mma.sync needs sm_89+ (arch {arch.name()})"
-        return why
+        return (not_nvfp4(plan, "cuda") or gemv_unsupported(plan)
+                or (gemv_schedule.gemv_arch_unsupported(plan, arch) if arch is not None else None))
 
     def default(self, plan, arch, rows=None):
         """The default GEMV hint where an untuned operator runs the plan (static rows) on the GEMV

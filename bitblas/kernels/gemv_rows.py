@@ -20,7 +20,7 @@ class GEMVRows(GEMVTemplate):
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         p = space_plan(plan.config, rows)
-        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS or p.config.A_dtype in gemv_schedule.MMA_ONLY_ACTIVATIONS:
+        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS:
             return []
         bucket, out = rows, []
         vbs = [vb for vb in (16, 8, 4) if gemv_schedule.vec_bytes(p, vb) is not None]
@@ -31,11 +31,10 @@ class GEMVRows(GEMVTemplate):
             out.append(Candidate(bucket, GEMVRowsHint(rows_per_warp=R, warps=warps, unroll=4, stages=2, min_blocks=8)))
         if bucket == 1:                       # the activation row staged in shared memory, 4 blocks per SM
             for R, warps, stages in itertools.product((2, 4, 8), (4, 8), (2, 3, 4)):
-                hint = GEMVRowsHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages, min_blocks=4,
-                                    act_smem=True)
-                if gemv_schedule.gemv_hint_unsupported(p, hint) is None:
-                    out.append(Candidate(bucket, hint))
-        return self.with_pdl(out, arch)
+                out.append(Candidate(bucket, GEMVRowsHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages,
+                                                          min_blocks=4, act_smem=True)))
+        # the kernel's own refusals (a staged row past shared memory; activations only the mma GEMV takes)
+        return self.with_pdl([c for c in out if gemv_schedule.gemv_hint_unsupported(p, c.hint) is None], arch)
 
     def shape_key(self, hint):
         return ("gemv-rows", hint.act_smem, hint.rows_per_warp, hint.warps)

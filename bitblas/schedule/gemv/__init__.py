@@ -23,11 +23,12 @@ from .mma_int8 import mma_int8_unsupported
 from .hints import GEMV_HINTS, GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
 from .template import (ACT_SMEM_MAX_BYTES, GEMV_ACTIVATIONS, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, MMA_ONLY_ACTIVATIONS,
                        WGMMA_GEMV_MIN_ROWS, default_gemv_hint,
-                       gemv_default_takes, gemv_hint_unsupported, gemv_unsupported, kernel_script, schedule_cuda_gemv)
+                       gemv_arch_unsupported, gemv_default_takes, gemv_hint_unsupported, gemv_unsupported, kernel_script,
+                       schedule_cuda_gemv)
 from .wgmma import WgmmaGemvFn, permute_script, slab_codes, wgmma_gemv_unsupported, wgmma_rows
 
 __all__ = ["GEMVHint", "GEMVRowsHint", "GEMVKSplitHint", "GEMVMmaHint", "GEMVWgmmaHint", "GEMV_HINTS",
-           "default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
+           "default_gemv_hint", "gemv_unsupported", "gemv_arch_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
            "kernel_script", "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
            "vec_bytes", "vec_blocks", "span_vectors", "decode_ops_per_weight", "keeps_act_sum", "act_smem_bytes",
            "row_class", "row_chunks", "chunk_loop", "mma_gemv_unsupported", "mma_int8_unsupported",

@@ -62,7 +62,7 @@ from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
 __all__ = ["default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
            "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
-           "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS"]
+           "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS", "gemv_arch_unsupported"]
 
 GEMV_ACTIVATIONS = ("float16", "bfloat16", "int8", "float8_e4m3")      # the activation dtypes the GEMV kernels take
 BYTE_ACTIVATIONS = ("int8", "float8_e4m3")        # the m16n8k32 GEMV's (mma_int8)
@@ -316,9 +316,18 @@ def _f8_gemv_takes(plan, arch) -> bool:
     """Whether the untuned operator runs float8_e4m3 activations (``plan``, static rows) on the
     m16n8k32 GEMV: on archs with float8 mma.sync (sm_89+), up to ``F8_GEMV_MAX_ROWS_WGMMA`` rows
     where the fused wgmma GEMM serves the rest (sm_90), else up to 64."""
-    if not arch.fp8_mma:
+    if gemv_arch_unsupported(plan, arch):
         return False
     return plan.m <= (F8_GEMV_MAX_ROWS_WGMMA if arch.wgmma else GEMV_MMA_MAX_ROWS)
+
+
+def gemv_arch_unsupported(plan, arch) -> Optional[str]:
+    """None when ``arch`` (an :class:`bitblas.arch.Arch`) runs the GEMV kernels of ``plan``, else why
+    not: float8 activations need float8 mma.sync (sm_89+)."""
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not arch.fp8_mma:
+        return (f"A_dtype={plan.config.A_dtype!r}: the GEMV's float8 mma.sync needs an sm_89+ target; target arch is "
+                f"{arch.name()}")
+    return None
 
 
 def gemv_unsupported(plan) -> Optional[str]:
@@ -625,9 +634,9 @@ def schedule_cuda_gemv(func, plan, hint: Optional[GEMVHint] = None, target=None)
     if hint.pdl and not arch.pdl:
         raise ValueError(f"{type(hint).__name__}.pdl=True needs an sm_90+ target (griddepcontrol); "
                          f"target arch is {arch.name()}")
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not arch.fp8_mma:
-        raise ValueError(f"A_dtype={plan.config.A_dtype!r}: the GEMV's float8 mma.sync needs an sm_89+ target; target "
-                         f"arch is {arch.name()}")
+    why = gemv_arch_unsupported(plan, arch)
+    if why:
+        raise ValueError(why)
     if isinstance(hint, GEMVWgmmaHint) and not arch.wgmma:
         raise ValueError(f"GEMVWgmmaHint (the wgmma GEMV) needs an sm_90 target (wgmma, TMA); target arch is "
                          f"{arch.name()}")

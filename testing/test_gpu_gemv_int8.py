@@ -240,24 +240,6 @@ def test_gemv_f8_mma(name, n, k, m):
     assert why is None, f"{name}: {why}"
 
 
-@pytest.mark.parametrize("hint", ["r16k1u1s1", "r32k2u4s2", "r64k8u2s2", "r32k8u1s2-v8"])
-@pytest.mark.parametrize("name", ["w4afp8-g128-as-bias-f16", "w2afp8-chan-as-f16"])
-@gpu
-def test_gemv_f8_mma_hints(name, hint):
-    """Explicit m16n8k32 .e4m3 tiles (k_warps 1..8, 8-byte vectors), K=1664 (lanes past K), 3..16 rows."""
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("float8 mma.sync needs sm_89+")
-    from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
-    h = MMA_HINTS[hint]
-    cfg = _cfg(name, 1000, 1664)
-    for m in (3, 9, 16):
-        plan = make_plan(cfg, "cuda", m)
-        if mma_int8_unsupported(plan, h):
-            pytest.skip(mma_int8_unsupported(plan, h))
-        why = _check(cfg, m, build_plan(plan, cuda_target(), h), plan)
-        assert why is None, f"{name} {h}: {why}"
-
-
 MMA_HINTS = {
     "r16k1u1s1": GEMVHint(rows_per_warp=16, k_warps=1, unroll=1, stages=1, mma=True),
     "r32k2u4s2": GEMVHint(rows_per_warp=32, k_warps=2, unroll=4, stages=2, mma=True),
@@ -270,14 +252,17 @@ MMA_HINTS = {
 
 @pytest.mark.parametrize("hint", list(MMA_HINTS))
 @pytest.mark.parametrize("name", ["i4-chan-as-bias-f16", "i1-i32-bias", "u2-g128-bf16", "i8-chan-as-bias-f16",
-                                  "i2-g128-bf16", "u8-i32-bias"])
+                                  "i2-g128-bf16", "u8-i32-bias", "w4afp8-g128-as-bias-f16", "w2afp8-chan-as-f16"])
 @pytest.mark.parametrize("k", [1536, 1664])
 @gpu
 def test_gemv_int8_mma_hints(name, hint, k):
-    """Explicit tensor-core hints, k_warps 1..8 (K=1664 = 13 groups of 128: lanes past K for k_warps > 1)."""
+    """Explicit tensor-core hints, k_warps 1..8 (K=1664 = 13 groups of 128: lanes past K for k_warps > 1);
+    int8 and float8_e4m3 (mma.sync .e4m3, sm_89+) activations."""
     from bitblas.schedule.gemv.mma_int8 import mma_int8_unsupported
     h = MMA_HINTS[hint]
     cfg = _cfg(name, 1000, k)
+    if cfg.A_dtype == "float8_e4m3" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 mma.sync needs sm_89+")
     for m in (3, 8, 9, 16):
         plan = make_plan(cfg, "cuda", m)
         if mma_int8_unsupported(plan, h):

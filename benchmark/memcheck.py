@@ -1,5 +1,5 @@
 """One representative kernel per family, small shapes that are no tile multiples, for
-``compute-sanitizer --tool memcheck`` (GPU host; the mma_fp8 family needs sm_89+):
+``compute-sanitizer --tool memcheck`` (GPU host; the mma_fp8 and gemv_f8 families need sm_89+):
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python -m benchmark.memcheck [--family NAME]
 
@@ -106,6 +106,11 @@ FAMILIES = {
                   (C(M=40, N=1000, K=1536, W_dtype="int4", **S8), 40,
                    lambda p, t: GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1,
                                          chunk_loop=True))],
+    # float8_e4m3 activations x 4- / 2-bit codes: the m16n8k32 .e4m3 GEMV (sm_89+; 1..16 rows on sm_90),
+    # through Matmul (its default there)
+    "gemv_f8": [(C(M=m, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype=w, out_dtype="bfloat16", **F8, **g), m, "op")
+                for m, w, g in ((1, "int4", dict(group_size=G)), (9, "int4", dict(group_size=G)),
+                                (16, "uint2", {}), (5, "int4", {}))],
     # Hopper: group-scaled 8-bit GEMMs (partial sums promoted per K tile / group with staged scales)
     # and W4A8 through Matmul (codes decoded to int8, then the group-scaled int8 wgmma)
     "wgmma_group": [(C(M=None, N=1000, K=1536, W_dtype="int8", group_size=G, **S8), 333, WGMMAHint.default),

@@ -5,6 +5,7 @@ run anywhere (code generation needs no GPU; the nvcc check is marked ``nvcc``).
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -252,13 +253,13 @@ TABLE_HINT_FORMATS = ["f16-nf4-g64", "bf16-nvfp4", "f16-e4m3-chan", "bf16-fp4-g1
 @gpu
 def test_gemv_table_hints(fmt, hint):
     """Every kernel shape (rows, k-split, cp.async ring) with the table decoders; hints whose vector
-    width does not fit the format (nvfp4: 16 values per scale) are skipped."""
+    width does not fit the format (nvfp4: 16 values per scale, 32 in the rows kernel) are skipped."""
     from bitblas.build import build_plan
-    from bitblas.schedule.gemv import vec_bytes
+    from bitblas.schedule.gemv import vec_blocks, vec_bytes
     cfg = MatmulConfig(N=1000, K=1536, **TABLE_FORMATS[fmt])
     for m in (1, 5):
         plan = make_plan(cfg, "cuda", m)
-        if vec_bytes(plan, hint.vec_bytes) is None:
+        if vec_bytes(plan, hint.vec_bytes, blocks=vec_blocks(plan, hint)) is None:
             pytest.skip(f"vec_bytes={hint.vec_bytes} does not fit {fmt}")
         fn = build_plan(plan, hint=hint)
         err, tol, seed = _err(cfg, m, fn=fn, plan=plan)
@@ -291,6 +292,32 @@ def test_gemv_misaligned_activations():
 
 
 # -- no GPU needed ------------------------------------------------------------------------------
+@pytest.mark.nvcc
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+def test_gemv_nvfp4_rows_two_blocks(act):
+    """nvfp4 in the rows kernel: 16-byte vectors of two 16-code blocks (one 16-byte load, the two
+    scale bytes together), each block's dot product times its scale in float32 (bb_dsb; cvt of the
+    scale pair on sm_89+, arithmetic below: both compile); an explicit 8-byte vector keeps one
+    block per vector (bb_e4m3f) and the k-split kernel its 8-byte vectors."""
+    from bitblas.build import cuda_source, find_nvcc, nvcc_compile
+    from bitblas.schedule.gemv import vec_blocks, vec_bytes
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype=act, W_dtype="nvfp4", group_size=16, with_scaling=True,
+                       out_dtype=act)
+    plan = make_plan(cfg, "cuda", 1)
+    rows = GEMVRowsHint(rows_per_warp=2, warps=8, unroll=1, stages=3, act_smem=True)
+    assert vec_blocks(plan, rows) == 2 and vec_bytes(plan, 0, blocks=2) == 16
+    ks = GEMVKSplitHint(rows_per_warp=2, k_warps=4)
+    assert vec_blocks(plan, ks) == 1 and vec_bytes(plan, 0, blocks=1) == 8
+    for arch in ("sm_80", "sm_90"):
+        src = cuda_source(plan, arch, rows)
+        assert "bb_dsb_" in src and "bb_ldw4(" in src and "bb_e4m3f(" not in src
+        assert "cvt.rn.f16x2.e4m3x2" in src and "__CUDA_ARCH__ >= 890" in src
+        one = cuda_source(plan, arch, dataclasses.replace(rows, vec_bytes=8))
+        assert "bb_dsb_" not in one and "bb_ldw2(" in one and "bb_e4m3f(" in one
+        if find_nvcc() is not None:
+            assert nvcc_compile(src, arch) and nvcc_compile(one, arch)
+
+
 def test_gemv_selection():
     cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="uint4", group_size=G, with_scaling=True)
     assert gemv_unsupported(make_plan(cfg, "cuda", 1)) is None
@@ -480,6 +507,6 @@ def test_gemv_table_codegen(fmt, arch):
         plan = make_plan(cfg, "cuda", m)
         src = cuda_source(plan, arch, hint)
         assert "bb_dec_" in src and ("lop3.b32" in src or "prmt.b32" in src or "__byte_perm" in src)
-        if plan.w.global_scale:
-            assert "global_scale" in src and "bb_e4m3f(" in src
+        if plan.w.global_scale:           # nvfp4: its block scales per vector (e4m3f) or two per vector (dsb)
+            assert "global_scale" in src and ("bb_e4m3f(" in src or "bb_dsb_" in src)
         assert nvcc_compile(src, arch), (fmt, m, n, k, hint)

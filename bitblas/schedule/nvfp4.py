@@ -42,7 +42,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import arch_of, as_arch
-from .gemv.emit import LDS4, load_helpers, pdl_trigger, split_steps, step_loop
+from .gemv.emit import LDS4, e4m3x2_lines, load_helpers, pdl_trigger, split_steps, step_loop
 from .target import TIRX_PIPELINE_ATTR
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
@@ -147,21 +147,8 @@ def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:
 # --------------------------------------------------------------------------------------------
 def _e4m3x2_lines(sm, src: str, dst) -> list:
     """C lines: the two float8_e4m3 bytes in the low 16 bits of ``src`` -> floats ``dst(0)``,
-    ``dst(1)`` (the low byte first), exact: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16`` on sm_89+,
-    else the exponent rebiased in the bit pattern (normal) or m * 2**-9 (subnormal). NaN bytes
-    (0x7f / 0xff, never written by the quantizers) give NaN on sm_89+, +-480 below."""
-    if as_arch(sm).fp8_cvt:
-        return ["  { unsigned h_; unsigned short l_, u_;",
-                f"    asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h_) : \"h\"((unsigned short)(({src}) & 0xFFFFu)));",
-                "    l_ = (unsigned short)(h_ & 0xFFFFu); u_ = (unsigned short)(h_ >> 16);",
-                f"    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"({dst(0)}) : \"h\"(l_));",
-                f"    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"({dst(1)}) : \"h\"(u_)); }}"]
-    out = []
-    for t in range(2):
-        out += [f"  {{ const unsigned b_ = (({src}) >> {8 * t}) & 0xFFu, mg_ = b_ & 0x7Fu;",
-                "    const float v_ = mg_ >= 8u ? __uint_as_float((mg_ + 960u) << 20) : (float)mg_ * 0.001953125f;",
-                f"    {dst(t)} = (b_ & 0x80u) ? -v_ : v_; }}"]
-    return out
+    ``dst(1)``, exact, for ``sm`` (emit.e4m3x2_lines: ``cvt`` on sm_89+, arithmetic below)."""
+    return e4m3x2_lines(src, dst, as_arch(sm).fp8_cvt)
 
 
 PRMT_LAMBDA = ("  auto bb_prmt_ = [](unsigned a, unsigned b, unsigned s) { unsigned d; "

@@ -59,7 +59,7 @@ from typing import Optional
 from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, pair_codes, prep_adjacent, table_dec
 from .int8 import i8_helpers
 
-__all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "span_vectors", "decode_ops_per_weight", "f8_scales",
+__all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines", "span_vectors", "decode_ops_per_weight", "f8_scales",
            "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
@@ -92,8 +92,9 @@ def vec_bytes(plan, want: int = 0, group_vectors: int = 1, blocks: int = 1) -> O
 def vec_blocks(plan, hint) -> int:
     """Scale groups one weight vector of ``hint``'s kernel may hold: 2 for float8 block scales
     (nvfp4: one per 16 codes) in a kernel that applies them per decoded pair (``hint.block_scales``,
-    the wgmma kernels: 32 codes per 16-byte vector, :func:`block_scale_helpers`), else 1."""
-    return 2 if hint.block_scales and f8_scales(plan) else 1
+    the wgmma kernels: 32 codes per 16-byte vector, :func:`block_scale_helpers`) or per block's dot
+    product (``hint.block_dots``, the rows kernel, :func:`block_dot_helpers`), else 1."""
+    return 2 if (hint.block_scales or hint.block_dots) and f8_scales(plan) else 1
 
 
 def block_scale_helpers(tag: str, act: str, pairs, V: int, G: int) -> dict:
@@ -332,7 +333,6 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
     P = n // 2              # pairs per word
     npairs = nw * P
     fp = _field_plan(bits, mant)
-    nacc = 2 if act == "float16" else 4
     cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
     # prep: pair the activations of the codes of decoded pair i (slots p and p + P of word j: codes
     # k and k + P in natural order, decode.pair_codes under a code order), low half and high half
@@ -396,12 +396,22 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
         lines.append("}")
         src[f"bb_dec_{tag}"] = "\n" + "\n".join(lines) + "\n"
 
-    # the pair products: fma.rn.f16x2 / bf16x2 into nacc accumulators (pair q into q % nacc), as
-    # __hfma2 emits them, but DOT_FMAS_PER_ASM to an asm statement: one __hfma2 (an asm statement
-    # each) per pair made NVVM (cicc) spend minutes on kernels that inline many dot products in one
-    # block (8 channels per warp with the whole K in flight: 131 s -> 6 s of CPU, the same ptxas
-    # registers and spills); the accumulators start at 0 (the bits of __float2half2_rn(0.f))
-    lines = [f"__device__ __forceinline__ float bb_dot_{tag}(const unsigned* d, const unsigned* ap) {{",
+    src[f"bb_dot_{tag}"] = dot_helper(f"bb_dot_{tag}", act, npairs)
+    return src
+
+
+def dot_helper(name: str, act: str, npairs: int) -> str:
+    """CUDA source of ``float name(const unsigned* d, const unsigned* ap)``: the dot product of
+    ``npairs`` decoded weight pairs ``d`` with the paired activations ``ap``. The pair products:
+    fma.rn.f16x2 / bf16x2 into 2 (float16) / 4 (bfloat16) accumulators (pair q into q % nacc), as
+    __hfma2 emits them, but DOT_FMAS_PER_ASM to an asm statement: one __hfma2 (an asm statement
+    each) per pair made NVVM (cicc) spend minutes on kernels that inline many dot products in one
+    block (8 channels per warp with the whole K in flight: 131 s -> 6 s of CPU, the same ptxas
+    registers and spills); the accumulators start at 0 (the bits of __float2half2_rn(0.f))."""
+    t2 = ACT[act][1]
+    nacc = 2 if act == "float16" else 4
+    cvt2 = "__half22float2" if act == "float16" else "__bfloat1622float2"
+    lines = [f"__device__ __forceinline__ float {name}(const unsigned* d, const unsigned* ap) {{",
              "  unsigned " + ", ".join(f"a{k} = 0u" for k in range(nacc)) + ";"]
     op = "fma.rn.f16x2" if act == "float16" else "fma.rn.bf16x2"
     for q0 in range(0, npairs, DOT_FMAS_PER_ASM):
@@ -420,8 +430,45 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
         for k in range(nacc):
             lines.append(f"  {{ float2 f = {cvt2}(acc{k}); s += f.x + f.y; }}")
         lines += ["  return s;", "}"]
-    src[f"bb_dot_{tag}"] = "\n" + "\n".join(lines) + "\n"
-    return src
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def e4m3x2_lines(src: str, dst, fp8_cvt) -> list:
+    """C lines: the two float8_e4m3 bytes in the low 16 bits of ``src`` -> floats ``dst(0)``,
+    ``dst(1)`` (the low byte first), exact: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16`` where
+    ``fp8_cvt`` (sm_89+), else the exponent rebiased in the bit pattern (normal) or m * 2**-9
+    (subnormal); ``fp8_cvt=None``: chosen by the compiler's ``__CUDA_ARCH__``. NaN bytes (0x7f /
+    0xff, never written by the quantizers) give NaN with the conversion, +-480 without."""
+    cvt = ["  { unsigned h_; unsigned short l_, u_;",
+           f"    asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h_) : \"h\"((unsigned short)(({src}) & 0xFFFFu)));",
+           "    l_ = (unsigned short)(h_ & 0xFFFFu); u_ = (unsigned short)(h_ >> 16);",
+           f"    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"({dst(0)}) : \"h\"(l_));",
+           f"    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"({dst(1)}) : \"h\"(u_)); }}"]
+    arith = []
+    for t in range(2):
+        arith += [f"  {{ const unsigned b_ = (({src}) >> {8 * t}) & 0xFFu, mg_ = b_ & 0x7Fu;",
+                  "    const float v_ = mg_ >= 8u ? __uint_as_float((mg_ + 960u) << 20) : (float)mg_ * 0.001953125f;",
+                  f"    {dst(t)} = (b_ & 0x80u) ? -v_ : v_; }}"]
+    if fp8_cvt is None:
+        return ["#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890", *cvt, "#else", *arith, "#endif"]
+    return cvt if fp8_cvt else arith
+
+
+def block_dot_helpers(tag: str, act: str, npairs: int) -> dict:
+    """Two float8_e4m3 block scales per weight vector (nvfp4: 32 codes, two 16-code blocks; kernels
+    whose hint has ``block_dots``): ``bb_doth_{tag}``, the dot product of half a vector
+    (``npairs`` / 2 pairs, one block: pairs of the first half hold codes of the first block,
+    :func:`block_scale_helpers` asserts the same of the pair order), and ``bb_dsb_{tag}(d, ap, s,
+    acc)`` = acc + s0 * dot(block 0) + s1 * dot(block 1) with the two scale bytes ``s`` (the first
+    in the low byte, ``bb_ldsb``) converted to float32 (:func:`e4m3x2_lines`, by the compiled
+    arch): each block's half-precision dot times its own scale in float32, as with one block per
+    8-byte vector, with half the loads and a third of the scale conversions."""
+    h = npairs // 2
+    lines = [f"__device__ __forceinline__ float bb_dsb_{tag}(const unsigned* d, const unsigned* ap, unsigned s, "
+             "float acc) {", "  float s0, s1;", *e4m3x2_lines("s", lambda t: f"s{t}", None),
+             f"  acc = fmaf(s0, bb_doth_{tag}(d, ap), acc);",
+             f"  return fmaf(s1, bb_doth_{tag}(d + {h}, ap + {h}), acc);", "}"]
+    return {f"bb_doth_{tag}": dot_helper(f"bb_doth_{tag}", act, h), f"bb_dsb_{tag}": "\n" + "\n".join(lines) + "\n"}
 
 
 DOT_FMAS_PER_ASM = 8

@@ -54,6 +54,8 @@ class GEMVHint(metaclass=_LegacyCall):
     tensor_cores: ClassVar[bool] = False   # the kernel takes its row count at run time (a class of rows)
     block_scales: ClassVar[bool] = False   # float8 block scales (nvfp4) applied per decoded pair: a vector may
                                            # hold two 16-code blocks (emit.vec_blocks)
+    block_dots: ClassVar[bool] = False     # the same, each block's dot product scaled on its own in float32
+                                           # (emit.block_dot_helpers)
     __slots__ = ()
 
 
@@ -67,6 +69,7 @@ class GEMVRowsHint(GEMVHint):
     rows_per_warp: int = 2
     warps: int = 4
     unroll: int = 4
+    block_dots: ClassVar[bool] = True
     vec_bytes: int = 0
     stages: int = 2
     min_blocks: int = 0

@@ -91,7 +91,19 @@ def _row_locals(add, e, R, m, WARPS, interleave=False):
     add(f"        acc[r, i] = T.{e['acc_dtype']}(0)")
 
 
-def _row_dot(add, e, ind1, R, m, col, staged=None):
+def _acc_line(e, ind, dptr, apptr, asum, slot):
+    """``acc[r, i]`` plus the dot product of the decoded weight vector ``dptr`` with the paired
+    activations ``apptr``, scaled: by ``sv[r]`` (one scale per vector, the activation sum term
+    with float zero points), or with two float8 block scales per vector (nvfp4) each block's dot
+    by its scale (the raw bytes of register slot ``slot``, :func:`~.emit.block_dot_helpers`)."""
+    if e["SB"] > 1:
+        return (f"{ind}acc[r, i] = "
+                f"{e['dsb_expr'](dptr, apptr, f'sr[{slot}, u, r]', 'acc[r, i]')}")
+    tail = f" + cv[r] * {asum}" if e["need_asum"] else ""
+    return f"{ind}acc[r, i] = acc[r, i] + sv[r] * {e['dot_expr'](dptr, apptr)}{tail}"
+
+
+def _row_dot(add, e, ind1, R, m, col, slot, staged=None):
     """Per activation row: load and pair the activations of vector ``col`` (``staged``: read
     them paired from shared memory, at (block, lane) index texts), then accumulate the dot
     products with the ``R`` decoded weight vectors."""
@@ -102,9 +114,7 @@ def _row_dot(add, e, ind1, R, m, col, staged=None):
         dot = e["idot_expr"]("dq.ptr_to([r, 0])", "ap.ptr_to([0])", "asum[0]")
         add(f"{ind1}        acc[r, i] = acc[r, i] + " + (f"sv[r] * T.Cast('float32', {dot})" if e["sdt"] else dot))
         return
-    tail = " + cv[r] * asum[0]" if e["need_asum"] else ""
-    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
-        f"{e['dot_expr']('dq.ptr_to([r, 0])', 'ap.ptr_to([0])')}{tail}")
+    add(_acc_line(e, ind1 + "        ", "dq.ptr_to([r, 0])", "ap.ptr_to([0])", "asum[0]", slot))
 
 
 def _row_decode(add, e, ind, slot, cidx, sdt, zdt, dst):
@@ -124,9 +134,7 @@ def _row_dot_il(add, e, ind1, R, m, col, slot, step_cidx, sdt, zdt, staged=None)
     add(f"{ind1}for r in T.unroll({R}):")
     _row_decode(add, e, ind1 + "    ", slot, step_cidx, sdt, zdt, "dq.ptr_to([0])")
     add(f"{ind1}    for i in T.unroll({m}):")
-    tail = " + cv[r] * asums[i]" if e["need_asum"] else ""
-    add(f"{ind1}        acc[r, i] = acc[r, i] + sv[r] * "
-        f"{e['dot_expr']('dq.ptr_to([0])', 'ap.ptr_to([i, 0])')}{tail}")
+    add(_acc_line(e, ind1 + "        ", "dq.ptr_to([0])", "ap.ptr_to([i, 0])", "asums[i]", slot))
 
 
 def _row_store(add, e, R, m, N):
@@ -188,7 +196,7 @@ def body(plan, hint, add, e):
             return
         add(f"{ind1}for r in T.unroll({R}):")
         _row_decode(add, e, ind1 + "    ", slot, cload(step), sdt, zdt, "dq.ptr_to([r, 0])")
-        _row_dot(add, e, ind1, R, m, cexpr(step), staged)
+        _row_dot(add, e, ind1, R, m, cexpr(step), slot, staged)
 
     # staged activations: the first steps' weight loads go out before the staging and its barrier
     stage = (lambda: _stage_acts(add, e, 32 * WARPS, il)) if hint.act_smem else None

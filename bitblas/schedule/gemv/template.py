@@ -52,8 +52,8 @@ from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import ACT, decoder, e4m3_consts, pair_codes
 from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .emit import (act_smem_bytes, block_scale_helpers, f8_scales, fmt_float, format_helpers, mma_decodable,
-                   prep_words, span_vectors, uses_f32_path, vec_blocks, vec_bytes)
+from .emit import (act_smem_bytes, block_dot_helpers, block_scale_helpers, f8_scales, fmt_float, format_helpers,
+                   mma_decodable, prep_words, span_vectors, uses_f32_path, vec_blocks, vec_bytes)
 from .ksplit import body as ksplit_body
 from .mma import body as mma_body, mma_gemv_unsupported
 from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
@@ -401,7 +401,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         raise ValueError(f"vec_bytes={hint.vec_bytes} does not fit K={K}, group_size={c.group_size}")
     NW = VB // 4
     V = VB * 8 // b                         # values per vector
-    # scale blocks per vector: 2 for nvfp4 in the wgmma kernels (two float8 bytes, one register)
+    # scale blocks per vector: 2 for nvfp4 in the wgmma and rows kernels (two float8 bytes, one register)
     SB = V // c.group_size if plan.groups > 1 and V > c.group_size else 1
     AV = 16 if b8 else 8                    # activation values per 16-byte load
     NA = V // 4 if b8 else V // 2           # activation words (4 bytes / 2 float16 values) per vector
@@ -427,7 +427,12 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     sdt = plan.arg("scale").dtype if c.with_scaling and not plan.scale_in_epilogue else None
     if SB > 1:
         sdt = "uint32"
-        helpers = {**helpers, **block_scale_helpers(tag, act, pair_codes(dec, b, NW, plan.w_order), V, c.group_size)}
+        pairs = pair_codes(dec, b, NW, plan.w_order)
+        helpers = {**helpers, **block_scale_helpers(tag, act, pairs, V, c.group_size)}
+        if hint.block_dots:                    # a dot product per block: the first half of the pairs is block 0
+            assert all(lo // c.group_size == hi // c.group_size == (2 * i >= len(pairs))
+                       for i, (lo, hi) in enumerate(pairs)), pairs
+            helpers = {**helpers, **block_dot_helpers(tag, act, len(pairs))}
     zdt = ("int8" if quant_zeros else plan.scale_dtype) if c.with_zeros else None
     need_asum = float_zeros                    # sum(a*q) = dot + (off - x_shift) * sum(a)
     acc_dtype = "int32" if i8 and not sdt else "float32"    # int8: exact int32 sums unless group scales
@@ -547,6 +552,12 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     def dot_expr(dptr, apptr):
         return (f"T.cuda.func_call('bb_dot_{tag}', {dptr}, {apptr}, source_code={src(f'bb_dot_{tag}')}, "
                 f"return_type='float32')")
+
+    def dsb_expr(dptr, apptr, s_raw, acc):
+        """Two block scales per vector (``hint.block_dots``): ``acc`` plus each block's dot product
+        times its scale (the raw bytes ``s_raw``)."""
+        return (f"T.cuda.func_call('bb_dsb_{tag}', {dptr}, {apptr}, {s_raw}, {acc}, "
+                f"source_code={helpers[f'bb_doth_{tag}'] + helpers[f'bb_dsb_{tag}']!r}, return_type='float32')")
 
     def store_line(ind, i, n, val):
         if b8:

@@ -381,7 +381,8 @@ def test_int8_default_tiles():
 
 def test_fp8_default_tiles():
     """float8_e4m3 activations: the fused GEMM's split-K 64-row tiles up to 64 rows (the tuner's
-    space from one row; by default the m16n8k32 GEMV serves up to 16 on sm_90), then the int8
+    space from one row; by default the GEMV serves up to 16 on sm_90: one row the rows kernel, then
+    the m16n8k32 one), then the int8
     rules with two sets of sums (group or per-channel scales alike: 128-row tiles of one
     warpgroup past 128 rows); decode-then-GEMM above 1024 rows."""
     g128 = make_plan(_f8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
@@ -393,7 +394,8 @@ def test_fp8_default_tiles():
         assert fused_default(p, 129) == fused_default(p, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
         assert fused_default(p, 1025) is None
     op = bitblas.Matmul(_f8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
-    assert all(op.choice("cuda", r).template == "gemv-mma" for r in (1, 16))     # the m16n8k32 GEMV
+    assert op.choice("cuda", 1).template == "gemv-rows"       # one row: the rows kernel, float16 pairs
+    assert op.choice("cuda", 16).template == "gemv-mma"       # the m16n8k32 GEMV
     assert choose(op, "cuda", 17)[1] == fused_default(g128, 17)
     assert not isinstance(choose(op, "cuda", 2048)[1], FusedWgmmaHint)
 

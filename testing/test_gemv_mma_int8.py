@@ -339,24 +339,36 @@ def _f8(w, m, n=8192, k=8192, **kw):
 
 
 def test_mma_f8_routing_and_defaults():
-    """The untuned operator: the m16n8k32 GEMV for float8 activations from one row, up to 16 rows on
-    sm_90 (the fused wgmma GEMM above) and 64 on sm_89; never on sm_80 (no float8 mma.sync); its
-    tiles: 4-bit codes the wide tile without the next step in flight at every row count, 2-bit
-    codes the int8 tiles; above 16 rows the chunk loop."""
+    """The untuned operator: one row the staged rows kernel (the row converted to float16 pairs;
+    2-bit codes from N=8192, as with float16 activations), else the m16n8k32 GEMV for float8
+    activations, up to 16 rows on sm_90 (the fused wgmma GEMM above) and 64 on sm_89; never on
+    sm_80 (no float8 mma.sync or cvt); the mma tiles: 4-bit codes the wide tile without the next
+    step in flight at every row count, 2-bit codes the int8 tiles; above 16 rows the chunk loop."""
     from bitblas.arch import Arch
     from bitblas.kernels.select import select
+    from bitblas.schedule import GEMVRowsHint
     t89, t90 = cuda_target(TARGETS["sm_89"]), cuda_target(TARGETS["sm_90"])
+    staged = dict(warps=8, unroll=1, min_blocks=4, pdl=True, act_smem=True)
+    wide = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2, pdl=True)
     for w in F8_WEIGHTS:
         for kw in (dict(), dict(group_size=128)):
-            cfg = _f8(w, 1, **kw).config
-            for rows in (1, 8, 16, 17, 64, 65):
-                got = {sm: select(cfg, "cuda", rows, Arch.from_sm(sm)).template for sm in (80, 89, 90)}
-                assert got[89] == ("gemv-mma" if rows <= 64 else got[89]) and got[80] != "gemv-mma", (w, kw, rows, got)
-                assert (got[90] == "gemv-mma") == (rows <= 16), (w, kw, rows, got)
-            wide = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2, pdl=True)
+            for n in (1000, 8192):
+                cfg = _f8(w, 1, n=n, **kw).config
+                rows1 = "gemv-rows" if w.endswith("4") or n >= 8192 else "gemv-mma"
+                for rows in (1, 8, 16, 17, 64, 65):
+                    got = {sm: select(cfg, "cuda", rows, Arch.from_sm(sm)).template for sm in (80, 89, 90)}
+                    want = rows1 if rows == 1 else "gemv-mma"
+                    assert got[89] == (want if rows <= 64 else got[89]), (w, kw, n, rows, got)
+                    assert got[80] not in ("gemv-mma", "gemv-rows"), (w, kw, n, rows, got)
+                    assert (got[90] == want) == (rows <= 16), (w, kw, n, rows, got)
+            assert default_gemv_hint(_f8(w, 1, **kw), t90) == (
+                GEMVRowsHint(rows_per_warp=2, stages=3, **staged) if w.endswith("4")
+                else GEMVRowsHint(rows_per_warp=8, stages=2, **dict(staged, warps=4)))
             for m in (1, 8, 16):
-                h = default_gemv_hint(_f8(w, m, **kw), t90)
-                if w.endswith("4") or m > 8:
+                h = default_gemv_hint(_f8(w, m, n=1000 if m == 1 else 8192, **kw), t90)
+                if w.endswith("4") and m == 1:
+                    assert isinstance(h, GEMVRowsHint) and h.act_smem, (w, m, h)
+                elif w.endswith("4") or m > 8:
                     assert h == wide, (w, m, h)
                 else:
                     assert h == GEMVHint(32, k_warps=8, unroll=2, stages=2, mma=True, min_blocks=2, pdl=True), (w, m, h)
@@ -364,23 +376,75 @@ def test_mma_f8_routing_and_defaults():
 
 
 def test_mma_f8_refused():
-    """Only the m16n8k32 tiles take float8 activations (the rows, k-split and wgmma GEMV hints are
-    refused naming the dtype); an sm_80 target refuses the build; the tuner's GEMV candidates are
-    mma tiles only, and none on sm_80."""
+    """The m16n8k32 tiles and the rows kernel (converting the activations to float16 pairs) take
+    float8 activations; the k-split and wgmma GEMV hints are refused naming the dtype; an sm_80
+    target refuses the build; the tuner's GEMV candidates are mma tiles and rows kernels only, and
+    none on sm_80."""
     from bitblas.arch import Arch
     from bitblas.kernels import by_name
-    from bitblas.schedule import GEMVWgmmaHint
+    from bitblas.schedule import GEMVRowsHint, GEMVWgmmaHint
     p = _f8("int4", 4)
-    for h in (GEMVHint(4, warps=2, unroll=4, stages=2), GEMVHint(2, k_warps=4), GEMVWgmmaHint(rows_per_warp=16)):
+    for h in (GEMVHint(2, k_warps=4), GEMVWgmmaHint(rows_per_warp=16)):
         assert "float8_e4m3" in gemv_hint_unsupported(p, h), h
-    assert gemv_hint_unsupported(p, GEMVHint(32, k_warps=8, mma=True)) is None
-    with pytest.raises(ValueError, match="sm_89"):
-        cuda_source(p, cuda_target(TARGETS["sm_80"]), GEMVHint(32, k_warps=8, mma=True))
-    assert "sm_89" in by_name("gemv-mma").reason(p, Arch.from_sm(80))
-    assert by_name("gemv-mma").space(p, 4, Arch.from_sm(80)) == []
+    for h in (GEMVHint(32, k_warps=8, mma=True), GEMVHint(4, warps=2, unroll=4, stages=2)):
+        assert gemv_hint_unsupported(p, h) is None, h
+        with pytest.raises(ValueError, match="sm_89"):
+            cuda_source(p, cuda_target(TARGETS["sm_80"]), h)
+    for t in ("gemv-mma", "gemv-rows"):
+        assert "sm_89" in by_name(t).reason(p, Arch.from_sm(80))
+        assert by_name(t).space(p, 4, Arch.from_sm(80)) == []
     cands = by_name("gemv-mma").space(p, 4, Arch.from_sm(90))
     assert cands and all(isinstance(c.hint, GEMVMmaHint) for c in cands)
-    assert all(by_name(t).space(p, 4, Arch.from_sm(90)) == [] for t in ("gemv-rows", "gemv-ksplit"))
+    rows = by_name("gemv-rows").space(p, 4, Arch.from_sm(90))
+    assert rows and all(isinstance(c.hint, GEMVRowsHint) for c in rows)
+    assert by_name("gemv-ksplit").space(p, 4, Arch.from_sm(90)) == []
+
+
+def test_f8_rows_prep_pairs():
+    """The rows kernel's float8 prep (emit.f8_half_prep) pairs the activation bytes of exactly the
+    codes of each decoded pair (decode.pair_codes under the plan's code order), the first code in
+    the low half, times 2**-4 (the kernel's scale times 2**4), for every float8 weight format's
+    order and vector size."""
+    from bitblas.schedule.gemv.emit import f8_half_prep
+    pat = re.compile(r"__byte_perm\(a\[(\d+)\], a\[(\d+)\], 0x([0-9a-f]+)\).*e4m3x2.*__hmul2\(.*, k\); ap\[(\d+)\] = ")
+    for w in F8_WEIGHTS:
+        for kw in (dict(), dict(group_size=128)):
+            plan = _f8(w, 1, **kw)
+            for nw in (1, 2, 4):
+                pairs = gd.pair_codes("int", plan.w.bits, nw, plan.w_order)
+                got = {}
+                src = f8_half_prep("t", plan.w.bits, nw, plan.w_order)
+                assert "const __half2 k = __float2half2_rn(0.0625f);" in src
+                for ln in src.splitlines():
+                    mt = pat.search(ln)
+                    if mt:
+                        words = (int(mt.group(1)), int(mt.group(2)))
+                        sel, i = int(mt.group(3), 16), int(mt.group(4))
+                        lo = 4 * words[(sel & 0xF) // 4] + (sel & 0xF) % 4
+                        hi = 4 * words[((sel >> 4) & 0xF) // 4] + ((sel >> 4) & 0xF) % 4
+                        got[i] = (lo, hi)
+                assert got == dict(enumerate(pairs)), (w, kw, nw)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+def test_f8_rows_codegen(arch):
+    """The one-row default for float8 activations: the staged rows kernel, the row's bytes
+    converted to float16 pairs (cvt.rn.f16x2.e4m3x2) by the float8 prep, the float16 decode and
+    dot, the activation scale (and per-channel scales, bias) in the epilogue; compiles with nvcc
+    (group / per-channel scales, bias, bfloat16 output, N=1000, K=1536)."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    tgt = cuda_target(TARGETS[arch])
+    for w, kw in (("int4", dict(group_size=128)), ("uint4", dict(with_bias=True, out_dtype="bfloat16")),
+                  ("int2", dict(n=8192, k=1536))):
+        plan = _f8(w, 1, **{"n": 1000, "k": 1536, **kw})
+        hint = default_gemv_hint(plan, tgt)
+        assert hint.act_smem, (w, hint)
+        src = cuda_source(plan, tgt, hint)
+        assert "bb_prep_f8h_" in src and "cvt.rn.f16x2.e4m3x2" in src and "mma.sync" not in src, w
+        assert "fma.rn.f16x2" in src and "a_scale" in src and "0x1p+4f" in src, w     # the 2**-4 undone
+        assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, arch)
 
 
 @pytest.mark.nvcc
@@ -396,6 +460,8 @@ def test_mma_f8_codegen(w, arch):
         kw = (dict(group_size=128), dict(with_bias=True, out_dtype="bfloat16"), dict())[i]
         plan = _f8(w, m, n=1000, k=1536, **kw)
         hint = default_gemv_hint(plan, tgt)
+        if m == 1:                          # one row: the rows kernel by default (test_f8_rows_codegen)
+            hint = GEMVHint(32, k_warps=8, unroll=4, stages=1, mma=True, min_blocks=2)
         src = cuda_source(plan, tgt, hint)
         assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in src, (w, m)
         assert nvcc_compile(src, arch)[:4] == b"\x7fELF", (w, m, arch)

@@ -222,10 +222,11 @@ def test_gemv_int8_mma(name, n, k, m):
 @pytest.mark.parametrize("name", list(F8_CASES))
 @gpu
 def test_gemv_f8_mma(name, n, k, m):
-    """float8_e4m3 activations on the m16n8k32 .e4m3 GEMV: through ``bitblas.Matmul`` where it
-    serves the rows by default (1..16 on sm_90, 1..64 on sm_89), else its default hint built
-    directly (17..64, the chunk loop); fresh random codes over their range and any finite e4m3
-    activation byte, into a poisoned output."""
+    """float8_e4m3 activations on the GEMV: through ``bitblas.Matmul`` where it serves the rows by
+    default (1..16 on sm_90, 1..64 on sm_89: one row the staged rows kernel converting the row to
+    float16 pairs where it takes the plan, else the m16n8k32 .e4m3 kernel), else its default hint
+    built directly (17..64, the chunk loop); fresh random codes over their range and any finite
+    e4m3 activation byte, into a poisoned output."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 mma.sync needs sm_89+")
     cfg = _cfg(name, n, k)
@@ -238,6 +239,27 @@ def test_gemv_f8_mma(name, n, k, m):
         assert hint.tensor_cores and hint.chunk_loop, hint
         why = _check(cfg, m, build_plan(plan, tgt, hint), plan)
     assert why is None, f"{name}: {why}"
+
+
+F8_ROWS_HINTS = {"r4w2u4s2": GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2),
+                 "r1w4u1s1-v8": GEMVHint(rows_per_warp=1, warps=4, unroll=1, vec_bytes=8, stages=1),
+                 "r4w8u1s2-smem": GEMVHint(rows_per_warp=4, warps=8, unroll=1, stages=2, min_blocks=4, act_smem=True)}
+
+
+@pytest.mark.parametrize("hint", list(F8_ROWS_HINTS))
+@pytest.mark.parametrize("name", list(F8_CASES))
+@gpu
+def test_gemv_f8_rows_hints(name, hint):
+    """float8_e4m3 activations on the rows kernel by explicit hints: the activations converted to
+    float16 pairs per step (1 and 3 rows) or once into the staged row (1 row), N=1000, K=1536."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("cvt.rn.f16x2.e4m3x2 needs sm_89+")
+    h = F8_ROWS_HINTS[hint]
+    cfg = _cfg(name)
+    for m in ((1,) if h.act_smem else (1, 3)):
+        plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
+        why = _check(cfg, m, build_plan(plan, tgt, h), plan)
+        assert why is None, f"{name} {hint} m={m}: {why}"
 
 
 MMA_HINTS = {

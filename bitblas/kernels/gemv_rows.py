@@ -20,7 +20,8 @@ class GEMVRows(GEMVTemplate):
 
     def space(self, plan, rows, arch) -> List[Candidate]:
         p = space_plan(plan.config, rows)
-        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS:
+        if p is None or rows > gemv_schedule.GEMV_MAX_ROWS or (
+                arch is not None and gemv_schedule.gemv_arch_unsupported(p, arch)):
             return []
         bucket, out = rows, []
         vbs = [vb for vb in (16, 8, 4) if gemv_schedule.vec_bytes(p, vb) is not None]
@@ -33,7 +34,7 @@ class GEMVRows(GEMVTemplate):
             for R, warps, stages in itertools.product((2, 4, 8), (4, 8), (2, 3, 4)):
                 out.append(Candidate(bucket, GEMVRowsHint(rows_per_warp=R, warps=warps, unroll=1, stages=stages,
                                                           min_blocks=4, act_smem=True)))
-        # the kernel's own refusals (a staged row past shared memory; activations only the mma GEMV takes)
+        # the kernel's own refusals (a staged row past shared memory)
         return self.with_pdl([c for c in out if gemv_schedule.gemv_hint_unsupported(p, c.hint) is None], arch)
 
     def shape_key(self, hint):

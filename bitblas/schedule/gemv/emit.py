@@ -60,14 +60,21 @@ from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, pair
 from .int8 import i8_helpers
 
 __all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines", "span_vectors", "decode_ops_per_weight", "f8_scales",
-           "mma_decodable", "uses_f32_path",
+           "half_acts", "f8_half_prep", "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
 
 
 def f8_scales(plan) -> bool:
     """Float activations with float8_e4m3 scale bytes (nvfp4), decoded per vector."""
-    return plan.config.A_dtype != "int8" and plan.config.with_scaling and plan.scale_dtype != plan.config.A_dtype
+    return plan.float_acts and plan.config.with_scaling and plan.scale_dtype == "float8_e4m3"
+
+
+def half_acts(plan, hint) -> bool:
+    """Whether ``hint``'s kernel multiplies the activations as float16 / bfloat16 pairs: float
+    activations, and float8_e4m3 ones in a kernel that converts them to float16 pairs as it pairs
+    them (``hint.f8_halves``: the rows kernel; exact, :func:`f8_half_prep`)."""
+    return plan.float_acts or (plan.config.A_dtype == "float8_e4m3" and hint.f8_halves)
 
 
 def vec_bytes(plan, want: int = 0, group_vectors: int = 1, blocks: int = 1) -> Optional[int]:
@@ -176,14 +183,17 @@ def prep_words(plan, hint, V: int) -> int:
     float32 per value on the float32 path, else two float16 / bfloat16 or four int8 values."""
     if uses_f32_path(plan, hint):
         return V
-    return V // 2 if plan.float_acts else V // 4
+    return V // 2 if half_acts(plan, hint) else V // 4
 
 
 def keeps_act_sum(plan) -> bool:
     """Whether the rows kernel uses each vector's activation sum from the prep (float zero points;
-    int8 activations: the dp4a chain's start), so that a staged row keeps it too."""
+    int8 activations: the dp4a chain's start; float8 ones take no zero points), so that a staged
+    row keeps it too."""
     c = plan.config
-    return not plan.float_acts or (c.with_zeros and c.zeros_mode != "quantized")
+    if c.A_dtype == "int8":
+        return True
+    return plan.float_acts and c.with_zeros and c.zeros_mode != "quantized"
 
 
 def act_smem_bytes(plan, hint) -> Optional[int]:
@@ -452,6 +462,32 @@ def e4m3x2_lines(src: str, dst, fp8_cvt) -> list:
     if fp8_cvt is None:
         return ["#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890", *cvt, "#else", *arith, "#endif"]
     return cvt if fp8_cvt else arith
+
+
+F8_HALF_SHIFT = 4       # float8 activations enter the float16 pairs times 2**-4 (f8_half_prep)
+
+
+def f8_half_prep(tag: str, bits: int, nw: int, order=None) -> str:
+    """``bb_prep_{tag}(a, ap)`` for float8_e4m3 activations in a float16-pair kernel
+    (:func:`half_acts`): ``a`` holds the vector's activations as bytes (4 per word), ``ap[i]`` the
+    float16 pair of the codes of decoded pair i (:func:`~.decode.pair_codes`, as the float16 prep
+    pairs them): the two bytes by ``__byte_perm`` into one half word, ``cvt.rn.f16x2.e4m3x2``
+    (sm_89+; the low byte in the low half), times 2**-F8_HALF_SHIFT (the kernel multiplies its
+    scale by 2**F8_HALF_SHIFT). Exact: an e4m3 value (at most 448, at least 2**-9) times 2**-4 is
+    a normal float16, and its product with a 4- or 2-bit code (at most 15) has at most 8
+    significant bits; the float16 partial sums of a vector (16 products) stay under 28 * 15 * 16
+    = 6720, where unscaled ones could pass 65504 (448 * 15 * 16). Returns 0: the activation sum
+    serves zero points only, which float8 activations do not take."""
+    lines = [f"__device__ __forceinline__ float bb_prep_{tag}(const unsigned* a, unsigned* ap) {{",
+             f"  const __half2 k = __float2half2_rn({2.0 ** -F8_HALF_SHIFT!r}f);"]
+    for i, (lo, hi) in enumerate(pair_codes("int", bits, nw, order)):
+        sel = (lo % 4) | (4 + hi % 4) << 4
+        lines.append(f"  {{ const unsigned short p = (unsigned short)__byte_perm(a[{lo // 4}], a[{hi // 4}], 0x{sel:x}); "
+                     f"unsigned h; asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h) : \"h\"(p)); "
+                     f"const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), k); "
+                     f"ap[{i}] = *reinterpret_cast<const unsigned*>(&v); }}")
+    lines += ["  return 0.f;", "}"]
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def block_dot_helpers(tag: str, act: str, npairs: int) -> dict:

@@ -56,6 +56,8 @@ class GEMVHint(metaclass=_LegacyCall):
                                            # hold two 16-code blocks (emit.vec_blocks)
     block_dots: ClassVar[bool] = False     # the same, each block's dot product scaled on its own in float32
                                            # (emit.block_dot_helpers)
+    f8_halves: ClassVar[bool] = False      # float8_e4m3 activations converted to float16 pairs as they are paired
+                                           # (emit.half_acts; else only the m16n8k32 .e4m3 GEMV takes them)
     __slots__ = ()
 
 
@@ -70,6 +72,7 @@ class GEMVRowsHint(GEMVHint):
     warps: int = 4
     unroll: int = 4
     block_dots: ClassVar[bool] = True
+    f8_halves: ClassVar[bool] = True
     vec_bytes: int = 0
     stages: int = 2
     min_blocks: int = 0

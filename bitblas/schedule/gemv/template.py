@@ -52,8 +52,9 @@ from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import ACT, decoder, e4m3_consts, pair_codes
 from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .emit import (act_smem_bytes, block_dot_helpers, block_scale_helpers, f8_scales, fmt_float, format_helpers,
-                   mma_decodable, prep_words, span_vectors, uses_f32_path, vec_blocks, vec_bytes)
+from .emit import (F8_HALF_SHIFT, act_smem_bytes, block_dot_helpers, block_scale_helpers, f8_half_prep, f8_scales,
+                   fmt_float, format_helpers, half_acts, mma_decodable, prep_words, span_vectors, uses_f32_path,
+                   vec_blocks, vec_bytes)
 from .ksplit import body as ksplit_body
 from .mma import body as mma_body, mma_gemv_unsupported
 from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
@@ -88,9 +89,10 @@ def default_shape(plan, target=None) -> "GEMVHint":
     channels above; :func:`float_mma_tile` and :func:`int8_mma_tile` refine them. int8
     activations: from 3 rows (group-scaled 4-bit codes 4, 8-bit codes 5 with group scales and 6
     without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
-    holding 4 weight vectors), else the rows kernel. float8_e4m3 activations: the m16n8k32 kernel
-    from one row (4-bit codes the wide tile without the next step in flight, 2-bit codes the int8
-    tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it applies."""
+    holding 4 weight vectors), else the rows kernel. float8_e4m3 activations: one row the staged
+    rows kernel where :func:`staged_row` takes it (the row converted to float16 pairs once per
+    block; then the float16 kernel's decode and dot), else and from 2 rows the m16n8k32 kernel
+    (4-bit codes the wide tile without the next step in flight, 2-bit codes the int8 tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it applies."""
     m = plan.m or 1
     arch = arch_of(target)
     wg = wgmma_tile(plan) if arch.wgmma else None
@@ -99,6 +101,9 @@ def default_shape(plan, target=None) -> "GEMVHint":
     if m > GEMV_MAX_ROWS:
         return chunk_tile(plan)
     if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
+        staged = staged_row(plan, arch.sm_count) if m == 1 else None
+        if staged:                     # one row: the rows kernel, the row converted to float16 pairs once
+            return staged
         if plan.w.bits == 4:
             # the e4m3 table decode of 4-bit codes: the wide tile without the next step in flight
             # from one row (faster than the base tile at 1 and 16 rows, H100, W4A-fp8 g128 8192^2)
@@ -144,12 +149,13 @@ def staged_row(plan, sm_count: int) -> Optional["GEMVHint"]:
     """One activation row: the rows kernel with the row staged in shared memory (``act_smem``,
     rows.py) where it measured faster, else None. 8-warp blocks under 4 blocks per SM (<= 64
     registers, 32 warps per SM: twice the warps of the register-bound default), one vector per
-    row and step, the loop unrolled. Float activations: 2 channels per warp, 2 steps in flight,
+    row and step, the loop unrolled. Float activations (and float8_e4m3 ones, converted to
+    float16 pairs as the row is staged): 2 channels per warp, 2 steps in flight,
     for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
     blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
     in 4-warp blocks. int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
     b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
-    if not plan.float_acts:
+    if plan.config.A_dtype == "int8":
         hint = _ROWS_STAGED if b == 2 else None
     elif b <= 2:
         hint = _ROWS_STAGED_8 if N >= 8192 else None
@@ -392,6 +398,7 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     act = c.A_dtype
     i8 = act == "int8"                      # int8 activations: dp4a (int8) or m16n8k32 (mma_int8)
     b8 = act in BYTE_ACTIVATIONS            # 1-byte activations (float8: m16n8k32 or the fused wgmma GEMM's body)
+    hf = b8 and half_acts(plan, hint)       # float8 activations as float16 pairs (the rows kernel): the float path
     m, N, K, b = plan.m, c.N, c.K, w.bits
     signed = w.kind == "int"
     # byte activations on tensor cores: the 4 vectors of a lane quad inside one group
@@ -408,17 +415,23 @@ def kernel_script(plan, hint: GEMVHint, body=None):
     NC = K // V                             # vectors per row
     G = K if plan.groups == 1 else c.group_size
     dec = decoder(w)
-    if b8:
+    if hf:
+        tag = f"f8h_{'i' if signed else 'u'}{b}_v{VB}"
+    elif b8:
         tag = f"{'i8' if i8 else 'f8'}_{'i' if signed else 'u'}{b}_v{VB}"
     elif dec == "int":
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
     f32_path = uses_f32_path(plan, hint)
-    helpers = format_helpers(tag, act, b, plan.w_storage, NW, dec, w.table, half_pairs=b == 8 and not f32_path,
-                             order=plan.w_order)
+    helpers = format_helpers(tag, "float16" if hf else act, b, plan.w_storage, NW, dec, w.table,
+                             half_pairs=b == 8 and not f32_path, order=plan.w_order)
+    if hf:
+        helpers[f"bb_prep_{tag}"] = f8_half_prep(tag, b, NW, plan.w_order)
     s_f8 = f8_scales(plan)
     dec_factor = e4m3_consts()["factor"] if dec == "e4m3" and f32_path else 1.0   # 2**8 folded into the scale
+    if hf:                                  # the float8 activations' 2**-4 in the float16 pairs (f8_half_prep)
+        dec_factor = float(2 ** F8_HALF_SHIFT)
     x_shift = (1 << (b - 1)) if signed else 0   # decode gives field - off, field = q + x_shift (offset-binary)
     off_max = (1 << b) - 1 + x_shift
     quant_zeros = c.with_zeros and c.zeros_mode == "quantized"
@@ -485,16 +498,17 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         The offset centres the codes: x_shift (signed codes, stored offset-binary), the zero-point
         code, or the rounded float zero point; what it misses (|residual| <= 0.5) goes through
         cv * sum(a)."""
-        if b8:                                 # int8 / float8: the group scale only (on the slab's sums)
+        if b8 and not hf:                      # int8 / float8: the group scale only (on the slab's sums)
             return [f"{ind}sv[{idx}] = T.Cast('float32', {s_raw})"] if sdt else []
         if SB > 1:                             # the block scales: bb_sclb on the decoded pairs
             return [f"{ind}ov[{idx}] = {x_shift}", f"{ind}cv[{idx}] = T.float32(0)"]
-        s_expr = f"T.Cast('float32', {s_raw})" if c.with_scaling else "T.float32(1)"
+        # no raw scale: none, or per-channel ones in the epilogue (float8 activations, scaled_sum)
+        s_expr = f"T.Cast('float32', {s_raw})" if s_raw is not None else "T.float32(1)"
         if s_f8:
             s_expr = (f"T.cuda.func_call('bb_e4m3f', T.Cast('int32', {s_raw}), source_code={src('bb_e4m3f')}, "
                       f"return_type='float32')")
         if dec_factor != 1.0:
-            s_expr = f"{s_expr} * {fmt_float(dec_factor)}" if c.with_scaling else fmt_float(dec_factor)
+            s_expr = f"{s_expr} * {fmt_float(dec_factor)}" if s_raw is not None else fmt_float(dec_factor)
         out = [f"{ind}sv[{idx}] = {s_expr}"]
         if quant_zeros:                        # z_raw: the code (zsrc), an int8 holding 0 .. 2**b - 1
             out += [f"{ind}ov[{idx}] = T.Cast('int32', {z_raw}) & 255", f"{ind}cv[{idx}] = T.float32(0)"]
@@ -594,9 +608,9 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if type(hint) not in _BODIES:
         return (f"{type(hint).__name__} is not a GEMV kernel's hint (accepted: "
                 f"{', '.join(c.__name__ for c in _BODIES)})")
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not isinstance(hint, GEMVMmaHint):
-        return (f"A_dtype={plan.config.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) takes these "
-                f"activations; got {hint}")
+    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not (isinstance(hint, GEMVMmaHint) or hint.f8_halves):
+        return (f"A_dtype={plan.config.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) and the rows "
+                f"kernel (GEMVRowsHint, converting them to float16 pairs) take these activations; got {hint}")
     if isinstance(hint, GEMVWgmmaHint):
         return wgmma_gemv_unsupported(plan, hint)
     if isinstance(hint, GEMVMmaHint):

@@ -390,6 +390,10 @@ def test_mma_f8_refused():
         assert gemv_hint_unsupported(p, h) is None, h
         with pytest.raises(ValueError, match="sm_89"):
             cuda_source(p, cuda_target(TARGETS["sm_80"]), h)
+    f32 = _f8("int4", 1, out_dtype="float32")          # float16 partial sums: not for a float32 output
+    assert "float32" in gemv_hint_unsupported(f32, GEMVHint(4, warps=2, unroll=4, stages=2))
+    assert gemv_hint_unsupported(f32, GEMVHint(32, k_warps=8, mma=True)) is None
+    assert default_gemv_hint(f32, cuda_target(TARGETS["sm_90"])).tensor_cores
     for t in ("gemv-mma", "gemv-rows"):
         assert "sm_89" in by_name(t).reason(p, Arch.from_sm(80))
         assert by_name(t).space(p, 4, Arch.from_sm(80)) == []

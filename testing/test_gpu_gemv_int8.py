@@ -28,7 +28,7 @@ from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES, pack_weight
 from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
 from bitblas.schedule import GEMVHint, GEMVKSplitHint, MMAHint, SimpleCUDAHint, WGMMAHint, gemv_unsupported
-from bitblas.schedule.gemv import default_gemv_hint
+from bitblas.schedule.gemv import default_gemv_hint, gemv_hint_unsupported
 from bitblas.kernels import default_hint
 from kernel_helpers import H200_SPEC, TARGETS
 
@@ -251,11 +251,16 @@ F8_ROWS_HINTS = {"r4w2u4s2": GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages
 @gpu
 def test_gemv_f8_rows_hints(name, hint):
     """float8_e4m3 activations on the rows kernel by explicit hints: the activations converted to
-    float16 pairs per step (1 and 3 rows) or once into the staged row (1 row), N=1000, K=1536."""
+    float16 pairs per step (1 and 3 rows) or once into the staged row (1 row), N=1000, K=1536;
+    float32 outputs are refused (float16 partial sums measured 5.0e-4 .. 6.6e-4 of max|ref| there,
+    past the float8 tolerance of 5e-4 that the m16n8k32 kernel's float32 sums meet)."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("cvt.rn.f16x2.e4m3x2 needs sm_89+")
     h = F8_ROWS_HINTS[hint]
     cfg = _cfg(name)
+    if cfg.out_dtype == "float32":          # float16 partial sums: float32 outputs keep the m16n8k32 kernel
+        assert "float32" in gemv_hint_unsupported(make_plan(cfg, "cuda", 1), h)
+        pytest.skip("the rows kernel refuses float8 activations with a float32 output")
     for m in ((1,) if h.act_smem else (1, 3)):
         plan, tgt = make_plan(cfg, "cuda", m), cuda_target()
         why = _check(cfg, m, build_plan(plan, tgt, h), plan)

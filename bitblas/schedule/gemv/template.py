@@ -91,7 +91,8 @@ def default_shape(plan, target=None) -> "GEMVHint":
     without) the m16n8k32 tensor-core kernel (mma_int8) where it takes the plan (group sizes
     holding 4 weight vectors), else the rows kernel. float8_e4m3 activations: one row the staged
     rows kernel where :func:`staged_row` takes it (the row converted to float16 pairs once per
-    block; then the float16 kernel's decode and dot), else and from 2 rows the m16n8k32 kernel
+    block; then the float16 kernel's decode and dot; not for float32 outputs), else and from 2 rows
+    the m16n8k32 kernel
     (4-bit codes the wide tile without the next step in flight, 2-bit codes the int8 tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it applies."""
     m = plan.m or 1
     arch = arch_of(target)
@@ -608,9 +609,15 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
     if type(hint) not in _BODIES:
         return (f"{type(hint).__name__} is not a GEMV kernel's hint (accepted: "
                 f"{', '.join(c.__name__ for c in _BODIES)})")
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not (isinstance(hint, GEMVMmaHint) or hint.f8_halves):
-        return (f"A_dtype={plan.config.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) and the rows "
+    c = plan.config
+    if c.A_dtype in MMA_ONLY_ACTIVATIONS and not (isinstance(hint, GEMVMmaHint) or hint.f8_halves):
+        return (f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) and the rows "
                 f"kernel (GEMVRowsHint, converting them to float16 pairs) take these activations; got {hint}")
+    if c.A_dtype in MMA_ONLY_ACTIVATIONS and hint.f8_halves and c.out_dtype == "float32":
+        # float16 partial sums (relative error ~2**-11) would dominate a float32 output's error;
+        # the m16n8k32 kernel keeps float32 sums
+        return (f"out_dtype='float32': the rows kernel sums A_dtype={c.A_dtype!r} activations in float16 pairs; "
+                f"float32 outputs take the m16n8k32 tensor-core GEMV (GEMVMmaHint); got {hint}")
     if isinstance(hint, GEMVWgmmaHint):
         return wgmma_gemv_unsupported(plan, hint)
     if isinstance(hint, GEMVMmaHint):

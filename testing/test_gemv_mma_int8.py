@@ -363,7 +363,7 @@ def test_mma_f8_routing_and_defaults():
                     assert (got[90] == want) == (rows <= 16), (w, kw, n, rows, got)
             assert default_gemv_hint(_f8(w, 1, **kw), t90) == (
                 GEMVRowsHint(rows_per_warp=2, stages=3, **staged) if w.endswith("4")
-                else GEMVRowsHint(rows_per_warp=8, stages=2, **dict(staged, warps=4)))
+                else GEMVRowsHint(rows_per_warp=2, stages=4, **staged))
             for m in (1, 8, 16):
                 h = default_gemv_hint(_f8(w, m, n=1000 if m == 1 else 8192, **kw), t90)
                 if w.endswith("4") and m == 1:

@@ -243,7 +243,8 @@ def test_gemv_f8_mma(name, n, k, m):
 
 F8_ROWS_HINTS = {"r4w2u4s2": GEMVHint(rows_per_warp=4, warps=2, unroll=4, stages=2),
                  "r1w4u1s1-v8": GEMVHint(rows_per_warp=1, warps=4, unroll=1, vec_bytes=8, stages=1),
-                 "r4w8u1s2-smem": GEMVHint(rows_per_warp=4, warps=8, unroll=1, stages=2, min_blocks=4, act_smem=True)}
+                 "r4w8u1s2-smem": GEMVHint(rows_per_warp=4, warps=8, unroll=1, stages=2, min_blocks=4, act_smem=True),
+                 "r2w8u1s4-smem": GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=4, min_blocks=4, act_smem=True)}
 
 
 @pytest.mark.parametrize("hint", list(F8_ROWS_HINTS))

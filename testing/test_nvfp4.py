@@ -276,7 +276,7 @@ def test_gemv_helpers_arithmetic(sm):
             byte = (o[2 * (k // 8) + (k % 8) // 4] >> (8 * (k % 4))) & 0xFF
             assert (byte - 256 if byte >= 128 else byte) == int(2 * E2M1_TABLE[c])
         pm = [0] * 16
-        _run_c(h["bb_nv_mag"], {"w": list(wq), "pm": pm})
+        _run_c(h["bb_nv_mag"], {"w": list(wq), "pm": pm, "t0": MAG2_TABLE[0], "t1": MAG2_TABLE[1]})
         sw, sa = [rng.choice(finite) for _ in range(2)], [rng.choice(finite) / 4 for _ in range(2)]
         got = _run_c(h["bb_nv_dot"], {"pm": pm, "av": o, "sa": sa, "sw": sw, "acc": 0.5})
         wcodes = [(wq[j] >> (4 * t)) & 15 for j in range(4) for t in range(8)]

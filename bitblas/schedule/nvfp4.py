@@ -106,10 +106,13 @@ def _positions(K: int):
     return nv, -(-nv // 32)
 
 
+TABLE_WORDS = 64         # MAG2_TABLE once per lane, after the staged rows in shared memory (gemv_script)
+
+
 def gemv_smem_bytes(K: int, m: int) -> int:
     """Shared memory of the GEMV's staged activation rows: 8 value words and 2 float scales per
-    vector position of each row."""
-    return m * _positions(K)[1] * 32 * (8 + 2) * 4
+    vector position of each row; then the magnitude table, one copy per lane."""
+    return m * _positions(K)[1] * 32 * (8 + 2) * 4 + TABLE_WORDS * 4
 
 
 def gemv_smem_cap(sm=None) -> int:
@@ -163,11 +166,12 @@ PRMT_LAMBDA = ("  auto bb_prmt_ = [](unsigned a, unsigned b, unsigned s) { unsig
                "asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"(d) : \"r\"(a), \"r\"(b), \"r\"(s)); return d; };")
 
 
-def _mag_lines(src: str, tag: str, out) -> list:
+def _mag_lines(src: str, tag: str, out, table=None) -> list:
     """C lines, one statement each (testing/test_nvfp4.py interprets them): the doubled magnitudes
     of the codes of word ``src``: ``out(0)`` / ``out(1)``: positive codes 0..3 / 4..7 (0 for the
-    negative ones), ``out(2)`` / ``out(3)``: the negative codes."""
-    t = ", ".join(f"0x{v:08x}u" for v in MAG2_TABLE)
+    negative ones), ``out(2)`` / ``out(3)``: the negative codes. ``table``: the names of two
+    registers holding MAG2_TABLE (None: the constants)."""
+    t = ", ".join(table or [f"0x{v:08x}u" for v in MAG2_TABLE])
     n = f"n{tag}"
     return [f"  const unsigned {n} = {src} ^ 0x{SIGN_FLIP:08x}u;",
             f"  {out(0)} = bb_prmt_({t}, {src});", f"  {out(1)} = bb_prmt_({t}, {src} >> 16);",
@@ -188,10 +192,14 @@ __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
 """
     h["bb_nv_sc2"] = "\n".join(["", "__device__ __forceinline__ void bb_nv_sc2(unsigned s, float* d) {",
                                 *_e4m3x2_lines(sm, "s", lambda t: f"d[{t}]"), "}", ""])
-    lines = ["", "__device__ __forceinline__ void bb_nv_mag(const unsigned* w, unsigned* pm) {", PRMT_LAMBDA]
+    # the table in two registers the kernel loaded from shared memory (t0, t1): as constants, ptxas
+    # keeps them in uniform registers and copies them into ordinary ones before every prmt (70 IMAD
+    # per 96 prmt in the 7168 x 16384 kernel's loop)
+    lines = ["", "__device__ __forceinline__ void bb_nv_mag(const unsigned* w, unsigned* pm, unsigned t0, "
+             "unsigned t1) {", PRMT_LAMBDA]
     for j in range(4):
         lines.append(f"  const unsigned q{j} = w[{j}];")
-        lines += _mag_lines(f"q{j}", str(j), lambda x, j=j: f"pm[{4 * j + x}]")
+        lines += _mag_lines(f"q{j}", str(j), lambda x, j=j: f"pm[{4 * j + x}]", table=("t0", "t1"))
     lines += ["}", ""]
     h["bb_nv_mag"] = "\n".join(lines)
     # one 32-code vector: blocks b = 0, 1 (code words 2b, 2b+1; activation words 4b .. 4b+3); the
@@ -276,7 +284,8 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     NB = -(-N // (R * WARPS))
     threads = 32 * WARPS
     AQW = m * NVB * 256                      # words of staged activation values
-    SMW = AQW + m * NVB * 64                 # + 2 float scales per position
+    TAB = AQW + m * NVB * 64                 # + 2 float scales per position
+    SMW = TAB + TABLE_WORDS                  # + the magnitude table (bb_nv_mag)
     H = cuda_helpers(sm)
 
     def call(name, *args, ret=None):
@@ -308,6 +317,7 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     add("    av = T.alloc_local((8,), 'uint32')")
     add("    asv = T.alloc_local((2,), 'float32')")
     add("    wsv = T.alloc_local((2,), 'float32')")
+    add("    tab = T.alloc_local((2,), 'uint32')")
     add(f"    acc = T.alloc_local(({R}, {m}), 'float32')")
     add(f"    smem = T.alloc_buffer(({SMW},), 'uint32', scope='shared.dyn', align=16)")
     add("    lane = T.meta_var(tx % 32)")
@@ -346,7 +356,7 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
         add(f"{ind1}for r in T.unroll({R}):")
         ind2 = ind1 + "    "
         add(f"{ind2}" + call("bb_nv_sc2", f"sr[{slot}, u, r]", "wsv.ptr_to([0])"))
-        add(f"{ind2}" + call("bb_nv_mag", f"wq.ptr_to([{slot}, u, r, 0])", "pm.ptr_to([0])"))
+        add(f"{ind2}" + call("bb_nv_mag", f"wq.ptr_to([{slot}, u, r, 0])", "pm.ptr_to([0])", "tab[0]", "tab[1]"))
         add(f"{ind2}for i in T.unroll({m}):")
         if m > 1:
             act(ind2 + "    ", "i", step)
@@ -369,7 +379,14 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
                             f"smem.ptr_to([{aq(i, f'{cc} // 32', 0, f'{cc} % 32')}])",
                             f"smem.ptr_to([{aq(i, f'{cc} // 32', 1, f'{cc} % 32')}])",
                             f"smem.ptr_to([{asc(i, f'{cc} // 32', f'{cc} % 32')}])"))
+        add("    if tx < 32:")
+        for j, v in enumerate(MAG2_TABLE):
+            add(f"        smem[{TAB} + tx * 2 + {j}] = T.uint32({v})")
         add("    T.cuda.cta_sync()")
+        # read back from the lane's own copy: values ptxas cannot prove uniform or constant stay in
+        # ordinary registers through the loop (bb_nv_mag)
+        for j in range(2):
+            add(f"    tab[{j}] = smem[{TAB} + lane * 2 + {j}]")
 
     step_loop(add, NS, ST, load, process, after_prologue=stage)
     pdl_trigger(add, hint)

@@ -106,8 +106,8 @@ FAMILIES = {
                   (C(M=40, N=1000, K=1536, W_dtype="int4", **S8), 40,
                    lambda p, t: GEMVHint(rows_per_warp=64, k_warps=4, unroll=2, stages=1, mma=True, min_blocks=1,
                                          chunk_loop=True))],
-    # float8_e4m3 activations x 4- / 2-bit codes: the m16n8k32 .e4m3 GEMV (sm_89+; 1..16 rows on sm_90),
-    # through Matmul (its default there)
+    # float8_e4m3 activations x 4- / 2-bit codes through Matmul (sm_89+): one row the rows kernel with the row
+    # converted to float16 pairs, 5..16 rows the m16n8k32 .e4m3 GEMV
     "gemv_f8": [(C(M=m, N=1000, K=1536, A_dtype="float8_e4m3", W_dtype=w, out_dtype="bfloat16", **F8, **g), m, "op")
                 for m, w, g in ((1, "int4", dict(group_size=G)), (9, "int4", dict(group_size=G)),
                                 (16, "uint2", {}), (5, "int4", {}))],

@@ -402,6 +402,10 @@ def test_mma_f8_refused():
     rows = by_name("gemv-rows").space(p, 4, Arch.from_sm(90))
     assert rows and all(isinstance(c.hint, GEMVRowsHint) for c in rows)
     assert by_name("gemv-ksplit").space(p, 4, Arch.from_sm(90)) == []
+    # the cost model prices the rows kernel's float16-pair decode, the mma kernel's byte decode
+    from bitblas.schedule.gemv import decode_ops_per_weight
+    f16 = _plan("int4", 4, n=8192, k=8192, A_dtype="float16", with_scaling=True)
+    assert decode_ops_per_weight(p, rows[0].hint) == decode_ops_per_weight(f16) > decode_ops_per_weight(p, cands[0].hint)
 
 
 def test_f8_rows_prep_pairs():

@@ -61,7 +61,7 @@ class GEMVRows(GEMVTemplate):
             return math.inf
         t_mem, _ = st
         K = plan.config.K
-        ops = N * K * (gemv_schedule.decode_ops_per_weight(plan) + 0.5 * m) + N * m * 10 * 1
+        ops = N * K * (gemv_schedule.decode_ops_per_weight(plan, hint) + 0.5 * m) + N * m * 10 * 1
         return gemv_total(t_mem, gemv_alu_s(ops, 0, spec))
 
 

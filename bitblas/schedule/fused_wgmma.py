@@ -93,6 +93,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
+from .gemv.emit import e4m3_acts
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
                          wgmma_wait)
@@ -159,16 +160,9 @@ def _int8(plan) -> bool:
     return plan.config.A_dtype == "int8"
 
 
-def _fp8(plan) -> bool:
-    """float8_e4m3 activations: ``wgmma m64nNk32 .e4m3.e4m3`` on the weights decoded to e4m3 bytes
-    (:func:`~.gemv.decode.e4m3_code_dec`), each slab's float32 sums promoted into the float32
-    accumulators (times the group scale)."""
-    return plan.config.A_dtype == "float8_e4m3"
-
-
 def _byte_acts(plan) -> bool:
     """1-byte activations (int8, float8_e4m3): k32 wgmma on decoded bytes, byte-wise permute."""
-    return _int8(plan) or _fp8(plan)
+    return _int8(plan) or e4m3_acts(plan)
 
 
 def _sum_sets(plan) -> int:
@@ -177,7 +171,7 @@ def _sum_sets(plan) -> int:
     float8 activations (the float8 wgmma's sums keep fewer bits than float32: promoted every slab,
     as DeepSeek-V3 does every 128 K); one set otherwise (per-channel int8 sums become float32 only
     after the loop)."""
-    return 2 if (_int8(plan) and plan.groups > 1) or _fp8(plan) else 1
+    return 2 if (_int8(plan) and plan.groups > 1) or e4m3_acts(plan) else 1
 
 
 # accumulators + decoded words + weight register slots per thread: 224 compiled without spills at
@@ -397,7 +391,9 @@ def _body(plan, hint: FusedWgmmaHint):
         KW = hint.warpgroups if hint.split_k else 1     # warpgroups splitting K, each with its own ring
         CW = 1 if hint.split_k else hint.warpgroups     # warpgroups side by side in N, sharing one ring
         I8 = _int8(plan)                        # int8 activations: int32 sums ``iacc``, promoted per slab
-        F8 = _fp8(plan)                         # float8 activations: float32 sums ``pacc``, promoted per slab
+        # float8 activations: wgmma m64nNk32 .e4m3.e4m3 on the weights decoded to e4m3 bytes
+        # (gemv.decode.e4m3_code_dec), each slab's float32 sums ``pacc`` promoted (times the group scale)
+        F8 = e4m3_acts(plan)
         B8 = I8 or F8                           # k32 wgmma on decoded bytes
         SL = slab_codes(plan.w.bits)
         UPS = boxes_per_slab(plan)              # boxes per slab

@@ -60,7 +60,7 @@ from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, pair
 from .int8 import i8_helpers
 
 __all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines", "span_vectors", "decode_ops_per_weight", "f8_scales",
-           "half_acts", "f8_half_prep", "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
+           "e4m3_acts", "half_acts", "f8_half_prep", "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
 
@@ -70,11 +70,18 @@ def f8_scales(plan) -> bool:
     return plan.float_acts and plan.config.with_scaling and plan.scale_dtype == "float8_e4m3"
 
 
+def e4m3_acts(plan) -> bool:
+    """float8_e4m3 activations: multiplied on float8 tensor cores (the m16n8k32 ``.e4m3`` GEMV, the
+    fused GEMM's k32 ``.e4m3`` wgmma) with the codes decoded to e4m3 bytes, or converted to float16
+    pairs (:func:`half_acts`)."""
+    return plan.config.A_dtype == "float8_e4m3"
+
+
 def half_acts(plan, hint) -> bool:
     """Whether ``hint``'s kernel multiplies the activations as float16 / bfloat16 pairs: float
     activations, and float8_e4m3 ones in a kernel that converts them to float16 pairs as it pairs
     them (``hint.f8_halves``: the rows kernel; exact, :func:`f8_half_prep`)."""
-    return plan.float_acts or (plan.config.A_dtype == "float8_e4m3" and hint.f8_halves)
+    return plan.float_acts or (e4m3_acts(plan) and hint.f8_halves)
 
 
 def vec_bytes(plan, want: int = 0, group_vectors: int = 1, blocks: int = 1) -> Optional[int]:
@@ -156,10 +163,11 @@ def span_vectors(plan) -> Optional[tuple]:
     return None
 
 
-def decode_ops_per_weight(plan) -> float:
-    """Rough ALU instructions per weight of the decode (the tuner's cost model)."""
-    if not plan.float_acts:
-        return 0.5                           # int8 activations: lop3 / shift per 4 codes, prmt shared
+def decode_ops_per_weight(plan, hint=None) -> float:
+    """Rough ALU instructions per weight of the decode (the tuner's cost model) in ``hint``'s
+    kernel (None: one that does not convert byte activations to float16 pairs)."""
+    if not (plan.float_acts or (hint is not None and half_acts(plan, hint))):
+        return 0.5                           # int8 / float8 bytes: lop3 / shift per 4 codes, prmt shared
     return {"int": 1.5, "e2m1": 2.4, "lut4": 2.6, "e5m2": 1.5, "e4m3": 3.0}.get(decoder(plan.w), 1.5)
 
 

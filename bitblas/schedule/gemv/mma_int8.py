@@ -54,7 +54,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .decode import e4m3_code_dec, e4m3_code_slots
-from .emit import pdl_trigger, step_loop, vec_bytes
+from .emit import e4m3_acts, pdl_trigger, step_loop, vec_bytes
 from .int8 import gather_lines, i8_consts
 from .mma import (chunk_loop, chunk_loop_unsupported, mma_chains, mma_entry, mma_lanes, mma_store, mma_tile_unsupported,
                   mma_tiles)
@@ -74,7 +74,7 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
     c = plan.config
     if plan.float_acts:
         return f"A_dtype={c.A_dtype!r}: this kernel takes int8 activations (or float8_e4m3 ones)"
-    if plan.w.kind not in ("int", "uint") or plan.w.bits not in ((2, 4) if _f8(plan) else (1, 2, 4, 8)):
+    if plan.w.kind not in ("int", "uint") or plan.w.bits not in ((2, 4) if e4m3_acts(plan) else (1, 2, 4, 8)):
         return (f"W_dtype={c.W_dtype!r}: the byte-activation tensor-core GEMV takes int/uint 1/2/4/8-bit weights "
                 "(float8_e4m3 activations: 2- and 4-bit)")
     why = mma_tile_unsupported(hint)
@@ -92,10 +92,6 @@ def mma_int8_unsupported(plan, hint) -> Optional[str]:
         return (f"K={c.K}, vec_bytes={hint.vec_bytes}: the int8 tensor-core GEMV needs a weight vector of 16..64 "
                 f"{c.W_dtype} values dividing K")
     return None
-
-
-def _f8(plan) -> bool:
-    return plan.config.A_dtype == "float8_e4m3"
 
 
 def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None, f8: bool = False):
@@ -145,7 +141,7 @@ def mma_i8_helpers(tag: str, bits: int, storage: str, nw: int, order=None, f8: b
 def code_shift(plan) -> int:
     """log2 of the factor the decoded bytes carry (signed sub-byte codes at the top of the byte)."""
     b = plan.w.bits
-    return 8 - b if plan.w.kind == "int" and b < 8 and not _f8(plan) else 0
+    return 8 - b if plan.w.kind == "int" and b < 8 and not e4m3_acts(plan) else 0
 
 
 def body(plan, hint, add, e):
@@ -155,7 +151,7 @@ def body(plan, hint, add, e):
         raise ValueError(f"{hint}: {why}")
     NW, NA = e["NW"], e["NA"]
     tag = "m" + e["tag"]
-    f8 = _f8(plan)
+    f8 = e4m3_acts(plan)
     hs = mma_i8_helpers(tag, plan.w.bits, plan.w_storage, NW, plan.w_order, f8=f8)
 
     def hsrc(name):

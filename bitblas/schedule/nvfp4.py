@@ -156,12 +156,6 @@ def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:
 # CUDA helpers. TVM emits each helper once per name (func_call's source_code), so every helper is
 # self-contained; the e4m3 pair conversion is generated into each that needs it.
 # --------------------------------------------------------------------------------------------
-def _e4m3x2_lines(sm, src: str, dst) -> list:
-    """C lines: the two float8_e4m3 bytes in the low 16 bits of ``src`` -> floats ``dst(0)``,
-    ``dst(1)``, exact, for ``sm`` (emit.e4m3x2_lines: ``cvt`` on sm_89+, arithmetic below)."""
-    return e4m3x2_lines(src, dst, as_arch(sm).fp8_cvt)
-
-
 PRMT_LAMBDA = ("  auto bb_prmt_ = [](unsigned a, unsigned b, unsigned s) { unsigned d; "
                "asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"(d) : \"r\"(a), \"r\"(b), \"r\"(s)); return d; };")
 
@@ -191,7 +185,7 @@ __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
 }
 """
     h["bb_nv_sc2"] = "\n".join(["", "__device__ __forceinline__ void bb_nv_sc2(unsigned s, float* d) {",
-                                *_e4m3x2_lines(sm, "s", lambda t: f"d[{t}]"), "}", ""])
+                                *e4m3x2_lines("s", lambda t: f"d[{t}]", as_arch(sm).fp8_cvt), "}", ""])
     # the table in two registers the kernel loaded from shared memory (t0, t1): as constants, ptxas
     # keeps them in uniform registers and copies them into ordinary ones before every prmt (70 IMAD
     # per 96 prmt in the 7168 x 16384 kernel's loop)
@@ -237,7 +231,7 @@ __device__ __forceinline__ void bb_nv_lds2f(const void* p, float* d) {
              "  *reinterpret_cast<uint4*>(q0) = make_uint4(o[0], o[1], o[2], o[3]);",
              "  *reinterpret_cast<uint4*>(q1) = make_uint4(o[4], o[5], o[6], o[7]);",
              "  const unsigned s = (unsigned)__ldg(reinterpret_cast<const unsigned short*>(sc));",
-             "  float f[2];", *_e4m3x2_lines(sm, "s", lambda t: f"f[{t}]"),
+             "  float f[2];", *e4m3x2_lines("s", lambda t: f"f[{t}]", as_arch(sm).fp8_cvt),
              "  *reinterpret_cast<float2*>(sd) = make_float2(f[0] * 0.25f, f[1] * 0.25f);", "}", ""]
     h["bb_nv_act8"] = act8
     h["bb_nv_stage"] = act8 + "\n".join(lines)      # bb_nv_act8 is only called from here
@@ -450,7 +444,7 @@ def decode_script(K: int, sm=None, threads: int = 256) -> str:
     store)."""
     K2, KS, K8 = K // 2, K // 16, K // 8
     body = "\n".join(["", "__device__ __forceinline__ void bb_nv_dec8(unsigned q, unsigned sb, void* dst) {",
-                      "  float s[2];", *_e4m3x2_lines(sm, "sb", lambda t: f"s[{t}]"),
+                      "  float s[2];", *e4m3x2_lines("sb", lambda t: f"s[{t}]", as_arch(sm).fp8_cvt),
                       "  unsigned h[4];",
                       "  for (int t = 0; t < 8; t += 2) {",
                       "    float v[2];",

@@ -21,7 +21,7 @@ from .emit import act_smem_bytes, decode_ops_per_weight, keeps_act_sum, span_vec
 from .mma import chunk_loop, mma_gemv_unsupported, row_chunks, row_class
 from .mma_int8 import mma_int8_unsupported
 from .hints import GEMV_HINTS, GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .template import (ACT_SMEM_MAX_BYTES, GEMV_ACTIVATIONS, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS, MMA_ONLY_ACTIVATIONS,
+from .template import (ACT_SMEM_MAX_BYTES, GEMV_ACTIVATIONS, GEMV_MAX_ROWS, GEMV_MMA_MAX_ROWS,
                        WGMMA_GEMV_MIN_ROWS, default_gemv_hint,
                        gemv_arch_unsupported, gemv_default_takes, gemv_hint_unsupported, gemv_unsupported, kernel_script,
                        schedule_cuda_gemv)
@@ -29,7 +29,7 @@ from .wgmma import WgmmaGemvFn, permute_script, slab_codes, wgmma_gemv_unsupport
 
 __all__ = ["GEMVHint", "GEMVRowsHint", "GEMVKSplitHint", "GEMVMmaHint", "GEMVWgmmaHint", "GEMV_HINTS",
            "default_gemv_hint", "gemv_unsupported", "gemv_arch_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
-           "kernel_script", "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
+           "kernel_script", "GEMV_ACTIVATIONS", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
            "vec_bytes", "vec_blocks", "span_vectors", "decode_ops_per_weight", "keeps_act_sum", "act_smem_bytes",
            "row_class", "row_chunks", "chunk_loop", "mma_gemv_unsupported", "mma_int8_unsupported",
            "wgmma_gemv_unsupported", "wgmma_rows", "slab_codes", "permute_script", "WgmmaGemvFn"]

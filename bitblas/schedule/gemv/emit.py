@@ -59,8 +59,9 @@ from typing import Optional
 from .decode import ACT, decoder, e4m3_scale_helper, f8_pair_dec, lop3_lut, pair_codes, prep_adjacent, table_dec
 from .int8 import i8_helpers
 
-__all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines", "span_vectors", "decode_ops_per_weight", "f8_scales",
-           "e4m3_acts", "half_acts", "f8_half_prep", "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
+__all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines",
+           "span_vectors", "decode_ops_per_weight", "f8_scales", "e4m3_acts", "half_acts", "f8_half_prep",
+           "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
 
@@ -490,7 +491,8 @@ def f8_half_prep(tag: str, bits: int, nw: int, order=None) -> str:
              f"  const __half2 k = __float2half2_rn({2.0 ** -F8_HALF_SHIFT!r}f);"]
     for i, (lo, hi) in enumerate(pair_codes("int", bits, nw, order)):
         sel = (lo % 4) | (4 + hi % 4) << 4
-        lines.append(f"  {{ const unsigned short p = (unsigned short)__byte_perm(a[{lo // 4}], a[{hi // 4}], 0x{sel:x}); "
+        lines.append(f"  {{ const unsigned short p = (unsigned short)__byte_perm(a[{lo // 4}], a[{hi // 4}], "
+                     f"0x{sel:x}); "
                      f"unsigned h; asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h) : \"h\"(p)); "
                      f"const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), k); "
                      f"ap[{i}] = *reinterpret_cast<const unsigned*>(&v); }}")
@@ -506,7 +508,7 @@ def block_dot_helpers(tag: str, act: str, npairs: int) -> dict:
     acc)`` = acc + s0 * dot(block 0) + s1 * dot(block 1) with the two scale bytes ``s`` (the first
     in the low byte, ``bb_ldsb``) converted to float32 (:func:`e4m3x2_lines`, by the compiled
     arch): each block's half-precision dot times its own scale in float32, as with one block per
-    8-byte vector, with half the loads and a third of the scale conversions."""
+    8-byte vector, with half the weight loads and one conversion for both scales."""
     h = npairs // 2
     lines = [f"__device__ __forceinline__ float bb_dsb_{tag}(const unsigned* d, const unsigned* ap, unsigned s, "
              "float acc) {", "  float s0, s1;", *e4m3x2_lines("s", lambda t: f"s{t}", None),

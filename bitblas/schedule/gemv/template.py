@@ -52,9 +52,9 @@ from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import ACT, decoder, e4m3_consts, pair_codes
 from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .emit import (F8_HALF_SHIFT, act_smem_bytes, block_dot_helpers, block_scale_helpers, f8_half_prep, f8_scales,
-                   fmt_float, format_helpers, half_acts, mma_decodable, prep_words, span_vectors, uses_f32_path,
-                   vec_blocks, vec_bytes)
+from .emit import (F8_HALF_SHIFT, act_smem_bytes, block_dot_helpers, block_scale_helpers, e4m3_acts, f8_half_prep,
+                   f8_scales, fmt_float, format_helpers, half_acts, mma_decodable, prep_words, span_vectors,
+                   uses_f32_path, vec_blocks, vec_bytes)
 from .ksplit import body as ksplit_body
 from .mma import body as mma_body, mma_gemv_unsupported
 from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
@@ -63,11 +63,10 @@ from .wgmma import body as wgmma_body, permute_script, wgmma_gemv_unsupported
 
 __all__ = ["default_gemv_hint", "gemv_unsupported", "gemv_default_takes", "gemv_hint_unsupported", "schedule_cuda_gemv",
            "kernel_script", "GEMV_MAX_ROWS", "GEMV_MMA_MAX_ROWS", "WGMMA_GEMV_MIN_ROWS", "ACT_SMEM_MAX_BYTES",
-           "GEMV_ACTIVATIONS", "MMA_ONLY_ACTIVATIONS", "gemv_arch_unsupported"]
+           "GEMV_ACTIVATIONS", "gemv_arch_unsupported"]
 
 GEMV_ACTIVATIONS = ("float16", "bfloat16", "int8", "float8_e4m3")      # the activation dtypes the GEMV kernels take
 BYTE_ACTIVATIONS = ("int8", "float8_e4m3")        # the m16n8k32 GEMV's (mma_int8)
-MMA_ONLY_ACTIVATIONS = ("float8_e4m3",)            # only there (float8 mma.sync: sm_89+)
 GEMV_MAX_ROWS = 16          # the rows and k-split kernels
 GEMV_MMA_MAX_ROWS = 64      # the tensor-core kernels (chunks of 16 rows, mma.row_chunks)
 WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (wgmma_tile) and tuned from here
@@ -92,8 +91,9 @@ def default_shape(plan, target=None) -> "GEMVHint":
     holding 4 weight vectors), else the rows kernel. float8_e4m3 activations: one row the staged
     rows kernel where :func:`staged_row` takes it (the row converted to float16 pairs once per
     block; then the float16 kernel's decode and dot; not for float32 outputs), else and from 2 rows
-    the m16n8k32 kernel
-    (4-bit codes the wide tile without the next step in flight, 2-bit codes the int8 tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it applies."""
+    the m16n8k32 kernel (4-bit codes the wide tile without the next step in flight, 2-bit codes
+    the int8 tiles). Above 16 rows :func:`chunk_tile`; on sm_90 :func:`wgmma_tile` first, where it
+    applies."""
     m = plan.m or 1
     arch = arch_of(target)
     wg = wgmma_tile(plan) if arch.wgmma else None
@@ -101,7 +101,7 @@ def default_shape(plan, target=None) -> "GEMVHint":
         return wg
     if m > GEMV_MAX_ROWS:
         return chunk_tile(plan)
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
+    if e4m3_acts(plan):
         staged = staged_row(plan, arch.sm_count) if m == 1 else None
         if staged:                     # one row: the rows kernel, the row converted to float16 pairs once
             return staged
@@ -155,11 +155,12 @@ def staged_row(plan, sm_count: int) -> Optional["GEMVHint"]:
     for int and table codes (nf4 only up to K=8192); 8-bit codes only where the 16-channel
     blocks fill 70..100% of one wave; 1- and 2-bit codes from N=8192 with 8 channels per warp
     in 4-warp blocks (float8 activations: 2 channels per warp with 3 steps in flight, W2A-fp8
-    per-channel on the H200: 9.39 -> 7.41 µs at 8192^2, 22.30 -> 20.19 at 28672 x 8192). int8 activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
+    per-channel on the H200: 9.39 -> 7.41 µs at 8192^2, 22.30 -> 20.19 at 28672 x 8192). int8
+    activations: 2-bit codes only (4- and 8-bit codes tie or lose)."""
     b, dec, N = plan.w.bits, decoder(plan.w), plan.config.N
     if plan.config.A_dtype == "int8":
         hint = _ROWS_STAGED if b == 2 else None
-    elif b <= 2 and not plan.float_acts:       # float8: 2 channels per warp, 3 steps in flight
+    elif b <= 2 and e4m3_acts(plan):           # float8: 2 channels per warp, 3 steps in flight
         hint = _ROWS_STAGED_S4 if N >= 8192 else None
     elif b <= 2:
         hint = _ROWS_STAGED_8 if N >= 8192 else None
@@ -311,7 +312,7 @@ def gemv_default_takes(plan, target=None) -> bool:
     if plan.target_kind != "cuda" or gemv_unsupported(plan) is not None:
         return False
     arch = arch_of(target)
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS:
+    if e4m3_acts(plan):
         return _f8_gemv_takes(plan, arch)
     if plan.m <= GEMV_MAX_ROWS:
         return True
@@ -335,7 +336,7 @@ def _f8_gemv_takes(plan, arch) -> bool:
 def gemv_arch_unsupported(plan, arch) -> Optional[str]:
     """None when ``arch`` (an :class:`bitblas.arch.Arch`) runs the GEMV kernels of ``plan``, else why
     not: float8 activations need float8 mma.sync (sm_89+)."""
-    if plan.config.A_dtype in MMA_ONLY_ACTIVATIONS and not arch.fp8_mma:
+    if e4m3_acts(plan) and not arch.fp8_mma:
         return (f"A_dtype={plan.config.A_dtype!r}: the GEMV's float8 mma.sync needs an sm_89+ target; target arch is "
                 f"{arch.name()}")
     return None
@@ -354,7 +355,7 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "layout must be 'nt'"
     if c.A_dtype in BYTE_ACTIVATIONS:
         why = _int8_unsupported(plan)
-        mma_only = c.A_dtype in MMA_ONLY_ACTIVATIONS
+        mma_only = e4m3_acts(plan)
         if why is None and (plan.m > GEMV_MAX_ROWS or mma_only):
             mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
             if mma_why:
@@ -614,14 +615,15 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
         return (f"{type(hint).__name__} is not a GEMV kernel's hint (accepted: "
                 f"{', '.join(c.__name__ for c in _BODIES)})")
     c = plan.config
-    if c.A_dtype in MMA_ONLY_ACTIVATIONS and not (isinstance(hint, GEMVMmaHint) or hint.f8_halves):
-        return (f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) and the rows "
-                f"kernel (GEMVRowsHint, converting them to float16 pairs) take these activations; got {hint}")
-    if c.A_dtype in MMA_ONLY_ACTIVATIONS and hint.f8_halves and c.out_dtype == "float32":
-        # float16 partial sums (relative error ~2**-11) would dominate a float32 output's error;
-        # the m16n8k32 kernel keeps float32 sums
-        return (f"out_dtype='float32': the rows kernel sums A_dtype={c.A_dtype!r} activations in float16 pairs; "
-                f"float32 outputs take the m16n8k32 tensor-core GEMV (GEMVMmaHint); got {hint}")
+    if e4m3_acts(plan):
+        if not (isinstance(hint, GEMVMmaHint) or hint.f8_halves):
+            return (f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core GEMV (GEMVMmaHint) and the rows "
+                    f"kernel (GEMVRowsHint, converting them to float16 pairs) take these activations; got {hint}")
+        if hint.f8_halves and c.out_dtype == "float32":
+            # float16 partial sums (relative error ~2**-11) would dominate a float32 output's error;
+            # the m16n8k32 kernel keeps float32 sums
+            return (f"out_dtype='float32': the rows kernel sums A_dtype={c.A_dtype!r} activations in float16 "
+                    f"pairs; float32 outputs take the m16n8k32 tensor-core GEMV (GEMVMmaHint); got {hint}")
     if isinstance(hint, GEMVWgmmaHint):
         return wgmma_gemv_unsupported(plan, hint)
     if isinstance(hint, GEMVMmaHint):

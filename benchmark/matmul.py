@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -492,17 +493,19 @@ def _commit():
         return None
 
 
-def run_info(device_name: str, kind: str = "cuda", argv=None) -> dict:
-    """What the JSON says about the run: device, versions, commit, date (UTC), the command line and
-    the measured copy rate (TB/s, bytes read + written: the byte floor of a row is bytes / this)."""
+def run_info(device_name: str, kind: str = "cuda", argv=None, module: str = "benchmark.matmul",
+             copy_tbps: Optional[float] = None) -> dict:
+    """What the JSON says about the run: device, versions, commit, date (UTC), the command line
+    (``python -m module argv``) and the copy rate (TB/s, bytes read + written: the byte floor of a
+    row is bytes / this), measured here unless ``copy_tbps`` gives it."""
     import datetime
     import shlex
     import bitblas
-    nbytes = (1 << 30) if kind == "cuda" else (1 << 26)
+    if copy_tbps is None:
+        copy_tbps = copy_bandwidth((1 << 30) if kind == "cuda" else (1 << 26), device=kind)
     return dict(device=device_name, kind=kind, torch=torch.__version__, bitblas=bitblas.__version__,
                 commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                argv=argv, command="python -m benchmark.matmul " + shlex.join(argv or []),
-                copy_tbps=copy_bandwidth(nbytes, device=kind))
+                argv=argv, command=f"python -m {module} " + shlex.join(argv or []), copy_tbps=copy_tbps)
 
 
 def _save_json(path, payload):

@@ -192,17 +192,20 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmark.nvfp4 needs a CUDA GPU")
-    import bitblas
+    from benchmark.matmul import run_info
     rows = []
+    global MEASURED_TBPS
+    MEASURED_TBPS = copy_bandwidth(1 << 29)
+    # the run as benchmark.report lists it: device, versions, commit, date, command, copy rate
+    meta = run_info(torch.cuda.get_device_name(), "cuda", list(sys.argv[1:] if argv is None else argv),
+                    module="benchmark.nvfp4", copy_tbps=MEASURED_TBPS)
 
     def emit(r):
         rows.append(r)
         print(_line(r), flush=True)
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), bitblas=bitblas.__version__, rows=rows), f, indent=1)
+            json.dump(dict(meta, rows=rows), f, indent=1)
 
-    global MEASURED_TBPS
-    MEASURED_TBPS = copy_bandwidth(1 << 29)
     print(f"{torch.cuda.get_device_name()}: measured copy rate {MEASURED_TBPS:.2f} TB/s "
           f"(floors use {HBM_TBPS} TB/s, the issue's H200 rate; 'here' uses this GPU's)", flush=True)
     ratios, ratios_here = [], []

@@ -10,15 +10,17 @@ bytes over the copy rate measured in the same run (or over ``--floor-tbps``, a r
 card: a copy's mixed reads and writes run below the rate at which a GEMV reads, e.g. 2.77 TB/s
 against the 4.25 the project cites for the H200), with the share of it reached. Several files are
 merged (a later file's row replaces an earlier one's for the same format, layer and rows); the page
-names the command, device, commit and date of each run it uses.
+names the command, device, commit and date of each run it uses. The JSON of ``python -m
+benchmark.nvfp4`` adds one table: the NVFP4 x NVFP4 batched GEMV, GEMM and NVFP4-weight rows.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,19 +50,77 @@ def _describe(fmt: str) -> str:
     return ", ".join(parts)
 
 
-def _load(paths: Sequence[str]) -> Tuple[List[dict], Dict[Tuple, Tuple[int, dict]]]:
-    runs, rows = [], {}
+# benchmark.nvfp4's rows (``kind``): the batched GEMV, the GEMM, NVFP4 weights x float16 at one row
+NVFP4_KINDS = ("gemv", "gemm", "w-only")
+
+
+def _nvfp4_key(r: dict) -> Tuple:
+    return (NVFP4_KINDS.index(r["kind"]), r["M"], r.get("N", 0), r["K"], r.get("L", 1))
+
+
+def _load(paths: Sequence[str]):
+    """(runs, benchmark.matmul rows by (format, layer, N, K, m), benchmark.nvfp4 rows by
+    :func:`_nvfp4_key`), each row with its run's number; a later file's row replaces an earlier one's."""
+    runs, rows, nv = [], {}, {}
     for path in paths:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-            raise ValueError(f"{path}: not a benchmark.matmul JSON (expected an object with a 'rows' list)")
+            raise ValueError(f"{path}: not a benchmark.matmul / benchmark.nvfp4 JSON (expected an object with a "
+                             "'rows' list)")
         runs.append(dict(data, path=path, rows=None))
         for r in data["rows"]:
+            if "kind" in r:                  # benchmark.nvfp4; its hint sweep left out
+                if r["kind"] in NVFP4_KINDS:
+                    nv[_nvfp4_key(r)] = (len(runs), r)
+                continue
             if r.get("format", "").endswith("(torch)") or r.get("hint"):
                 continue                     # baselines appear beside each of our rows; hint trials left out
             rows[(r["format"], r["layer"], r["N"], r["K"], r["m"])] = (len(runs), r)
-    return runs, rows
+    return runs, rows, nv
+
+
+def _nvfp4_section(runs, nv, floor_tbps: Optional[float], many: bool) -> List[str]:
+    """The NVFP4 x NVFP4 table: the batched GEMV on issue 25's permuted layouts (beside torch's decode
+    + bmm), the GEMM (beside cuBLAS float16) and NVFP4 weights x float16 activations at one row; the
+    byte floors (the bytes benchmark.nvfp4 counts) at ``floor_tbps`` or each run's copy rate, and the
+    batched GEMV's geometric mean of time / floor."""
+    from benchmark.nvfp4 import HBM_TBPS      # the rate benchmark.nvfp4's floor_us is at
+    out = ["## nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)", "",
+           "The batched GEMV (`bitblas.ops.nvfp4_gemv` on issue 25's permuted layouts; the torch baseline "
+           "decodes both operands, then `torch.bmm`), the GEMM through `Matmul` (cuBLAS float16 on the same "
+           "shape), NVFP4 weights × float16 activations at one row.", ""]
+    head = ["row", "shape", "kernel", "µs", "torch baseline", "torch µs", "vs torch", "byte floor µs",
+            "% floor"] + (["run"] if many else [])
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "|".join("---" if h in ("row", "shape", "kernel", "torch baseline") else "---:"
+                              for h in head) + "|")
+    ratios = []
+    for k in sorted(nv):
+        run_i, r = nv[k]
+        kind = r["kind"]
+        shape = (f"M={r['M']} K={r['K']} L={r['L']}" if kind == "gemv"
+                 else f"M={r['M']} N={r['N']} K={r['K']}" + (f" ({r['fmt']})" if r.get("fmt") else ""))
+        if "us" not in r:
+            cells = [kind, shape, "error", str(r.get("error", "?"))[:120].replace("|", "/"), "", "", "", "", ""]
+        else:
+            rate = floor_tbps or runs[run_i - 1].get("copy_tbps")
+            floor = r["floor_us"] * HBM_TBPS / rate if r.get("floor_us") and rate else None
+            base, base_us = (("decode + torch.bmm", r.get("torch_us")) if kind == "gemv" else
+                             ("cublas-fp16", r.get("cublas_fp16_us")) if kind == "gemm" else ("", None))
+            kernel = r.get("hint", "").replace("default ", "") if kind == "gemv" else r.get("path") or r.get("kernel")
+            if kind == "gemv" and floor:
+                ratios.append(r["us"] / floor)
+            cells = [kind, shape, f"`{kernel}`", _us(r["us"]), base, _us(base_us) if base_us else "",
+                     f"{base_us / r['us']:.2f}×" if base_us else "", _us(floor) if floor else "",
+                     _pct(floor / r["us"]) if floor else ""]
+        if many:
+            cells.append(str(run_i))
+        out.append("| " + " | ".join(cells) + " |")
+    if ratios:
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out += ["", f"Batched GEMV: geometric mean of time / byte floor over {len(ratios)} shapes: {gm:.3f}."]
+    return out + [""]
 
 
 def _us(v) -> str:
@@ -76,12 +136,13 @@ def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[floa
     each run's measured copy rate."""
     if floor_tbps is not None and not floor_tbps > 0:
         raise ValueError(f"floor_tbps={floor_tbps!r}: a rate in TB/s > 0 is required")
-    runs, rows = _load(paths)
-    if not rows:
+    runs, rows, nv = _load(paths)
+    if not rows and not nv:
         raise ValueError(f"no timed rows of ours in {', '.join(paths)}")
     many = len(runs) > 1
     out = [TITLE, "",
-           "Generated by `python -m benchmark.report` from the JSON of `python -m benchmark.matmul`; "
+           "Generated by `python -m benchmark.report` from the JSON of `python -m benchmark.matmul` (and of "
+           "`python -m benchmark.nvfp4`); "
            "do not edit by hand, re-run the benchmark and the script. Times are µs per call: on a GPU the median of "
            "CUDA-graph replays cycling over weight copies larger than the L2 (weights come from memory), with "
            "`--device cpu` the median of host-clock timings. "
@@ -132,12 +193,14 @@ def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[floa
                 cells.append(str(run_i))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+    if nv:
+        out += _nvfp4_section(runs, nv, floor_tbps, many)
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmark.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="JSON files written by python -m benchmark.matmul --json")
+    ap.add_argument("json", nargs="+", help="JSON files written by python -m benchmark.matmul --json (or python -m benchmark.nvfp4 --json)")
     ap.add_argument("--floor-rows", type=int, default=64, help="show the byte floor up to this many rows (default 64)")
     ap.add_argument("--floor-tbps", type=float, default=None,
                     help="byte floors at this rate in TB/s (default: each run's measured copy rate)")

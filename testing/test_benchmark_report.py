@@ -101,3 +101,38 @@ def test_host_overhead_cpu(tmp_path, capsys):
     assert ("Linear()", "py-nop") in got and ("F.linear", "py-nop") not in got
     assert all(r["host_us"] > 0 for r in rows)
     assert "torch.ops (op)" in capsys.readouterr().out
+
+
+def _nvfp4_json(path, commit, us, rate=2.7):
+    """A benchmark.nvfp4 JSON as main() writes it (run metadata, then rows; floor_us at 4.25 TB/s)."""
+    rows = [dict(kind="gemv", M=7168, K=16384, L=1, hint="default R2W8U1S3+pdl", us=us, floor_us=15.5,
+                 torch_us=2000.0),
+            dict(kind="gemv-hint", M=7168, K=16384, L=1, hint="R4W4U1S3+pdl", us=1.0, floor_us=15.5),
+            dict(kind="gemv", M=7168, K=2048, L=4, hint="default R4W4U1S3+pdl", us=10.0, floor_us=8.0,
+                 torch_us=1000.0),
+            dict(kind="gemm", M=4096, N=8192, K=8192, path="decode+wgmma", us=800.0, cublas_fp16_us=780.0),
+            dict(kind="w-only", fmt="nvfp4 x float16", M=1, N=8192, K=8192, kernel="GEMV", us=12.0, floor_us=8.5)]
+    path.write_text(json.dumps(dict(device="NVIDIA H200", kind="cuda", torch="2.11", bitblas="0.2.0", commit=commit,
+                                    date="2026-11-27 13:30 UTC", command="python -m benchmark.nvfp4 --no-sweep",
+                                    copy_tbps=rate, rows=rows)))
+    return str(path)
+
+
+def test_report_nvfp4_table(tmp_path, capsys):
+    """benchmark.nvfp4's JSON: one table (its hint sweep left out), floors rescaled to the rate asked
+    for, the batched GEMV's geometric mean, the later run's rows where two runs share a row."""
+    a = _nvfp4_json(tmp_path / "a.json", "aaa", us=19.0)
+    b = _nvfp4_json(tmp_path / "b.json", "bbb", us=18.6)
+    assert report.main([a, b, "--floor-tbps", "4.25"]) == 0
+    text = capsys.readouterr().out
+    assert "commit aaa" in text and "commit bbb" in text and "python -m benchmark.nvfp4 --no-sweep" in text
+    table = _table(text, "nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)")
+    assert len(table) == 4 and not any("R4W4U1S3" in line and "16384" in line for line in table)
+    gemv = next(line for line in table if "K=16384" in line)
+    assert "| 18.60 |" in gemv and "| 2000.0 | 107.53× | 15.50 | 83% | 2 |" in gemv
+    assert "| 800.0 | cublas-fp16 | 780.0 | 0.97× |" in next(line for line in table if line.startswith("| gemm"))
+    gm = ((18.6 / 15.5) * (10.0 / 8.0)) ** 0.5
+    assert f"geometric mean of time / byte floor over 2 shapes: {gm:.3f}." in text
+    assert report.main([b]) == 0                    # at the run's own copy rate: floors scaled by 4.25 / 2.7
+    table = _table(capsys.readouterr().out, "nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)")
+    assert f"| {15.5 * 4.25 / 2.7:.2f} |" in next(line for line in table if "K=16384" in line)

@@ -142,8 +142,12 @@ def _run_check(op, m):
 
 
 def _assert_mma(op, m):
+    """A tensor-core kernel serves ``m`` rows: the mma / wgmma GEMM, or, for 17..64 rows of a
+    packed weight, the tensor-core GEMV (gemv/mma.py: chunks of 16 rows)."""
     plan = make_plan(op.config, "cuda", op._static_m(m))
-    assert isinstance(default_hint(plan, op.target), (MMAHint, WGMMAHint)), f"{op.config} m={m}: no tensor-core template"
+    hint = default_hint(plan, op.target)
+    ok = (MMAHint, WGMMAHint) + ((GEMVMmaHint,) if plan.m is not None and 17 <= plan.m <= 64 else ())
+    assert isinstance(hint, ok), f"{op.config} m={m}: no tensor-core template ({hint})"
 
 
 @pytest.mark.gpu
@@ -163,7 +167,8 @@ def test_mma_formats(fam, n, k, caplog):
 @needs_gpu
 @pytest.mark.parametrize("fam,m,n,k", [
     ("f16-bias", 17, 1000, 520), ("f16-bias", 1000, 1000, 1536), ("uint4-g128-zeros", 1000, 1000, 1536),
-    ("nvfp4", 33, 1000, 1536), ("bf16", 100, 1000, 520), ("int2-g128", 1024, 256, 512),
+    ("nvfp4", 33, 1000, 1536), ("nvfp4", 97, 1000, 1536),
+    ("bf16", 100, 1000, 520), ("int2-g128", 1024, 256, 512),
 ])
 def test_mma_static_m(fam, m, n, k, caplog):
     op = bitblas.Matmul(C(M=m, N=n, K=k, **FAMILIES[fam]))

@@ -70,8 +70,7 @@ def test_quantization_accuracy(m, in_features, out_features, bits, group_size, b
         from auto_gptq.nn_modules.qlinear.qlinear_cuda_old import QuantLinear
     except ImportError:
         return
-    gptq_layer = QuantLinear(bits=bits, group_size=group, in_features=in_features, out_features=out_features,
-                             bias=bias)
+    gptq_layer = QuantLinear(bits=bits, group_size=group, infeatures=in_features, outfeatures=out_features, bias=bias)
     gptq_layer.pack(fake_quant, s.T, zero_point.T, g_idx=None)
     with torch.no_grad():
         torch.testing.assert_close(gptq_layer.to(device)(x), expected, rtol=1e9, atol=1e-2)

@@ -11,13 +11,12 @@ here; the v1 rule is tested from its definition in test_nn_checkpoint.py.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 import bitblas
 from bitblas.nn import from_compressed_tensors, load_compressed_tensors_model
+from reference_packers import autogptq_quantlinear
 
 N, K = 64, 256
 
@@ -118,21 +117,9 @@ def test_autoawq_gemm():
 
 # -- AutoGPTQ ---------------------------------------------------------------------------------------
 
-def _autogptq_quantlinear():
-    spec = importlib.util.find_spec("auto_gptq")
-    if spec is None:
-        pytest.skip("auto-gptq is not installed")
-    import os
-    path = os.path.join(os.path.dirname(spec.origin), "nn_modules", "qlinear", "qlinear_cuda_old.py")
-    s = importlib.util.spec_from_file_location("_autogptq_qlinear_cuda_old", path)
-    mod = importlib.util.module_from_spec(s)
-    s.loader.exec_module(mod)
-    return mod.QuantLinear
-
-
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_autogptq_v1_pack(bits):
-    QuantLinear = _autogptq_quantlinear()
+    QuantLinear = autogptq_quantlinear()
     gs, maxq = 64, (1 << bits) - 1
     g = torch.Generator().manual_seed(bits)
     q = torch.randint(0, maxq + 1, (N, K), generator=g)

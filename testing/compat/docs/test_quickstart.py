@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import bitblas
+from reference_packers import autogptq_quantlinear
 from compat_marks import out_of_scope
 
 
@@ -75,9 +76,7 @@ def test_quickstart_bitblas_linear(device):
 
 def test_quickstart_repack_from_autogptq(device):
     """docs/QuickStart.md, repacking an auto_gptq QuantLinear into bitblas.Linear (skipped without auto_gptq)"""
-    pytest.importorskip("auto_gptq", reason="needs auto_gptq (its CudaOldQuantLinear is the reference)",
-                        exc_type=ImportError)
-    from auto_gptq.nn_modules.qlinear.qlinear_cuda_old import QuantLinear
+    QuantLinear = autogptq_quantlinear()
 
     bitblas.set_log_level("Debug")
     K = N = 1024

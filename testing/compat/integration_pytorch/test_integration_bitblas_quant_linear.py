@@ -5,7 +5,7 @@ scales and 'original' zero points, int8 storage), ``MatmulWeightOnlyDequantize``
 layer packed with ``general_compress``, and ``op(A, qweight, scales, zeros[, bias], output)``.
 
 Mirrors microsoft/BitBLAS integration/pytorch/test_bitblas_quant_linear.py, which also runs
-auto_gptq's CudaOldQuantLinear on the same layer: that comparison runs where auto_gptq imports; the
+auto_gptq's CudaOldQuantLinear on the same layer: that comparison runs where auto-gptq is installed; the
 bitblas one runs everywhere, with BitBLAS's tolerance and a tighter one against a float64 reference.
 """
 import numpy as np
@@ -17,6 +17,7 @@ from bitblas.ops.matmul_dequantize import MatmulWeightOnlyDequantize, MatmulWeig
 from bitblas.quantization.utils import general_compress
 from bitblas.utils import auto_detect_nvidia_target
 from integration_timing import forward_ms
+from reference_packers import autogptq_quantlinear
 
 
 def example_operator(opt_M, in_features, out_features, bits, group_size, bias, enable_tuning):
@@ -66,9 +67,8 @@ def test_quantization_accuracy(m, in_features, out_features, bits, group_size, b
     exact = x.double() @ dense.weight.double().T + (dense.bias.double() if bias else 0)
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=1e0)
 
-    try:
-        from auto_gptq.nn_modules.qlinear.qlinear_cuda_old import QuantLinear
-    except ImportError:
+    QuantLinear = autogptq_quantlinear(required=False)
+    if QuantLinear is None:       # no auto-gptq: the bitblas checks above are the test
         return
     gptq_layer = QuantLinear(bits=bits, group_size=group, infeatures=in_features, outfeatures=out_features, bias=bias)
     gptq_layer.pack(fake_quant, s.T, zero_point.T, g_idx=None)

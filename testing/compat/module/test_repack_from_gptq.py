@@ -1,20 +1,19 @@
 """bitblas.Linear.repack_from_gptq on an auto_gptq layer, against that layer's own forward.
 
-Mirrors microsoft/BitBLAS testing/python/module/test_repack_from_gptq.py (skipped where auto_gptq
-does not import: its QuantLinear is the reference).
+Mirrors microsoft/BitBLAS testing/python/module/test_repack_from_gptq.py (skipped without auto-gptq:
+its QuantLinear is the reference; testing/reference_packers.py loads it).
 """
 import pytest
 import torch
 
 import bitblas
-import bitblas.testing
+from reference_packers import autogptq_quantlinear
 
 
-@bitblas.testing.requires_package("auto_gptq")
 @pytest.mark.parametrize("group_size", [64, -1])
 def test_assert_output_with_gptq(group_size, device):
     """testing/python/module/test_repack_from_gptq.py::test_assert_output_with_gptq"""
-    from auto_gptq.nn_modules.qlinear.qlinear_cuda_old import QuantLinear
+    QuantLinear = autogptq_quantlinear()
 
     rows, K, N = 1, 256, 256
     group = K if group_size == -1 else group_size

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import struct
 from typing import Optional
 
@@ -141,46 +140,8 @@ WGMMA_TABLE_FORMATS = {
 
 
 def run_fdec(src: str, w: list) -> list:
-    """Interpret a generated e4m3 code decoder (``bb_fdec`` / ``bb_mdec``) (its declarations, ``prmt`` and ``lop3`` lines) on the
-    weight words ``w``; returns the output words ``d``."""
-    from bitblas.schedule.gemv.decode import _emu_lop3, _emu_prmt
-    env, d = {"w": w, "0u": 0}, {}
-
-    def val(x):
-        x = x.strip()
-        if re.fullmatch(r"0x[0-9a-f]+u|0u", x):
-            return int(x.rstrip("u"), 16 if x.startswith("0x") else 10)
-        return env[x]
-
-    def expr(x):
-        py = re.sub(r"(0x[0-9a-f]+)u", r"\1", x)
-        return eval(py, {}, {k: v for k, v in env.items() if k != "0u"}) & 0xFFFFFFFF   # noqa: S307 - our own source
-
-    for line in src.strip().splitlines()[1:-1]:
-        line = line.strip().strip("{} ").strip()
-        for stmt in re.findall(r'(?:[^;"]|"[^"]*")+', line):      # statements (a ';' inside asm quotes stays)
-            stmt = stmt.strip("{} ")
-            if not stmt:
-                continue
-            if stmt.startswith("asm("):
-                m = re.fullmatch(r'asm\("(prmt|lop3)\.b32 %0, %1, %2, (%3|0x[0-9a-f]+)(?:, (0x[0-9a-f]+))?;" : '
-                                 r'"=r"\((\S+)\) : "r"\((\S+)\), "r"\((\S+)\)(?:, "r"\((\S+)\))?\)', stmt)
-                assert m, stmt
-                op, c, lut, out, a, b, cc = m.groups()
-                a, b = val(a), val(b)
-                if op == "prmt":
-                    r = _emu_prmt(a, b, val(cc) if c == "%3" else int(c, 16))
-                else:
-                    r = _emu_lop3(a, b, val(cc), int(lut, 16))
-                dm = re.fullmatch(r"d\[(\d+)\]", out)
-                if dm:
-                    d[int(dm[1])] = r
-                else:
-                    env[out] = r
-                continue
-            stmt = re.sub(r"^(const )?unsigned ", "", stmt)
-            for decl in stmt.split(", "):
-                if " = " in decl:                 # (``unsigned m0, m1``: declared, assigned by asm)
-                    name, rhs = (t.strip() for t in decl.split(" = ", 1))
-                    env[name] = expr(rhs)
+    """Run a generated code decoder (``bb_fdec`` / ``bb_mdec``: weight words ``w`` in, words ``d``
+    out) through the tests' interpreter; returns the output words."""
+    from c_interp import run_c
+    d = run_c(src, {"w": list(w), "d": {}})["d"]
     return [d[i] for i in range(len(d))]

@@ -24,6 +24,7 @@ from bitblas.dispatch import BucketTable
 from bitblas.plan import make_plan
 from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
 from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported, schedule_fused_wgmma
+from c_interp import run_permute
 from kernel_helpers import TARGETS, choose, run_fdec
 
 SM90 = cuda_target(TARGETS["sm_90"])
@@ -214,29 +215,10 @@ def test_fused_fp8_slab_model(W):
 
 
 def _emulate_perm_bytes(helper: str, src: list, nchunks: int) -> list:
-    """Run a generated int8 ``bb_perm`` on a list of byte values: uint4 loads, ``__byte_perm`` /
-    copies into named words, ``make_uint4`` stores; returns the first ``nchunks`` * 16 bytes."""
-    from bitblas.schedule.gemv.decode import _emu_prmt
-    env = {}
-    out = [None] * (16 * nchunks)
-    for line in helper.strip().splitlines():
-        line = line.strip()
-        m = re.fullmatch(r"const uint4 i(\d+) = __ldg\(s \+ \d+\);", line)
-        if m:
-            k = int(m[1])
-            for c, comp in enumerate("xyzw"):
-                env[f"i{k}.{comp}"] = sum(src[16 * k + 4 * c + b] << (8 * b) for b in range(4))
-            continue
-        m = re.fullmatch(r"const unsigned (\w+) = (?:__byte_perm\((\S+), (\S+), 0x([0-9a-f]+)\)|(\S+));", line)
-        if m:
-            env[m[1]] = _emu_prmt(env[m[2]], env[m[3]], int(m[4], 16)) if m[2] else env[m[5]]
-            continue
-        m = re.fullmatch(r"d\[(\d+)\] = make_uint4\((\w+), (\w+), (\w+), (\w+)\);", line)
-        if m:
-            for c in range(4):
-                for b in range(4):
-                    out[16 * int(m[1]) + 4 * c + b] = (env[m[2 + c]] >> (8 * b)) & 0xFF
-    return out
+    """Run a generated int8 ``bb_perm`` (c_interp) on a list of byte values; returns the first
+    ``nchunks`` * 16 bytes it writes."""
+    words = [sum(src[4 * i + b] << (8 * b) for b in range(4)) for i in range(len(src) // 4)]
+    return [(w >> (8 * b)) & 0xFF for w in run_permute(helper, words, nchunks) for b in range(4)]
 
 
 @pytest.mark.parametrize("W", ["int4", "uint4", "int2", "uint2"])
@@ -252,7 +234,6 @@ def test_fused_int8_slab_model(W):
     from bitblas.schedule.fused_wgmma import _gemv_stand_in, main_script
     from bitblas.schedule.gemv.mma_int8 import mma_i8_helpers, code_shift
     from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper_bytes, permute_script, slab_permutation_i8
-    from test_gemv_mma_int8 import _run
     rng = random.Random(7)
     plan = make_plan(_i8cfg(W, K=2048), "cuda", None)
     b, order = plan.w.bits, plan.w_order
@@ -277,8 +258,8 @@ def test_fused_int8_slab_model(W):
         dec = []
         for q in range(4):                                       # lane q's vector, decoded
             words = [sum(u[q * V + j * n + code[s]] << (b * s) for s in range(n)) for j in range(4)]
-            env = _run(hs, {f"w{j}": words[j] for j in range(4)})
-            dec.append([env[f"d{k}"] for k in range(4 * (8 // b))])
+            dec.append(run_fdec(hs, words))
+            assert len(dec[-1]) == 4 * (8 // b)
         got = 0
         for s in range(len(dec[0]) // 2):                       # k32 steps of the slab
             for q in range(4):

@@ -18,6 +18,7 @@ import torch
 
 from bitblas.formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE, NF4_TABLE
 from bitblas.schedule.gemv import decode as g
+from c_interp import run_c
 
 ACTS = ("float16", "bfloat16")
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -169,62 +170,7 @@ def test_decoder_choice():
 
 
 # -- int8 activations (bitblas/schedule/gemv/int8.py): the generated CUDA helpers, interpreted ------
-# The helpers are straight-line code of a few line forms; the interpreter below runs their text
-# (the very source nvcc compiles) on Python ints: prmt, lop3, shifts, dp4a.
-_I8_LINES = [
-    (r"ap\[(\d+)\] = a\[(\d+)\];", lambda env, m: env.__setitem__(f"ap{m[1]}", env[f"a{m[2]}"])),
-    (r"d\[(\d+)\] = w\[(\d+)\];", lambda env, m: env.__setitem__(f"d{m[1]}", env[f"w{m[2]}"])),
-    (r"(?:const unsigned )?(\w+(?:\[\d+\])?) = __byte_perm\((\w+(?:\[\d+\])?), (\w+(?:\[\d+\])?), (0x[0-9a-f]+)\);",
-     lambda env, m: env.__setitem__(_i8_var(m[1]), g._emu_prmt(env[_i8_var(m[2])], env[_i8_var(m[3])], int(m[4], 16)))),
-    (r'asm\("lop3\.b32 %0, %1, (0x[0-9a-f]+), (0x[0-9a-f]+), (0x[0-9a-f]+);" : "=r"\(d\[(\d+)\]\) : '
-     r'"r"\(w\[(\d+)\](?: >> (\d+))?\)\);',
-     lambda env, m: env.__setitem__(f"d{m[4]}", g._emu_lop3(env[f"w{m[5]}"] >> int(m[6] or 0), int(m[1], 16),
-                                                              int(m[2], 16), int(m[3], 16)))),
-    (r"int s = 0;", lambda env, m: env.__setitem__("s", 0)),
-    (r"s = __dp4a\(\(int\)a\[(\d+)\], 0x01010101, s\);",
-     lambda env, m: env.__setitem__("s", _dp4a(env[f"a{m[1]}"], 0x01010101, env["s"], True, True))),
-    (r"int s0 = c, s1 = 0;", lambda env, m: env.update(s0=env["c"], s1=0)),
-    (r'asm\("dp4a\.(u32|s32)\.s32 %0, %1, %2, %0;" : "\+r"\((s\d)\) : "r"\(d\[(\d+)\]\), "r"\(ap\[(\d+)\]\)\);',
-     lambda env, m: env.__setitem__(m[2], _dp4a(env[f"d{m[3]}"], env[f"ap{m[4]}"], env[m[2]], m[1] == "s32", True))),
-    (r"return (-?\d+) \* s;", lambda env, m: env.__setitem__("ret", _i32(int(m[1]) * env["s"]))),
-    (r"return 0;", lambda env, m: env.__setitem__("ret", 0)),
-    (r"return s0 \+ s1;", lambda env, m: env.__setitem__("ret", _i32(env["s0"] + env["s1"]))),
-]
-
-
-def _i8_var(name: str) -> str:
-    """``ap[3]`` -> ``ap3`` (the interpreter's flat names); temporaries as they are."""
-    return name.replace("[", "").replace("]", "")
-
-
-def _i32(x: int) -> int:
-    x &= 0xFFFFFFFF
-    return x - (1 << 32) if x >> 31 else x
-
-
-def _dp4a(a: int, b: int, c: int, a_signed: bool, b_signed: bool) -> int:
-    def byte(x, i, sgn):
-        v = (x >> (8 * i)) & 0xFF
-        return v - 256 if sgn and v >= 128 else v
-    return _i32(c + sum(byte(a, i, a_signed) * byte(b, i, b_signed) for i in range(4)))
-
-
-def _run_helper(src: str, env: dict) -> dict:
-    """Interpret the body of one generated helper; every statement must match a known form."""
-    import re
-    body = src.strip().splitlines()[1:-1]
-    for line in body:
-        line = line.strip()
-        for pat, fn in _I8_LINES:
-            m = re.fullmatch(pat, line)
-            if m:
-                fn(env, m)
-                break
-        else:
-            raise AssertionError(f"line form the interpreter does not know: {line!r}")
-    return env
-
-
+# (testing/c_interp.py runs their text, the very source nvcc compiles, on Python ints)
 I8_WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
 
 
@@ -257,14 +203,13 @@ def test_int8_act_decode_dot(wd, nw, order_of):
     acts += [[-128 if k == j else 0 for k in range(V)] for j in range(V)]             # one-hot: each code alone
     for wb in vecs:
         q = unpack_codes(torch.tensor(list(wb), dtype=torch.uint8).view(torch.int8), fmt, order=order).tolist()
-        words = {f"w{j}": int.from_bytes(wb[4 * j:4 * j + 4], "little") for j in range(nw)}
-        d = _run_helper(src["bb_dec_t"], dict(words))
+        d = run_c(src["bb_dec_t"], {"w": [int.from_bytes(wb[4 * j:4 * j + 4], "little") for j in range(nw)],
+                                    "d": {}})["d"]
         for a in acts:
             ab = bytes(x & 0xFF for x in a)
-            env = {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(na)}
-            env = _run_helper(src["bb_prep_t"], env)
-            env.update({k: v for k, v in d.items() if k.startswith("d")}, c=env["ret"])
-            got = _run_helper(src["bb_dot_t"], env)["ret"]
+            prep = run_c(src["bb_prep_t"], {"a": [int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(na)],
+                                            "ap": {}})
+            got = run_c(src["bb_dot_t"], {"d": d, "ap": prep["ap"], "c": prep["return"]})["return"]
             assert got == sum(x * y for x, y in zip(a, q)), (wd, nw, wb.hex(), a)
 
 

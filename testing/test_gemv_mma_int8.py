@@ -28,7 +28,8 @@ from bitblas.schedule.gemv import default_gemv_hint
 from bitblas.schedule.gemv import decode as gd
 from bitblas.schedule.gemv import gemv_hint_unsupported
 from bitblas.schedule.gemv.mma_int8 import mma_i8_helpers, code_shift, mma_i8_vec_bytes, mma_int8_unsupported
-from kernel_helpers import TARGETS
+from c_interp import run_c
+from kernel_helpers import TARGETS, run_fdec
 
 WEIGHTS = ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1")
 
@@ -64,32 +65,11 @@ def mma_m16n8k32(a, b, c, a_signed, value=None):
     return out
 
 
-def _run(src: str, env: dict) -> dict:
-    """Interpret the straight-line helper body (the line forms bb_mprep / bb_mdec use)."""
-    def val(nm):
-        return env[nm.replace("[", "").replace("]", "")]
-    for line in src.strip().splitlines()[1:-1]:
-        line = line.strip()
-        m = re.fullmatch(r"(?:const unsigned )?(\w+(?:\[\d+\])?) = __byte_perm\((\S+), (\S+), (0x[0-9a-f]+)\);", line)
-        if m:
-            env[m[1].replace("[", "").replace("]", "")] = gd._emu_prmt(val(m[2]), val(m[3]), int(m[4], 16))
-            continue
-        m = re.fullmatch(r"(\w+)\[(\d+)\] = (\w+)\[(\d+)\];", line)
-        if m:
-            env[f"{m[1]}{m[2]}"] = env[f"{m[3]}{m[4]}"]
-            continue
-        m = re.fullmatch(r"d\[(\d+)\] = (?:\((.+)\) \^ (0x[0-9a-f]+)u|(.+));", line)
-        f = m and re.fullmatch(r"\(?w\[(\d+)\](?: (<<|>>) (\d+)\))? & (0x[0-9a-f]+)u", m[2] or m[4])
-        if f:
-            x = env[f"w{f[1]}"]
-            if f[2] == "<<":
-                x = (x << int(f[3])) & 0xFFFFFFFF
-            elif f[2] == ">>":
-                x >>= int(f[3])
-            env[f"d{m[1]}"] = (x & int(f[4], 16)) ^ (int(m[3], 16) if m[3] else 0)
-            continue
-        raise AssertionError(f"line form the interpreter does not know: {line!r}")
-    return env
+def _prep(src: str, ab: bytes, na: int) -> list:
+    """The gathered activation words ``ap`` of ``bb_mprep`` on the activation bytes ``ab``."""
+    ap = run_c(src, {"a": [int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(na)], "ap": {}})["ap"]
+    assert sorted(ap) == list(range(na))
+    return [ap[i] for i in range(na)]
 
 
 _MMA = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.(u8|s8)\.s8\.s32 .*?" '
@@ -142,12 +122,10 @@ def test_mma_int8_fragment_model(wd, nw):
         for lane in range(32):
             g, q = lane // 4, lane % 4
             for h in range(2):
-                env = {f"w{j}": int.from_bytes(wb[g + 8 * h][q][4 * j:4 * j + 4], "little") for j in range(nw)}
-                env = _run(src["bb_mdec_t"], env)
-                dec[lane, h] = [env[f"d{i}"] for i in range(NA)]
-            ab = bytes(x & 0xFF for x in acts[g][q * V:(q + 1) * V])
-            env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
-            prep[lane] = [env[f"ap{i}"] for i in range(NA)]
+                dec[lane, h] = run_fdec(src["bb_mdec_t"], [int.from_bytes(wb[g + 8 * h][q][4 * j:4 * j + 4], "little")
+                                                           for j in range(nw)])
+                assert len(dec[lane, h]) == NA
+            prep[lane] = _prep(src["bb_mprep_t"], bytes(x & 0xFF for x in acts[g][q * V:(q + 1) * V]), NA)
         c = _warp_mma(steps, dec, prep, 0, signed)
         for lane in range(32):
             g, q = lane // 4, lane % 4
@@ -171,7 +149,6 @@ def test_mma_f8_fragment_model(wd, nw):
     e4m3 byte."""
     from bitblas.code_order import slot_codes
     from bitblas.formats import E4M3_TABLE
-    from kernel_helpers import run_fdec
     fmt = FORMATS[wd]
     b = fmt.bits
     V = nw * 32 // b
@@ -198,9 +175,7 @@ def test_mma_f8_fragment_model(wd, nw):
                 words = [sum(uq[j * n + code[s]] << (b * s) for s in range(n)) for j in range(nw)]
                 dec[lane, h] = run_fdec(src["bb_mdec_t"], words)
                 assert len(dec[lane, h]) == NA
-            ab = bytes(acts[g][q * V:(q + 1) * V])
-            env = _run(src["bb_mprep_t"], {f"a{j}": int.from_bytes(ab[4 * j:4 * j + 4], "little") for j in range(NA)})
-            prep[lane] = [env[f"ap{i}"] for i in range(NA)]
+            prep[lane] = _prep(src["bb_mprep_t"], bytes(acts[g][q * V:(q + 1) * V]), NA)
         c = _warp_mma(steps, dec, prep, 0.0, False, E4M3_TABLE.__getitem__)
         for lane in range(32):
             g, q = lane // 4, lane % 4

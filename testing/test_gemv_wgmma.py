@@ -26,6 +26,7 @@ from bitblas.schedule.gemv import gemv_hint_unsupported, schedule_cuda_gemv
 from bitblas.schedule.gemv.emit import format_helpers
 from bitblas.schedule.gemv.wgmma import _perm_groups, _perm_helper, slab_permutation, wgmma_rows
 from bitblas.tune.space import candidates
+from c_interp import run_permute
 from kernel_helpers import A100_SPEC, H200_SPEC, TARGETS
 
 SM90 = cuda_target(TARGETS["sm_90"])
@@ -302,26 +303,10 @@ def test_decoder_trace_sees_a_wrong_order():
 
 
 def _emulate_perm(helper: str, src_halves, nchunks):
-    """Run the generated bb_perm helper on a list of 16-bit values: uint4 loads, __byte_perm on
-    32-bit words, uint4 stores."""
+    """Run the generated bb_perm helper (c_interp) on a list of 16-bit values; returns the halves
+    of the ``nchunks`` chunks it writes."""
     words = [src_halves[2 * i] | (src_halves[2 * i + 1] << 16) for i in range(len(src_halves) // 2)]
-    regs = {}
-    for k in re.findall(r"const uint4 i(\d+) = __ldg\(s \+ (\d+)\);", helper):
-        regs[int(k[0])] = words[4 * int(k[1]): 4 * int(k[1]) + 4]
-    out = {}
-    for c, body in re.findall(r"d\[(\d+)\] = make_uint4\((.*)\);", helper):
-        vals = []
-        for x, xi, y, yi, sel in re.findall(r"__byte_perm\(i(\d+)\.([xyzw]), i(\d+)\.([xyzw]), 0x([0-9a-f]+)\)", body):
-            src8 = regs[int(x)]["xyzw".index(xi)] | (regs[int(y)]["xyzw".index(yi)] << 32)
-            sel = int(sel, 16)
-            vals.append(sum(((src8 >> (8 * ((sel >> (4 * b)) & 7))) & 0xFF) << (8 * b) for b in range(4)))
-        out[int(c)] = vals
-    assert sorted(out) == list(range(nchunks))
-    halves = []
-    for c in range(nchunks):
-        for v in out[c]:
-            halves += [v & 0xFFFF, v >> 16]
-    return halves
+    return [h for w in run_permute(helper, words, nchunks) for h in (w & 0xFFFF, w >> 16)]
 
 
 @pytest.mark.parametrize("bits,dec", [(2, "int"), (4, "int"), (8, "int"), (4, "lut4")])

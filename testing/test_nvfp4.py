@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 
 import numpy as np
 import pytest
@@ -21,8 +20,8 @@ from bitblas.plan import make_plan
 from bitblas.quantization import dequantize_activation, e2m1_codes, nvfp4_decode, quantize_activation
 from bitblas.reference import (TOLERANCES, random_inputs, reference_matmul, reference_nvfp4_gemv, relative_error,
                                tolerance)
-from bitblas.schedule.gemv import decode as g
 from bitblas.schedule.nvfp4 import MAG2_NIBBLES, MAG2_TABLE, PRMT_LAMBDA, SIGN_FLIP, cuda_helpers
+from c_interp import run_c
 
 NV = dict(A_dtype="nvfp4", W_dtype="nvfp4", group_size=16, with_scaling=True, with_act_scaling=True)
 
@@ -202,50 +201,7 @@ def test_reference_nvfp4_gemv():
             assert abs(float(ref[m, 0, lb]) - s) <= 1e-5 * max(1.0, abs(s))
 
 
-# -- the CUDA helpers' arithmetic, interpreted -----------------------------------------------------
-def _dp4a(a, b, c):
-    def byte(x, i):
-        v = (x >> (8 * i)) & 0xFF
-        return v - 256 if v >= 128 else v
-    r = c + sum(byte(a, i) * byte(b, i) for i in range(4))
-    return ((r + 2 ** 31) % 2 ** 32) - 2 ** 31
-
-
-def _vsub4(a, b):
-    return sum((((a >> (8 * i)) - (b >> (8 * i))) & 0xFF) << (8 * i) for i in range(4))
-
-
-def _fmaf(a, b, c):
-    return float(np.float32(np.float64(a) * np.float64(b) + np.float64(c)))
-
-
-_FUNCS = {"bb_prmt_": lambda a, b, s: g._emu_prmt(a, b, s), "__vsub4": _vsub4, "__dp4a": _dp4a, "fmaf": _fmaf,
-          "_f32": lambda v: float(np.float32(v))}
-
-
-def _run_c(src: str, env: dict):
-    """Run a generated helper (one statement per line) on Python ints; every line must match."""
-    lines = src.strip().splitlines()
-    assert lines[0].startswith("__device__ __forceinline__") and lines[-1] == "}"
-    for line in lines[1:-1]:
-        if line == PRMT_LAMBDA:                # prmt.b32 default mode: run by g._emu_prmt
-            continue
-        line = line.strip()
-        m = re.fullmatch(r"return (\w+);", line)
-        if m:
-            return env[m[1]]
-        m = re.fullmatch(r"(?:const )?(?:unsigned |int )?(\w+)(?:\[(\d+)\])? = (.+);", line)
-        assert m, f"line form the interpreter does not know: {line!r}"
-        expr = re.sub(r"0x([0-9a-f]+)u", r"0x\1", m[3]).replace("(int)", "").replace("(float)(", "_f32(")
-        assert re.fullmatch(r"[\w\[\]\(\), ^>*+-]+", expr), expr
-        val = eval(expr, {"__builtins__": {}}, {**_FUNCS, **env})      # noqa: S307 - our own generated text
-        if m[2] is None:
-            env[m[1]] = val
-        else:
-            env[m[1]][int(m[2])] = val
-    return None
-
-
+# -- the CUDA helpers' arithmetic, interpreted (c_interp) ---------------------------------------
 def _mag2(code: int) -> int:
     return int(round(2 * abs(E2M1_TABLE[code])))
 
@@ -270,15 +226,16 @@ def test_gemv_helpers_arithmetic(sm):
     finite = [v for v in E4M3_TABLE if np.isfinite(v)]
     for wq, aq in cases:
         o = [0] * 8
-        _run_c(act8, {"q": list(aq), "o": o})
+        run_c(act8, {"q": list(aq), "o": o}, skip_lines=(PRMT_LAMBDA,))
         acodes = [(aq[j] >> (4 * t)) & 15 for j in range(4) for t in range(8)]
         for k, c in enumerate(acodes):          # signed doubled values, word 2j + t // 4, byte t % 4
             byte = (o[2 * (k // 8) + (k % 8) // 4] >> (8 * (k % 4))) & 0xFF
             assert (byte - 256 if byte >= 128 else byte) == int(2 * E2M1_TABLE[c])
         pm = [0] * 16
-        _run_c(h["bb_nv_mag"], {"w": list(wq), "pm": pm, "t0": MAG2_TABLE[0], "t1": MAG2_TABLE[1]})
+        run_c(h["bb_nv_mag"], {"w": list(wq), "pm": pm, "t0": MAG2_TABLE[0], "t1": MAG2_TABLE[1]},
+              skip_lines=(PRMT_LAMBDA,))
         sw, sa = [rng.choice(finite) for _ in range(2)], [rng.choice(finite) / 4 for _ in range(2)]
-        got = _run_c(h["bb_nv_dot"], {"pm": pm, "av": o, "sa": sa, "sw": sw, "acc": 0.5})
+        got = run_c(h["bb_nv_dot"], {"pm": pm, "av": o, "sa": sa, "sw": sw, "acc": 0.5})["return"]
         wcodes = [(wq[j] >> (4 * t)) & 15 for j in range(4) for t in range(8)]
         want = 0.5
         for blk in range(2):

@@ -5,6 +5,10 @@ reads or writes the user's ``~/.cache/bitblas`` (or the folder BITBLAS_DATABASE_
 Every nvcc compile of a generated kernel is timed (``_nvcc_time_bound``): a kernel whose
 compile takes more than ``NVCC_CPU_SECONDS`` of compiler CPU time fails the test that built it,
 and the slowest compiles are listed at the end of the run.
+
+Under pytest-xdist each worker gets its share of the cores for torch's and TVM's thread pools
+(``pytest_configure``) unless OMP_NUM_THREADS / TVM_NUM_THREADS say otherwise: every worker
+taking every core oversubscribed a GPU host's CPU several times over.
 """
 from __future__ import annotations
 
@@ -20,6 +24,19 @@ import pytest
 NVCC_CPU_SECONDS = 60.0
 _NVCC_TIMES = []                 # (cpu seconds, wall seconds, test id, kernel name)
 _USER_DATABASES = [os.path.join(os.path.expanduser("~"), ".cache", "bitblas")]   # never used by a test
+
+
+def pytest_configure(config):
+    """An xdist worker's thread pools: the cores divided among the workers (at least 1)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and workers and workers.isdigit()):
+        return
+    share = str(max(1, (os.cpu_count() or 1) // int(workers)))
+    for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ.setdefault(name, share)
+    import torch
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit()
+                          else int(share))
 
 
 def raises_naming(exc_type, name: str):

@@ -8,12 +8,9 @@ import torch
 import bitblas.testing
 from bitblas import Matmul, MatmulConfig
 from compat_helpers import UNSET, mm, mm_id, poisoned, quant_problem
-from compat_marks import gpu_only
 
 _GROUPED = {**UNSET, "group_size": 32, "with_scaling": True}
-_TUNE_COST = "enable_tuning=True tunes a 1024^3 problem (minutes on CPU)"
-SPECS = [mm(M, 1024, 1024, "bf16 u4 f32 f32", **fields) for fields in (UNSET, _GROUPED) for M in (1, 1024)]
-CASES = [s if s["M"] == 1 else gpu_only(s, reason=_TUNE_COST, id=mm_id(s)) for s in SPECS]
+CASES = [mm(M, 1024, 1024, "bf16 u4 f32 f32", **fields) for fields in (UNSET, _GROUPED) for M in (1, 1024)]
 
 
 @pytest.mark.parametrize("spec", CASES, ids=mm_id)

@@ -76,7 +76,7 @@ FUNCS = {"__byte_perm": _emu_prmt, "bb_prmt_": _emu_prmt, "__dp4a": dp4a, "__vsu
          "_f32": f32, "__ldg": lambda p: p[0], "make_uint4": lambda *v: U4(*v)}
 
 _TYPE = r"(?:const )?(?:unsigned short|unsigned|int|float|uint4|auto)\b\*?"
-_DECL = re.compile(rf"({_TYPE})\s*\*?\s*(.+)")
+_DECL = re.compile(rf"({_TYPE})\s*(.+)")
 _ASSIGN = re.compile(r"(\w+)(?:\[(.+?)\])?\s*=\s*(.+)")
 _ASM = re.compile(r'asm(?: volatile)?\("([\w.]+) ([^;"]*);"\s*:\s*(.*?)\s*:\s*(.*)\)')
 _OPERAND = re.compile(r'"([=+]?)r"\((.+?)\)(?=, "|$)')
@@ -102,8 +102,7 @@ def _split_top(text: str, sep: str = ",") -> list:
     """``text`` split at ``sep`` outside parentheses and brackets."""
     out, depth, cur = [], 0, ""
     for ch in text:
-        depth += ch in "([" and 1 or 0
-        depth -= ch in ")]" and 1 or 0
+        depth += (ch in "([") - (ch in ")]")
         if ch == sep and depth == 0:
             out.append(cur)
             cur = ""

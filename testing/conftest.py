@@ -35,8 +35,8 @@ def pytest_configure(config):
     for name in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
         os.environ.setdefault(name, share)
     import torch
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit()
-                          else int(share))
+    n = os.environ["OMP_NUM_THREADS"]
+    torch.set_num_threads(int(n) if n.isdigit() and int(n) > 0 else int(share))
 
 
 def raises_naming(exc_type, name: str):

@@ -355,11 +355,12 @@ def gemv_unsupported(plan) -> Optional[str]:
         return "layout must be 'nt'"
     if c.A_dtype in BYTE_ACTIVATIONS:
         why = _int8_unsupported(plan)
-        mma_only = e4m3_acts(plan)
-        if why is None and (plan.m > GEMV_MAX_ROWS or mma_only):
+        f8 = e4m3_acts(plan)        # the m16n8k32 kernel's weights, also where the rows kernel takes the row
+        if why is None and (plan.m > GEMV_MAX_ROWS or f8):
             mma_why = mma_int8_unsupported(plan, _MMA_WIDE)      # the plan's side of it: weights, groups
             if mma_why:
-                why = (f"A_dtype={c.A_dtype!r}: only the m16n8k32 tensor-core kernel takes these activations" if mma_only
+                why = (f"A_dtype={c.A_dtype!r}: the GEMV kernels take these activations with the m16n8k32 "
+                       "tensor-core kernel's weights" if f8
                        else f"{plan.m} rows: only the tensor-core kernel takes more than {GEMV_MAX_ROWS} rows")
                 why += f" ({mma_why})"
         return why

@@ -161,9 +161,10 @@ def test_topk_on_sm90_includes_wgmma():
     top = select_topk(ranked, 20)
     wg = [c.hint for c in top if isinstance(c.hint, WGMMAHint)]
     assert len(wg) >= 5 and any(isinstance(c.hint, MMAHint) for c in top)
-    shapes = [(h.BM, h.BN) for h in wg]
-    assert max(shapes.count(s) for s in shapes) <= 2        # tile shape = (BM, BN): stages etc. are knobs
+    shapes = [(h.BM, h.BN, h.cluster) for h in wg]
+    assert max(shapes.count(s) for s in shapes) <= 2        # tile shape = (BM, BN, CTA pair): stages etc. are knobs
     assert len(set(shapes)) >= 3
+    assert any(h.cluster == 2 for h in wg)                  # CTA pairs are measured too
 
 
 def test_tune_bucket_default_is_the_rows_tile_class(monkeypatch):

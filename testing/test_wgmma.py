@@ -133,6 +133,7 @@ def test_k_alignment_reason():
 @pytest.mark.parametrize("bad,match", [
     (WGMMAHint(consumers=3), "consumers"), (WGMMAHint(BN=264), "BN"), (WGMMAHint(BN=24), "BN"),
     (WGMMAHint(stages=1), "stages"), (WGMMAHint(BN=256, stages=6), "shared memory"), (WGMMAHint(group_m=0), "group_m"),
+    (WGMMAHint(cluster=4), "cluster"),
 ])
 def test_hint_check(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -151,7 +152,9 @@ CODEGEN = [("f16", None, WGMMAHint()), ("f16", 1000, WGMMAHint(persistent=False)
            ("e4m3-scaled-f16", None, None), ("e5m2xe4m3-bias-bf16", 1000, WGMMAHint(BN=192, stages=4)),
            ("e4m3-noscale-f32", None, None), ("i8-g128-f16", None, None), ("i8-g256-bias-bf16", 1000, None),
            ("e4m3-g128-bf16", None, WGMMAHint(BN=128, stages=5, promote=1)),
-           ("e4m3-scaled-f16", None, WGMMAHint(BN=128, stages=6, promote=2))]
+           ("e4m3-scaled-f16", None, WGMMAHint(BN=128, stages=6, promote=2)),
+           ("f16", None, WGMMAHint(cluster=2)), ("i8-g128-f16", 1000, WGMMAHint(BN=128, stages=6, cluster=2)),
+           ("e4m3-scaled-f16", None, WGMMAHint(BN=128, stages=6, cluster=2, persistent=False))]
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
@@ -165,6 +168,11 @@ def test_codegen_nvcc_sm90a(fam, M, hint):
     assert ("wait_group_sync_aligned_1" in src) == (P != 1)   # one group left in flight between promotions
     assert ("tot_ptr[" in src) == bool(P)                      # float32 promotion of the partial sums
     assert ("bb_st2" in src) == (plan.config.out_dtype in ("float16", "bfloat16"))
+    # CTA pairs: the weight tile's halves multicast to both CTAs, ring slots released in both, the
+    # pair's barrier after the mbarrier init and before exit
+    paired = ["multicast::cluster", "mapa.shared::cluster", "bb_arrive_pair((", "%cluster_ctarank"]
+    assert [p in src for p in paired] == [h.cluster == 2] * len(paired)
+    assert src.count("bb_cluster_sync();") == (2 if h.cluster == 2 else 0)
     assert len(nvcc_compile(src, arch="sm_90a")) > 0
 
 
@@ -217,6 +225,26 @@ def test_gpu_dynamic_hints(fam, hint):
     for m in (1, 33, 129, 1000, 2049):
         err = check_kernel(cfg, plan, fn, m, tol=_tol(cfg))
         assert err is None, f"{hint}: {err}"
+
+
+PAIRS = [("f16", WGMMAHint(cluster=2)), ("f16", WGMMAHint(BN=192, stages=4, cluster=2, persistent=False)),
+         ("bf16-bias", WGMMAHint(BN=128, stages=6, consumers=1, cluster=2, group_m=3)),
+         ("i8-g128-f16", WGMMAHint(BN=128, stages=6, cluster=2)),
+         ("e4m3-g128-bf16", WGMMAHint(BN=128, stages=6, cluster=2, persistent=False))]
+
+
+@pytest.mark.parametrize("fam,hint", PAIRS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(PAIRS)])
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_cta_pairs(fam, hint):
+    """CTA pairs sharing each weight tile by multicast: row counts that leave the second CTA of the
+    last pair without rows (33, 129, 2049: odd row-tile counts), K off the tile, N off the tile."""
+    cfg = C(M=None, N=1000, K=1024 if "-g" in fam else 1008, **FAMILIES[fam])
+    plan = _plan(cfg)
+    fn = build_plan(plan, cuda_target(), hint)
+    for m in (1, 33, 129, 1000, 2049, 4096):
+        err = check_kernel(cfg, plan, fn, m, tol=_tol(cfg))
+        assert err is None, f"{hint} m={m}: {err}"
 
 
 @pytest.mark.gpu

@@ -25,17 +25,21 @@ tile with BM = 64 * consumers:
   (TMA fills out-of-range tiles with zeros, so any M, N, and K with 16-byte rows work);
 * ``persistent``: a grid of min(tiles, SMs) CTAs walks the tiles (grouped raster: ``group_m``
   row tiles per band) and the ring runs on across tiles, so the producer fetches the next tile
-  while the consumers store the last; otherwise one CTA per tile in the same order.
+  while the consumers store the last; otherwise one CTA per tile in the same order;
+* ``cluster=2``: CTA pairs (a 2-CTA cluster launch) on adjacent row tiles of one column tile; each
+  CTA loads its own A tile and half of the W tile, multicast into the same ring slot of both CTAs
+  (``.multicast::cluster`` TMA; ``full`` still expects the whole stage's bytes), and each consumer
+  warp releases the slot in both CTAs (``empty`` counts the warps of both); the pair meets at a
+  cluster barrier after the mbarrier init and before exit. The persistent grid walks pair tiles.
+  A consumer's release is a default (``.release.cta``) arrive: a ``.release.cluster`` arrive there,
+  every K step, doubled the kernel's time.
 
-What bounds it against cuBLAS (ncu, H100, float16 4096 x 8192 x 8192, clocks locked to 1.37 GHz by
-ncu): the same 128 x 256 tile (cuBLAS: ``nvjet_sm90_hsh_128x256_64x4_2x1`` cooperative, 4 stages,
-132 CTAs), but cuBLAS runs clusters of 2 CTAs that share operand tiles by TMA multicast: 4.38 GB
-of L2 -> SM traffic against 6.32 GB here (every CTA loads its own A and W tiles: (BM + BN) x K x 2
-bytes per tile), L2 throughput 53% against 75%, tensor pipe active 97.7% against 89.4% of SM
-cycles, 791 against 869 us; 39% of the warps' stalls here are barrier waits (the ring's ``full``
-waits). Clusters with multicast loads (``T.cta_id_in_cluster``, ``.multicast::cluster`` TMA, the
-peer's ``empty`` barrier released across the cluster) are the change that would close it; not
-built yet.
+What bounds it against cuBLAS (ncu on an H100, float16 4096 x 8192 x 8192): cuBLAS runs the same
+128 x 256 tile with 4 stages (``nvjet_sm90_hsh_128x256_64x4_2x1``) in CTA pairs with multicast.
+The pairs here cut the L2 -> SM bytes by a fifth and the L2 throughput from about three quarters
+to about half, but the tensor pipe stays active about 89% of the cycles either way and the time
+does not move (within the run-to-run spread), so L2 traffic is not what holds it back; the stalls
+that grow with the pairs are the warps' waits at the ring barriers. The tuner measures both.
 """
 from __future__ import annotations
 
@@ -72,6 +76,8 @@ class WGMMAHint:
     persistent: bool = True
     group_m: int = 8
     promote: int = 0        # 8-bit inputs: K tiles (128) per float32 promotion of the partial sums (0: group scales' size, else none)
+    cluster: int = 1        # 2: CTA pairs on adjacent row tiles of one column tile; each loads half the
+                            # weight tile and multicasts it to both (TMA .multicast::cluster)
 
     @property
     def BM(self) -> int:
@@ -101,6 +107,8 @@ class WGMMAHint:
             raise ValueError(f"WGMMAHint.group_m={self.group_m!r}: an int >= 1 is required")
         if not isinstance(self.promote, int) or self.promote < 0:
             raise ValueError(f"WGMMAHint.promote={self.promote!r}: an int >= 0 is required")
+        if self.cluster not in (1, 2):
+            raise ValueError(f"WGMMAHint.cluster={self.cluster!r}: 1 or 2 is accepted")
         if plan is not None:
             P = self.promote_tiles(plan)
             if P and elem_bytes(plan) != 1:
@@ -230,6 +238,48 @@ __device__ __forceinline__ void bb_st2(void* p, float a, float b) {
 """
 
 
+# CTA pairs (WGMMAHint.cluster=2): the multicast weight load, the release of a ring slot in both CTAs,
+# and the cluster-wide barrier (after the mbarrier init; before exit, while the peer may still arrive)
+_CLUSTER = {
+    "bb_tma_mc": r"""
+__device__ __forceinline__ void bb_tma_mc(void* dst, unsigned long long map, int c0, int c1, void* bar) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst), b = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned short mask = 3;
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(d), "l"(map), "r"(c0), "r"(c1), "r"(b), "h"(mask) : "memory");
+}
+""",
+    "bb_arrive_pair": r"""
+__device__ __forceinline__ void bb_arrive_pair(void* bar) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+  #pragma unroll
+  for (unsigned r = 0; r < 2; ++r) {
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    // the default .release.cta (see the module docstring)
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(ra) : "memory");
+  }
+}
+""",
+    "bb_cluster_sync": r"""
+__device__ __forceinline__ void bb_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+""",
+    "bb_fence_barrier_init": r"""
+__device__ __forceinline__ void bb_fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+""",
+}
+
+
+def _cl_call(name: str, *args: str) -> str:
+    """TVMScript of a call of the cluster helper ``name``."""
+    return f"T.cuda.func_call({', '.join([repr(name), *args])}, source_code={_CLUSTER[name]!r})"
+
+
 def _st2_source(out_dtype: str) -> str:
     if out_dtype == "float16":
         pack = ("__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
@@ -272,7 +322,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         shp_txt = "(" + ", ".join(str(x) for x in shp) + ("," if len(shp) == 1 else "") + ")"
         align = ", align=16" if s.name in ("A", "W") else ""
         add(f"    {s.name} = T.match_buffer({s.name}_ptr, {shp_txt}, {s.dtype!r}{align})")
-    for name, rows, box in (("A", m, BM), ("W", N, BN)):
+    CL = hint.cluster
+    for name, rows, box in (("A", m, BM), ("W", N, BN // CL)):
         add(f"    {name}_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
         # dims (inner, outer), outer stride (bytes), box (inner, outer), element strides, interleave 0,
         # swizzle 3 (128B), L2 promotion 2 (128B), OOB fill 0 (zeros)
@@ -280,9 +331,14 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
             f"{K}, {rows}, {K * eb}, {BK}, {box}, 1, 1, 0, 3, 2, 0)")
     add("    T.device_entry()")
     tiles_m = f"(({m} + {BM - 1}) // {BM})"
+    if CL == 2:
+        # pairs of row tiles (a pair of CTAs, one per row tile, shares each column tile's weights)
+        tiles_m = f"(({m} + {2 * BM - 1}) // {2 * BM})"
     ntiles = f"({tiles_m} * {tiles_n})"
-    grid = f"T.min({ntiles}, {num_sms})" if hint.persistent else ntiles
-    add(f"    bx = T.cta_id([{grid}])")
+    units = f"T.min({ntiles}, {num_sms // CL})" if hint.persistent else ntiles   # CTAs (clusters) that walk the tiles
+    add(f"    bx = T.cta_id([{units} * {CL}])" if CL > 1 else f"    bx = T.cta_id([{units}])")
+    if CL > 1:
+        add(f"    cl = T.cta_id_in_cluster([{CL}])")
     add(f"    tx = T.thread_id([{hint.threads}])")
     add(f"    Sm = T.alloc_buffer(({ST}, {A_EL + B_EL}), {tdt!r}, scope='shared.dyn', align=1024)")
     add(f"    full = T.alloc_shared(({ST},), 'uint64')")
@@ -299,23 +355,30 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"        for s in T.unroll({ST}):")
     # full: the TMA thread's expect-tx arrival (+ one per scale-loading thread of warps 1..3)
     add(f"            T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32({1 + _SCALE_THREADS if grouped else 1}))")
-    add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({4 * hint.consumers}))")
+    add(f"            T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32({4 * hint.consumers * CL}))")
     add("    T.ptx.fence.proxy.async_.shared__cta()")
-    add("    T.cuda.cta_sync()")
+    if CL > 1:
+        # the barriers are initialised before the peer's multicast loads and arrivals reach them
+        add(f"    {_cl_call('bb_fence_barrier_init')}")
+        add(f"    {_cl_call('bb_cluster_sync')}")
+    else:
+        add("    T.cuda.cta_sync()")
     G = hint.group_m
+    unit = "bx" if CL == 1 else f"(bx // {CL})"
     if hint.persistent:
-        n_my = f"(({ntiles} - bx + {grid} - 1) // {grid})"
-        tile = f"(bx + it * {grid})"
+        n_my = f"(({ntiles} - {unit} + {units} - 1) // {units})"
+        tile = f"({unit} + it * {units})"
     else:
         n_my = "1"
-        tile = "bx"
+        tile = unit
 
     def tile_coords(ind):
         # grouped raster: bands of G row tiles, columns outer within a band, rows inner
         return [f"{ind}t = {tile}",
                 f"{ind}first_m = t // {G * tiles_n} * {G}",
                 f"{ind}gsz = T.min({tiles_m} - first_m, {G})",
-                f"{ind}mt = first_m + t % {G * tiles_n} % gsz",
+                f"{ind}mt = first_m + t % {G * tiles_n} % gsz" if CL == 1 else
+                f"{ind}mt = (first_m + t % {G * tiles_n} % gsz) * {CL} + cl",       # a pair's row tiles
                 f"{ind}nt = t % {G * tiles_n} // gsz"]
 
     def producer_loop(cond):
@@ -345,8 +408,14 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add(f"                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([g % {ST}]), T.uint32({STAGE_BYTES}))")
     add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, 0]), T.address_of(A_map), kt * {BK}, mt * {BM}, "
         f"full.ptr_to([g % {ST}]))")
-    add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, {A_EL}]), T.address_of(W_map), kt * {BK}, nt * {BN}, "
-        f"full.ptr_to([g % {ST}]))")
+    if CL == 1:
+        add(f"                    T.ptx[{_TMA!r}](Sm.ptr_to([g % {ST}, {A_EL}]), T.address_of(W_map), kt * {BK}, nt * {BN}, "
+            f"full.ptr_to([g % {ST}]))")
+    else:           # this CTA's half of the weight tile, into the same slot of both CTAs
+        half = BN // CL
+        add("                    " + _cl_call("bb_tma_mc", f"Sm.ptr_to([g % {ST}, {A_EL} + cl * {half * BK}])",
+                                                  "T.address_of(W_map)", f"kt * {BK}", f"nt * {BN} + cl * {half}",
+                                                  f"full.ptr_to([g % {ST}])"))
     # consumers
     add("    else:")
     add("        T.ptx['setmaxnreg.inc.sync.aligned.u32'](232)")
@@ -375,7 +444,13 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         tail = tail.replace("T.bool(True)", f"T.bool({first})", 1)
     add(f"                    T.ptx[{instr!r}]({accs}, descA, descB{tail})")
     add("                T.ptx.wgmma.commit_group.sync.aligned()")
-    release_prev = f"T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(g + {ST - 1}) % {ST}]), T.uint32(1))"
+    def release(slot):
+        """One consumer warp's release of ring slot ``slot`` (in both CTAs of a pair)."""
+        if CL == 1:
+            return f"T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([{slot}]), T.uint32(1))"
+        return _cl_call("bb_arrive_pair", f"empty.ptr_to([{slot}])")
+
+    release_prev = release(f"(g + {ST - 1}) % {ST}")
     if not P:
         add("                T.ptx.wgmma.wait_group.sync.aligned(1)")
         add(f"                for i in T.unroll({NACC}):")
@@ -386,7 +461,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         add(f"            for i in T.unroll({NACC}):")
         add("                T.cuda.wgmma.noop_barrier(acc[i])")
         add("            if t4 % 32 == 0:")
-        add(f"                T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(it * {KT} + {KT - 1}) % {ST}]), T.uint32(1))")
+        add(f"                {release(f'(it * {KT} + {KT - 1}) % {ST}')}")
     else:
         # every P-th K tile (and the last): wait for all wgmma, add the partial sums (times the
         # group's scales) to the float32 sums, restart them; the stage of the previous K tile is
@@ -415,7 +490,7 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         if P > 1:
             add(f"                        if kt % {P} != 0:")
             add(f"                            {release_prev}")
-        add(f"                        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([g % {ST}]), T.uint32(1))")
+        add(f"                        {release(f'g % {ST}')}")
         add("                else:")
         add("                    T.ptx.wgmma.wait_group.sync.aligned(1)")
         add(f"                    for i in T.unroll({NACC}):")
@@ -449,6 +524,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
             v, _ = value(e)
             add(f"                        if cc + {e} < {N}:")
             add(f"                            output[r, cc + {e}] = T.Cast({out!r}, {v})")
+    if CL > 1:
+        add(f"    {_cl_call('bb_cluster_sync')}")     # the peer may still arrive on this CTA's barriers
     return "\n".join(L) + "\n"
 
 

@@ -32,14 +32,15 @@ tile with BM = 64 * consumers:
   warp releases the slot in both CTAs (``empty`` counts the warps of both); the pair meets at a
   cluster barrier after the mbarrier init and before exit. The persistent grid walks pair tiles.
   A consumer's release is a default (``.release.cta``) arrive: a ``.release.cluster`` arrive there,
-  every K step, doubled the kernel's time.
+  every K step, doubled the kernel's time on an H100.
 
 What bounds it against cuBLAS (ncu on an H100, float16 4096 x 8192 x 8192): cuBLAS runs the same
 128 x 256 tile with 4 stages (``nvjet_sm90_hsh_128x256_64x4_2x1``) in CTA pairs with multicast.
 The pairs here cut the L2 -> SM bytes by a fifth and the L2 throughput from about three quarters
 to about half, but the tensor pipe stays active about 89% of the cycles either way and the time
-does not move (within the run-to-run spread), so L2 traffic is not what holds it back; the stalls
-that grow with the pairs are the warps' waits at the ring barriers. The tuner measures both.
+does not move (within the run-to-run spread), so L2 traffic is not what holds it back there (not
+yet checked on the H200); the stalls that grow with the pairs are the warps' waits at the ring
+barriers. The tuner measures both.
 """
 from __future__ import annotations
 
@@ -330,10 +331,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', {name}_map, {tdt!r}, 2, {name}.data, "
             f"{K}, {rows}, {K * eb}, {BK}, {box}, 1, 1, 0, 3, 2, 0)")
     add("    T.device_entry()")
-    tiles_m = f"(({m} + {BM - 1}) // {BM})"
-    if CL == 2:
-        # pairs of row tiles (a pair of CTAs, one per row tile, shares each column tile's weights)
-        tiles_m = f"(({m} + {2 * BM - 1}) // {2 * BM})"
+    # row tiles, or pairs of them (a pair of CTAs, one per row tile, shares each column tile's weights)
+    tiles_m = f"(({m} + {BM * CL - 1}) // {BM * CL})"
     ntiles = f"({tiles_m} * {tiles_n})"
     units = f"T.min({ntiles}, {num_sms // CL})" if hint.persistent else ntiles   # CTAs (clusters) that walk the tiles
     add(f"    bx = T.cta_id([{units} * {CL}])" if CL > 1 else f"    bx = T.cta_id([{units}])")

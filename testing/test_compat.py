@@ -152,3 +152,23 @@ def test_check_versions_rejects_other_versions(monkeypatch, ffi, tvm_v):
     msg = str(info.value)
     assert "0.1.14.post1" in msg and "0.27.0.post1" in msg
     assert str(ffi or "missing") in msg and tvm_v in msg
+
+
+@pytest.mark.parametrize("kw", [
+    dict(A_dtype="float16", W_dtype="uint4", with_scaling=False, with_zeros=True, zeros_mode="original", group_size=32),
+    dict(A_dtype="int8", W_dtype="int8", accum_dtype="int32", out_dtype="int8", with_bias=True),
+    dict(A_dtype="float16", W_dtype="int4", with_scaling=True, group_size=32),
+])
+def test_profile_latency_times_calls_of_the_operator(kw):
+    """profile_latency times calls through the operator (``apply``: checks, dispatch, launch), also
+    for configs in BitBLAS's spellings that the kernels run in another (zero points without scales,
+    int8 outputs), which it used to refuse; ``kernel_only`` launches the compiled kernel directly."""
+    op = bitblas.Matmul(bitblas.MatmulConfig(M=[1, 8], N=64, K=64, **kw), target="llvm")
+    calls = []
+    apply = op.apply
+    op.apply = lambda *a: calls.append(a) or apply(*a)
+    ms = op.profile_latency(m=3, repeats=4)
+    assert ms > 0 and calls and all(a[0].shape == (3, 64) for a in calls)
+    assert (calls[0][-1].dtype == torch.int8) == (kw.get("out_dtype") == "int8")
+    n = len(calls)
+    assert op.profile_latency(m=3, repeats=4, kernel_only=True) > 0 and len(calls) == n

@@ -233,7 +233,9 @@ class Matmul(BitBLASOperatorAPI):
                     direct = None
                     if (_checks_args(fn) and out[2] is None and out[3] is not None
                             and all(s[3] is None and not s[4] for s in specs)):
-                        direct = [tuple((s[0], s[5]) for s in specs)]
+                        direct = [None]
+                        direct[0] = _direct_calls(fn, tuple((s[0], s[5]) for s in specs), rejected, slots,
+                                                  out[3], kind == "cuda", direct)
                     entry = (fn, rejected, tuple(specs), out, dev_index, kind == "cuda", slots, device, direct)
         if len(self._calls) >= 4096:
             self._calls.clear()
@@ -269,10 +271,18 @@ class Matmul(BitBLASOperatorAPI):
             if entry is False:
                 entry = self._call_entry(A)
             if entry is not None:
-                vals = [A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output]
+                direct = entry[8]
+                direct = direct[0] if direct is not None else None
                 if args:        # BitBLAS's positional form op(A, W, [scale, zeros, bias,] output)
                     pos = entry[6]
                     if len(args) <= len(pos):
+                        if (direct is not None and scale is None and zeros is None and bias is None
+                                and output is None and a_scale is None and global_scale is None
+                                and a_global_scale is None):
+                            out = direct[1](A, W, *args)
+                            if out is not None:
+                                return out
+                        vals = [A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output]
                         for i, t in zip(pos, args):
                             if vals[i] is not None:
                                 break       # given twice: the general path says so
@@ -282,7 +292,11 @@ class Matmul(BitBLASOperatorAPI):
                             if out is not None:
                                 return out
                 else:
-                    out = _fast_call(entry, vals)
+                    if direct is not None:
+                        out = direct[0](A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output)
+                        if out is not None:
+                            return out
+                    out = _fast_call(entry, [A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output])
                     if out is not None:
                         return out
         given = {"scale": scale, "zeros": zeros, "bias": bias, "output": output, "a_scale": a_scale,
@@ -319,6 +333,11 @@ class Matmul(BitBLASOperatorAPI):
             if entry is False:
                 entry = self._call_entry(A)
             if entry is not None:
+                direct = entry[8]
+                if direct is not None and direct[0] is not None:
+                    out = direct[0][0](A, W, scale, zeros, bias, a_scale, global_scale, None, output)
+                    if out is not None:
+                        return out
                 out = _fast_call(entry, [A, W, scale, zeros, bias, a_scale, global_scale, None, output])
                 if out is not None:
                     return out
@@ -557,33 +576,51 @@ class Matmul(BitBLASOperatorAPI):
         return cuda_source(make_plan(self._kc, kind, c.rows), target, c.hint)
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
-                        device=None, flush_l2: bool = True) -> float:
-        """Median latency in ms of the kernel that serves ``m`` rows (default: the config's M, its
-        largest bucket, or 1), on fresh random inputs (GPU if available, else CPU).
+                        device=None, flush_l2: bool = True, kernel_only: bool = False) -> float:
+        """Median latency in ms of one call of the operator at ``m`` rows (default: the config's M,
+        its largest bucket, or 1), on fresh random inputs (GPU if available, else CPU).
 
-        ``warmup`` calls through the operator (building the kernel), then ``repeats`` samples of
-        batches of back-to-back kernel launches timed with CUDA events (bitblas.tune.measure);
-        ``flush_l2``: cycle through enough weight copies that the weights come from DRAM (GPU L2,
-        CPU last-level cache).
+        ``warmup`` calls (building the kernel), then ``repeats`` samples, each a batch of
+        back-to-back calls timed with CUDA events (bitblas.tune.measure). A call goes through the
+        operator as a caller's does (``apply``: its checks, the dispatch to the kernel of ``m``
+        rows, the launch), so where the kernel is shorter than the host's path to launch it (one
+        row of a small layer) this is the host's time per call, which is what the caller gets.
+        ``kernel_only``: launch the compiled kernel function itself instead (no operator dispatch:
+        the tuner's measurement). ``flush_l2``: cycle through enough weight copies that the
+        weights come from DRAM (GPU L2, CPU last-level cache).
         """
         self._not_for_nvfp4("profile_latency")
         from ..hardware import query_device
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
-        from ..tune.tuner import weight_copies
+        from ..tune.tuner import copy_count, weight_copies
         c = self._kc
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
         if device is None:
             device = "cuda" if (torch.cuda.is_available() and not self._cpu_only) else "cpu"
         cuda = torch.device(device).type == "cuda"
-        inputs = random_inputs(c, m, device=device)
-        out = torch.empty(m, c.N, dtype=TORCH_DTYPES[c.out_dtype], device=device)
+        kind = "cuda" if cuda else "cpu"
+        inputs = random_inputs(c, m, device=device)     # the kernels' config (a BitBLAS spelling: below)
+        spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
+        if kernel_only:
+            out = torch.empty(m, c.N, dtype=TORCH_DTYPES[c.out_dtype], device=device)
+            plan, fn = self._kernel(kind, m)
+            return time_kernel(fn, weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda,
+                               samples=max(1, repeats))
+        if not self.config.with_scaling:
+            inputs.pop("scale", None)                   # zero points without scales: unit scales inside
+        out = torch.empty(m, c.N, dtype=TORCH_DTYPES[self.config.out_dtype], device=device)
         for _ in range(max(1, warmup)):
             self(**inputs, output=out)
-        plan, fn = self._kernel("cuda" if cuda else "cpu", m)
-        spec = query_device(torch.device(device).index) if cuda and flush_l2 else None
-        return time_kernel(fn, weight_copies(plan, inputs, out, spec, cuda, flush_l2), cuda, samples=max(1, repeats))
+        # apply's positional order: A, W, scale, zeros, bias, a_scale, global_scale, output
+        base = [inputs.get(k) for k in ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale")] + [out]
+        copied = [i for i in (1, 2, 3) if base[i] is not None]
+        n = 1
+        if flush_l2 and (spec is not None or not cuda):
+            n = copy_count(sum(base[i].numel() * base[i].element_size() for i in copied), spec, cuda)
+        sets = [base] + [[t.clone() if i in copied else t for i, t in enumerate(base)] for _ in range(n - 1)]
+        return time_kernel(self.apply, sets, cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,
                                 force: bool = False, progress: Optional[bool] = None, **bounds) -> dict:
@@ -664,45 +701,69 @@ def _checks_args(fn) -> bool:
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 
 
+_NAMES = _CALL_SLOTS + ("output",)
+
+
+def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.Tensor, cuda: bool,
+                  cell: list) -> tuple:
+    """The unbound call's shortest path for an entry whose tensors all go to the kernel as given:
+    (keyword form ``(A, W, scale, zeros, bias, a_scale, global_scale, a_global_scale, output)``,
+    BitBLAS's positional form ``(A, W, *slots)``), Python functions generated for this entry's
+    arguments (as dataclasses generates its methods), so that a call runs no loop over argument
+    descriptions. Each returns the output, or None to take the checked path (:func:`_fast_call`)
+    and then the general one.
+
+    The kernel's own argument checks (tvm's packed-function prologue: type, ndim, dtype, device type
+    and id, shape, compact strides, byte offset, non-NULL data) run before anything is launched;
+    only the 16-byte alignment of A, W and the output (GEMV vector loads, TMA bases) is checked
+    here. A call the kernel refuses empties ``cell`` (the entry's), so this call and the entry's
+    later ones take the checks of :func:`_fast_call` (a mismatch there: the general path, which
+    converts or raises naming the argument): no exception per call for a caller that passes, say,
+    float16 scales."""
+    ns = {"_fn": fn, "_tmpl": tmpl, "_empty_like": torch.empty_like, "_cell": cell}
+    body = []
+    for i in rejected:                         # tensors this config takes none of
+        body.append(f"if {_NAMES[i]} is not None: return None")
+    args = []
+    for j, (idx, const) in enumerate(picks):
+        if const is not None:
+            ns[f"_c{j}"] = const
+        if idx < 0:
+            args.append(f"_c{j}")
+            continue
+        name = _NAMES[idx]
+        if const is None:
+            body.append(f"if {name} is None: return None")   # required: the general path says which
+        else:
+            body.append(f"if {name} is None: {name} = _c{j}")
+        args.append(name)
+    body += ["try:",
+             "    if output is None: output = _empty_like(_tmpl)"]
+    if cuda:
+        body.append("    if A.data_ptr() % 16 or W.data_ptr() % 16 or output.data_ptr() % 16: return None")
+    body += [f"    _fn({', '.join(args + ['output'])})",
+             "    return output",
+             "except Exception:",
+             "    _cell[0] = None",
+             "    return None"]
+    pos = [_NAMES[i] for i in slots]
+    unset = [n for n in _NAMES if n not in ("A", "W") and n not in pos]
+    src = (f"def _kw(A, W, {', '.join(_NAMES[2:])}):\n"
+           + "".join(f"    {line}\n" for line in body)
+           + f"def _pos(A, W, {', '.join(f'{n}=None' for n in pos)}):\n"
+           + "".join(f"    {n} = None\n" for n in unset)
+           + "".join(f"    {line}\n" for line in body))
+    exec(compile(src, f"<bitblas direct call {'/'.join(pos)}>", "exec"), ns)   # noqa: S102 - generated above
+    return ns["_kw"], ns["_pos"]
+
 def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to
     take the general path, which then accepts the other legal forms or raises naming the argument.
     ``vals``: the tensors of _CALL_SLOTS, then the output (None: allocate it)."""
-    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda, _, _, direct = entry
+    fn, rejected, specs, (out_want, out_shape, out_view, tmpl), dev_index, cuda = entry[:6]
     for i in rejected:                 # tensors this config takes none of
         if vals[i] is not None:
             return None
-    picks = direct[0] if direct is not None else None
-    if picks is not None:
-        # The kernel's own argument checks (tvm's packed-function prologue: type, ndim, dtype, device
-        # type and id, shape, compact strides, byte offset, non-NULL data) run before anything is
-        # launched; only the 16-byte alignment of A, W and the output (GEMV vector loads, TMA bases)
-        # is checked here. A call the kernel refuses empties the cell, so this call and the entry's
-        # later ones take the checks below (a mismatch there: the general path, which converts or
-        # raises naming the argument): no exception per call for a caller that passes, say, float16
-        # scales.
-        call = []
-        for idx, const in picks:
-            if idx < 0:
-                call.append(const)
-                continue
-            t = vals[idx]
-            if t is None:
-                if const is None:
-                    return None        # a required tensor missing: the general path says which
-                t = const
-            call.append(t)
-        output = vals[8]
-        try:
-            if output is None:
-                output = torch.empty_like(tmpl)
-            if cuda and (vals[0].data_ptr() % 16 or vals[1].data_ptr() % 16 or output.data_ptr() % 16):
-                return None            # the general path realigns by a copy
-            call.append(output)
-            fn(*call)
-            return output
-        except Exception:  # noqa: BLE001 - refused before launch: the checked path and the general one
-            direct[0] = None
     call = []
     for idx, want, shape, view, bits_view, const in specs:
         if idx < 0:

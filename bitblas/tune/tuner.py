@@ -201,6 +201,17 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
     return args
 
 
+def copy_count(wbytes: int, spec, cuda: bool) -> int:
+    """How many copies of ``wbytes`` bytes of weights exceed twice the L2 of ``spec`` (CUDA) or the
+    CPU's last-level cache (at most 16)."""
+    if cuda:
+        cache = spec.l2_bytes
+    else:
+        from ..build import cpu_llc_bytes
+        cache = cpu_llc_bytes()
+    return max(1, min(16, math.ceil(2 * cache / max(wbytes, 1))))
+
+
 def weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> List[list]:
     """Argument sets cycling through enough copies of the weights to exceed twice the L2 (CUDA) or
     the CPU's last-level cache: kernels are timed reading their weights from memory (``flush``
@@ -208,14 +219,8 @@ def weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> Li
     base = kernel_args(plan, inputs, out)
     if not flush or (cuda and spec is None):
         return [base]
-    if cuda:
-        cache = spec.l2_bytes
-    else:
-        from ..build import cpu_llc_bytes
-        cache = cpu_llc_bytes()
     names = [i for i, s in enumerate(plan.args) if s.name in ("W", "scale", "zeros")]
-    wbytes = sum(base[i].numel() * base[i].element_size() for i in names)
-    n = max(1, min(16, math.ceil(2 * cache / max(wbytes, 1))))
+    n = copy_count(sum(base[i].numel() * base[i].element_size() for i in names), spec, cuda)
     sets = [base]
     for _ in range(n - 1):
         s = list(base)

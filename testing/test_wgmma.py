@@ -7,6 +7,8 @@ scales and bias. The default on sm_90 targets for such plans at every row count.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -173,6 +175,10 @@ def test_codegen_nvcc_sm90a(fam, M, hint):
     paired = ["multicast::cluster", "mapa.shared::cluster", "bb_arrive_pair((", "%cluster_ctarank"]
     assert [p in src for p in paired] == [h.cluster == 2] * len(paired)
     assert src.count("bb_cluster_sync();") == (2 if h.cluster == 2 else 0)
+    # the consumers encode their two shared-memory descriptors once, outside the K loop; each wgmma
+    # adds its stage's and k step's offset (16-byte units) to them
+    assert src.count("ptx_wgmma_encode_matrix_descriptor((&(desc") == 2
+    assert re.search(r"descA_ptr\[0\] \+ \(\(uint64_t\)", src) and re.search(r"descB_ptr\[0\] \+ \(\(uint64_t\)", src)
     assert len(nvcc_compile(src, arch="sm_90a")) > 0
 
 

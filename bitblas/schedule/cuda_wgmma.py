@@ -16,7 +16,9 @@ tile with BM = 64 * consumers:
   (``setmaxnreg.dec 40``), the consumers take them (``setmaxnreg.inc 232``);
 * consumers: warpgroup w owns rows 64w..64w+63: per K step it waits on ``full``, issues
   BK*eb/32 ``wgmma.mma_async m64nBNk16`` (k32 for 8-bit inputs) straight from the swizzled
-  tiles (shared-memory descriptors, +32 bytes per k step), commits, and waits for the previous
+  tiles (shared-memory descriptors encoded once, then the stage's and k step's offset added:
+  encoding one per k step doubled the consumers' instructions and left the tensor pipe idle
+  more often, ncu on an H100), commits, and waits for the previous
   step's group (``wait_group 1``) before releasing that stage: one group of tensor-core work is
   always in flight;
 * epilogue: accumulators (BN/2 registers per thread, the m64nN fragment: lane l of warp q owns
@@ -420,6 +422,13 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add("        T.ptx['setmaxnreg.inc.sync.aligned.u32'](232)")
     add("        wg = (tx - 128) // 128")
     add("        t4 = tx % 128")
+    # the descriptors of stage 0, k step 0 (this warpgroup's A rows, the W tile), encoded once; a
+    # stage and k step add their byte offset / 16 to the start-address field (bits 0-13), which
+    # gives the encoder's own descriptor of that address (it sets base offset 0 and address >> 4)
+    # because the ring ends below 256 KB: the sum never carries out of the field
+    assert ST * STAGE_BYTES <= 1 << 18, "the ring must end below 256 KB (descriptor start-address field)"
+    add(f"        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA), Sm.ptr_to([0, wg * {64 * BK}]), 1, 64, 3)")
+    add(f"        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), Sm.ptr_to([0, {A_EL}]), 1, 64, 3)")
     add(f"        for it in T.serial({n_my}):")
     L.extend(tile_coords("            "))
     add(f"            for i in T.unroll({NACC}):")
@@ -433,15 +442,13 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     add("                    T.cuda.wgmma.noop_barrier(acc[i])")
     add("                T.ptx.wgmma.fence.sync.aligned()")
     add(f"                for kk in T.unroll({BK // kstep}):")
-    add(f"                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA), "
-        f"Sm.ptr_to([g % {ST}, wg * {64 * BK} + kk * {kstep}]), 1, 64, 3)")
-    add(f"                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), "
-        f"Sm.ptr_to([g % {ST}, {A_EL} + kk * {kstep}]), 1, 64, 3)")
+    step = f"T.uint64(g % {ST} * {STAGE_BYTES // 16} + kk * {kstep * eb // 16})"     # 16-byte units
+    dA, dB = f"descA + {step}", f"descB + {step}"
     accs = ", ".join(f"acc[{i}]" for i in range(NACC))
     if P:     # the first instruction of a promotion chunk overwrites the partial sums (scale-d = 0)
         first = "kk > 0" if P == 1 else f"kk > 0 or kt % {P} != 0"
         tail = tail.replace("T.bool(True)", f"T.bool({first})", 1)
-    add(f"                    T.ptx[{instr!r}]({accs}, descA, descB{tail})")
+    add(f"                    T.ptx[{instr!r}]({accs}, {dA}, {dB}{tail})")
     add("                T.ptx.wgmma.commit_group.sync.aligned()")
     def release(slot):
         """One consumer warp's release of ring slot ``slot`` (in both CTAs of a pair)."""

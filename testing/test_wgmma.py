@@ -178,6 +178,7 @@ def test_codegen_nvcc_sm90a(fam, M, hint):
     # the consumers encode their two shared-memory descriptors once, outside the K loop; each wgmma
     # adds its stage's and k step's offset (16-byte units) to them
     assert src.count("ptx_wgmma_encode_matrix_descriptor((&(desc") == 2
+    assert "__shfl_sync(0xffffffffu, (int)(threadIdx.x / 128) - 1, 0)" in src   # a warp-uniform warpgroup index
     assert re.search(r"descA_ptr\[0\] \+ \(\(uint64_t\)", src) and re.search(r"descB_ptr\[0\] \+ \(\(uint64_t\)", src)
     assert len(nvcc_compile(src, arch="sm_90a")) > 0
 

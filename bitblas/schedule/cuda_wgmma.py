@@ -278,6 +278,13 @@ __device__ __forceinline__ void bb_fence_barrier_init() {
 }
 
 
+_WG_INDEX = r"""
+__device__ __forceinline__ int bb_wg_index() {
+  return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128) - 1, 0);
+}
+"""
+
+
 def _cl_call(name: str, *args: str) -> str:
     """TVMScript of a call of the cluster helper ``name``."""
     return f"T.cuda.func_call({', '.join([repr(name), *args])}, source_code={_CLUSTER[name]!r})"
@@ -420,7 +427,9 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     # consumers
     add("    else:")
     add("        T.ptx['setmaxnreg.inc.sync.aligned.u32'](232)")
-    add("        wg = (tx - 128) // 128")
+    # the consumer warpgroup, broadcast from lane 0 so that the compiler knows it is warp-uniform
+    # (as CUTLASS does): the descriptors below then live in uniform registers
+    add(f"        wg = T.cuda.func_call('bb_wg_index', source_code={_WG_INDEX!r}, return_type='int32')")
     add("        t4 = tx % 128")
     # the descriptors of stage 0, k step 0 (this warpgroup's A rows, the W tile), encoded once; a
     # stage and k step add their byte offset / 16 to the start-address field (bits 0-13), which

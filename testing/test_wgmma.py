@@ -179,6 +179,10 @@ def test_codegen_nvcc_sm90a(fam, M, hint):
     # adds its stage's and k step's offset (16-byte units) to them
     assert src.count("ptx_wgmma_encode_matrix_descriptor((&(desc") == 2
     assert "__shfl_sync(0xffffffffu, (int)(threadIdx.x / 128) - 1, 0)" in src   # a warp-uniform warpgroup index
+    # 16-bit outputs with N a multiple of 8 store 16 bytes per lane after a transpose in the quad
+    # (and 4-byte pairs for a row's last partial 32 columns; N = 1000 has one)
+    quad = plan.config.out_dtype in ("float16", "bfloat16")
+    assert ("bb_st4q((&(output" in src) == quad and ("bb_st2((&(output" in src) == quad
     assert re.search(r"descA_ptr\[0\] \+ \(\(uint64_t\)", src) and re.search(r"descB_ptr\[0\] \+ \(\(uint64_t\)", src)
     assert len(nvcc_compile(src, arch="sm_90a")) > 0
 

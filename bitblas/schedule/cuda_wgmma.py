@@ -22,9 +22,12 @@ tile with BM = 64 * consumers:
   step's group (``wait_group 1``) before releasing that stage: one group of tensor-core work is
   always in flight;
 * epilogue: accumulators (BN/2 registers per thread, the m64nN fragment: lane l of warp q owns
-  rows 16q + l/4 (+8), columns 8j + 2(l%4) (+1)) -> scales, bias, cast -> global, column pairs
-  stored as one 32-bit word for 16-bit outputs; rows >= M and columns >= N are predicated off
-  (TMA fills out-of-range tiles with zeros, so any M, N, and K with 16-byte rows work);
+  rows 16q + l/4 (+8), columns 8j + 2(l%4) (+1)) -> scales, bias, cast -> global. 16-bit
+  outputs with N a multiple of 8: a lane quad transposes its four 8-column blocks of a row
+  (shuffles) and each lane stores one block as 16 bytes; otherwise (and for a row's last,
+  partial 32 columns) column pairs go out as one 32-bit word. Rows >= M and columns >= N are
+  predicated off (TMA fills out-of-range tiles with zeros, so any M, N, and K with 16-byte rows
+  work);
 * ``persistent``: a grid of min(tiles, SMs) CTAs walks the tiles (grouped raster: ``group_m``
   row tiles per band) and the ring runs on across tiles, so the producer fetches the next tile
   while the consumers store the last; otherwise one CTA per tile in the same order;
@@ -36,13 +39,14 @@ tile with BM = 64 * consumers:
   A consumer's release is a default (``.release.cta``) arrive: a ``.release.cluster`` arrive there,
   every K step, doubled the kernel's time on an H100.
 
-What bounds it against cuBLAS (ncu on an H100, float16 4096 x 8192 x 8192): cuBLAS runs the same
-128 x 256 tile with 4 stages (``nvjet_sm90_hsh_128x256_64x4_2x1``) in CTA pairs with multicast.
-The pairs here cut the L2 -> SM bytes by a fifth and the L2 throughput from about three quarters
-to about half, but the tensor pipe stays active about 89% of the cycles either way and the time
-does not move (within the run-to-run spread), so L2 traffic is not what holds it back there (not
-yet checked on the H200); the stalls that grow with the pairs are the warps' waits at the ring
-barriers. The tuner measures both.
+Against cuBLAS (ncu on an H100, float16 4096 x 8192 x 8192; not yet checked on the H200): cuBLAS
+runs the same 128 x 256 tile with 4 stages (``nvjet_sm90_hsh_128x256_64x4_2x1``) in CTA pairs
+with multicast. What held this kernel's tensor pipe below cuBLAS's (about 89% of the active
+cycles against about 98%) was the consumers' instructions: two descriptors encoded per k step
+(now once, then offsets in uniform registers) and, above all, the epilogue's 4-byte stores,
+during which the tensor pipe idles (now 16-byte stores after a transpose in the lane quad); with
+both it is active as often as cuBLAS's and takes the same time. L2 traffic was not the bound:
+the pairs cut the L2 -> SM bytes by a fifth without changing the time. The tuner measures both.
 """
 from __future__ import annotations
 
@@ -290,14 +294,50 @@ def _cl_call(name: str, *args: str) -> str:
     return f"T.cuda.func_call({', '.join([repr(name), *args])}, source_code={_CLUSTER[name]!r})"
 
 
-def _st2_source(out_dtype: str) -> str:
+_ST4Q = r"""
+__device__ __forceinline__ void bb_xswap(unsigned& a, unsigned& b, bool c) {
+  unsigned t = c ? b : a; b = c ? a : b; a = t;
+}
+// The 16-byte store of a lane quad's four 8-column blocks of one row: lane q (= lane % 4) holds
+// word q (columns 2q, 2q + 1) of blocks 0..3 (w0..w3); after a transpose in the quad (three
+// shuffles; the per-lane order by XOR with q is two conditional swaps, so no register is indexed
+// at run time) it holds words 0..3 of block q and stores them at p, block q's first column, if ok.
+// Every lane of the warp calls it (the shuffles); ok only predicates the store.
+__device__ __forceinline__ void bb_st4q(void* p, float a0, float b0, float a1, float b1, float a2, float b2,
+                                        float a3, float b3, int ok) {
+  unsigned v0 = bb_q_pack2(a0, b0), v1 = bb_q_pack2(a1, b1), v2 = bb_q_pack2(a2, b2), v3 = bb_q_pack2(a3, b3);
+  const unsigned q = threadIdx.x & 3;
+  // v[i] <- w[i ^ q]
+  bb_xswap(v0, v1, q & 1); bb_xswap(v2, v3, q & 1);
+  bb_xswap(v0, v2, q & 2); bb_xswap(v1, v3, q & 2);
+  // round k: read lane q ^ k, which sends its w[(q ^ k) ^ k] = w[q] (its v[k]): word q ^ k of block q
+  unsigned o1 = __shfl_xor_sync(0xffffffffu, v1, 1);
+  unsigned o2 = __shfl_xor_sync(0xffffffffu, v2, 2);
+  unsigned o3 = __shfl_xor_sync(0xffffffffu, v3, 3);
+  unsigned o0 = v0;
+  // o[k] holds word q ^ k: put word i at i
+  bb_xswap(o0, o1, q & 1); bb_xswap(o2, o3, q & 1);
+  bb_xswap(o0, o2, q & 2); bb_xswap(o1, o3, q & 2);
+  if (ok) *reinterpret_cast<uint4*>(p) = make_uint4(o0, o1, o2, o3);
+}
+"""
+
+
+def _pack_source(out_dtype: str, name: str) -> str:
+    """``unsigned name(float a, float b)``: a and b rounded to ``out_dtype`` (16-bit), a in the low half."""
     if out_dtype == "float16":
-        pack = ("__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
+        return (f"__device__ __forceinline__ unsigned {name}(float a, float b) {{\n"
                 "  __half2 h = __floats2half2_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
-    else:
-        pack = ("__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
-                "  __nv_bfloat162 h = __floats2bfloat162_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
-    return pack + _ST2
+    return (f"__device__ __forceinline__ unsigned {name}(float a, float b) {{\n"
+            "  __nv_bfloat162 h = __floats2bfloat162_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
+
+
+def _st2_source(out_dtype: str) -> str:
+    return _pack_source(out_dtype, "bb_pack2") + _ST2
+
+
+def _st4q_source(out_dtype: str) -> str:
+    return _pack_source(out_dtype, "bb_q_pack2") + _ST4Q
 
 
 def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
@@ -513,32 +553,51 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         add(f"                    if kt % {P} != 0 and t4 % 32 == 0:")
         add(f"                        {release_prev}")
     # epilogue
-    add(f"            for j in T.unroll({BN // 8}):")
-    add("                for h in T.unroll(2):")
-    add(f"                    r = mt * {BM} + wg * 64 + t4 // 32 * 16 + t4 % 32 // 4 + h * 8")
-    add(f"                    cc = nt * {BN} + j * 8 + t4 % 4 * 2")
-    add(f"                    if r < {m}:")
-
-    def value(e):
-        v = f"{'tot' if P else 'acc'}[j * 4 + h * 2 + {e}]"
+    def value(e, j="j", cc="cc"):
+        v = f"{'tot' if P else 'acc'}[{j} * 4 + h * 2 + {e}]"
         vt = "float32"
         if acc_t == "uint32" and not P:
             v, vt = f"T.reinterpret('int32', {v})", "int32"
-        return scaled_sum(plan, v, vt, "r", f"cc + {e}")
+        v, vt = scaled_sum(plan, v, vt, "r", f"{cc} + {e}")
+        return (f"T.Cast('float32', {v})", "float32") if pair_store and vt != "float32" else (v, vt)
 
+    row = f"mt * {BM} + wg * 64 + t4 // 32 * 16 + t4 % 32 // 4 + h * 8"
+    # 16-bit outputs whose rows are whole 16-byte words: a lane quad's four 8-column blocks of a row
+    # go out as one 16-byte store per lane after a transpose in the quad (bb_st4q) where all 32
+    # columns are in range (uniform over the warp; else the 4-byte pairs below). The tensor pipe
+    # idles while both warpgroups store, and the stores of 4-byte pairs were the epilogue's bound
+    # (ncu on an H100: LSU-queue stalls, most of the tensor pipe's idle cycles)
+    quad = pair_store and N % 8 == 0 and BN % 32 == 0
+    add(f"            for j{'q' if quad else ''} in T.unroll({BN // 32 if quad else BN // 8}):")
+    add("                for h in T.unroll(2):")
+    add(f"                    r = {row}")
+    ind = "                    "
+    if quad:
+        add(f"                    c0 = nt * {BN} + jq * 32")
+        add(f"                    if c0 + 32 <= {N}:")
+        vals = []
+        for k in range(4):
+            for e in range(2):
+                vals.append(value(e, f"(jq * 4 + {k})", f"(c0 + {8 * k} + t4 % 4 * 2)")[0])
+        add(f"                        T.cuda.func_call('bb_st4q', output.ptr_to([T.min(r, {m} - 1), c0 + t4 % 4 * 8]), "
+            f"{', '.join(vals)}, T.Cast('int32', r < {m}), source_code={_st4q_source(out)!r})")
+        add("                    else:")
+        add("                        for k in T.unroll(4):")
+        add("                            j = jq * 4 + k")
+        ind = "                            "
+    add(f"{ind}cc = nt * {BN} + j * 8 + t4 % 4 * 2")
+    add(f"{ind}if r < {m}:")
     if pair_store:
-        v0, vt = value(0)
+        v0, _ = value(0)
         v1, _ = value(1)
-        if vt != "float32":
-            v0, v1 = f"T.Cast('float32', {v0})", f"T.Cast('float32', {v1})"
-        add(f"                        if cc < {N}:")
-        add(f"                            T.cuda.func_call('bb_st2', output.ptr_to([r, cc]), {v0}, {v1}, "
+        add(f"{ind}    if cc < {N}:")
+        add(f"{ind}        T.cuda.func_call('bb_st2', output.ptr_to([r, cc]), {v0}, {v1}, "
             f"source_code={_st2_source(out)!r})")
     else:
         for e in range(2):
             v, _ = value(e)
-            add(f"                        if cc + {e} < {N}:")
-            add(f"                            output[r, cc + {e}] = T.Cast({out!r}, {v})")
+            add(f"{ind}    if cc + {e} < {N}:")
+            add(f"{ind}        output[r, cc + {e}] = T.Cast({out!r}, {v})")
     if CL > 1:
         add(f"    {_cl_call('bb_cluster_sync')}")     # the peer may still arrive on this CTA's barriers
     return "\n".join(L) + "\n"

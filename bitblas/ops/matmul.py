@@ -229,7 +229,7 @@ class Matmul(BitBLASOperatorAPI):
                     rejected = tuple(i for i, a in enumerate(accepted) if not a)
                     # every tensor goes to the kernel as given (no row view, no int8 bits view) and the
                     # kernel checks its arguments before it launches: then the call leaves those checks
-                    # to it (see _fast_call); a mutable cell, emptied when the kernel refuses a call
+                    # to it (see _direct_calls); a mutable cell, emptied when the kernel refuses a call
                     direct = None
                     if (_checks_args(fn) and out[2] is None and out[3] is not None
                             and all(s[3] is None and not s[4] for s in specs)):
@@ -699,9 +699,7 @@ def _checks_args(fn) -> bool:
 
 # the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
-
-
-_NAMES = _CALL_SLOTS + ("output",)
+_NAMES = _CALL_SLOTS + ("output",)       # _fast_call's vals, by name
 
 
 def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.Tensor, cuda: bool,
@@ -755,6 +753,7 @@ def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.T
            + "".join(f"    {line}\n" for line in body))
     exec(compile(src, f"<bitblas direct call {'/'.join(pos)}>", "exec"), ns)   # noqa: S102 - generated above
     return ns["_kw"], ns["_pos"]
+
 
 def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
     """Run ``entry`` (Matmul._call_entry) if every tensor is exactly what the kernel takes; None to

@@ -553,12 +553,12 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
         add(f"                    if kt % {P} != 0 and t4 % 32 == 0:")
         add(f"                        {release_prev}")
     # epilogue
-    def value(e, j="j", cc="cc"):
+    def value(e, j="j", cc="cc", r="r"):
         v = f"{'tot' if P else 'acc'}[{j} * 4 + h * 2 + {e}]"
         vt = "float32"
         if acc_t == "uint32" and not P:
             v, vt = f"T.reinterpret('int32', {v})", "int32"
-        v, vt = scaled_sum(plan, v, vt, "r", f"{cc} + {e}")
+        v, vt = scaled_sum(plan, v, vt, r, f"{cc} + {e}")
         return (f"T.Cast('float32', {v})", "float32") if pair_store and vt != "float32" else (v, vt)
 
     row = f"mt * {BM} + wg * 64 + t4 // 32 * 16 + t4 % 32 // 4 + h * 8"
@@ -575,11 +575,14 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     if quad:
         add(f"                    c0 = nt * {BN} + jq * 32")
         add(f"                    if c0 + 32 <= {N}:")
+        # every lane takes part in the shuffles: rows past the call's are computed from the last
+        # row's activation scale and not stored
+        add(f"                        rs = T.min(r, {m} - 1)")
         vals = []
         for k in range(4):
             for e in range(2):
-                vals.append(value(e, f"(jq * 4 + {k})", f"(c0 + {8 * k} + t4 % 4 * 2)")[0])
-        add(f"                        T.cuda.func_call('bb_st4q', output.ptr_to([T.min(r, {m} - 1), c0 + t4 % 4 * 8]), "
+                vals.append(value(e, f"(jq * 4 + {k})", f"(c0 + {8 * k} + t4 % 4 * 2)", "rs")[0])
+        add(f"                        T.cuda.func_call('bb_st4q', output.ptr_to([rs, c0 + t4 % 4 * 8]), "
             f"{', '.join(vals)}, T.Cast('int32', r < {m}), source_code={_st4q_source(out)!r})")
         add("                    else:")
         add("                        for k in T.unroll(4):")

@@ -348,3 +348,68 @@ def test_gpu_misaligned_views(fam):
     op(**{**inputs, "A": A, "W": W}, output=out)
     torch.cuda.synchronize()
     assert relative_error(out.cpu(), reference_matmul(cfg, **inputs)) <= tolerance(cfg)
+
+
+# -- the epilogue's quad-transposed store, on the host (CPU) -------------------------------------------
+_LANES_HARNESS = r"""
+#include <barrier>
+#include <cstdio>
+#include <thread>
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct Dim { unsigned x; };
+static thread_local Dim threadIdx;
+static std::barrier<> sync_point(32);
+static unsigned exchange[32];
+// a warp's __shfl_xor_sync: every lane publishes its value, then reads its partner's
+static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+  exchange[threadIdx.x] = v;
+  sync_point.arrive_and_wait();
+  unsigned r = exchange[threadIdx.x ^ mask];
+  sync_point.arrive_and_wait();
+  return r;
+}
+// a stand-in pack that keeps which value went where: the integer parts of a and b, low half first
+static unsigned bb_q_pack2(float a, float b) { return (unsigned)(int)a | ((unsigned)(int)b << 16); }
+#define __device__
+#define __forceinline__ inline
+HELPER
+int main() {
+  static unsigned out[8][32];            // 8 rows (lane / 4) x 32 columns as 16 words of 2 columns
+  for (auto& r : out) for (auto& w : r) w = 0xDEADBEEFu;
+  std::thread lanes[32];
+  for (unsigned l = 0; l < 32; ++l)
+    lanes[l] = std::thread([l] {
+      threadIdx.x = l;
+      unsigned row = l / 4, q = l % 4;
+      float v[8];                        // word q of blocks 0..3: columns 8j + 2q, 8j + 2q + 1
+      for (int j = 0; j < 4; ++j) { v[2 * j] = row * 32 + 8 * j + 2 * q; v[2 * j + 1] = v[2 * j] + 1; }
+      bb_st4q(&out[row][(8 * q) / 2], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], row != 5);
+    });
+  for (auto& t : lanes) t.join();
+  for (auto& r : out) for (int c = 0; c < 16; ++c) printf("%u%c", r[c], c == 15 ? '\n' : ' ');
+}
+"""
+
+
+def test_quad_store_transposes_on_the_host(tmp_path):
+    """bb_st4q's source, compiled for the host with a warp of 32 threads emulating __shfl_xor_sync:
+    each lane ends with the 16 bytes of its quad's block (lane q: columns 8q..8q+7 of its row, in
+    order) and a lane whose ``ok`` is 0 stores nothing."""
+    import shutil
+    import subprocess
+    from bitblas.schedule.cuda_wgmma import _ST4Q
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs a host C++ compiler (g++)")
+    (tmp_path / "quad.cpp").write_text(_LANES_HARNESS.replace("HELPER", _ST4Q))
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "quad"), str(tmp_path / "quad.cpp")],
+                   check=True, capture_output=True)
+    rows = subprocess.run([str(tmp_path / "quad")], check=True, capture_output=True, text=True).stdout.split("\n")
+    for row in range(8):
+        words = [int(w) for w in rows[row].split()]
+        if row == 5:
+            assert words == [0xDEADBEEF] * 16          # ok = 0: nothing stored
+            continue
+        want = [(row * 32 + 2 * c) | ((row * 32 + 2 * c + 1) << 16) for c in range(16)]
+        assert words == want, (row, words, want)

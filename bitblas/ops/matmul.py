@@ -593,7 +593,7 @@ class Matmul(BitBLASOperatorAPI):
         from ..hardware import query_device
         from ..reference import random_inputs
         from ..tune.measure import time_kernel
-        from ..tune.tuner import copy_count, weight_copies
+        from ..tune.tuner import cycled_copies, weight_copies
         c = self._kc
         if m is None:
             m = c.M if isinstance(c.M, int) else (max(c.M) if c.M else 1)
@@ -615,11 +615,7 @@ class Matmul(BitBLASOperatorAPI):
             self(**inputs, output=out)
         # apply's positional order: A, W, scale, zeros, bias, a_scale, global_scale, output
         base = [inputs.get(k) for k in ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale")] + [out]
-        copied = [i for i in (1, 2, 3) if base[i] is not None]
-        n = 1
-        if flush_l2 and (spec is not None or not cuda):
-            n = copy_count(sum(base[i].numel() * base[i].element_size() for i in copied), spec, cuda)
-        sets = [base] + [[t.clone() if i in copied else t for i, t in enumerate(base)] for _ in range(n - 1)]
+        sets = cycled_copies(base, {i for i in (1, 2, 3) if base[i] is not None}, spec, cuda, flush_l2)
         return time_kernel(self.apply, sets, cuda, samples=max(1, repeats))
 
     def hardware_aware_finetune(self, topk: int = 20, parallel_build: bool = True, kind: Optional[str] = None,

@@ -201,33 +201,28 @@ def kernel_args(plan, inputs: Dict[str, torch.Tensor], out: torch.Tensor) -> lis
     return args
 
 
-def copy_count(wbytes: int, spec, cuda: bool) -> int:
-    """How many copies of ``wbytes`` bytes of weights exceed twice the L2 of ``spec`` (CUDA) or the
-    CPU's last-level cache (at most 16)."""
+def cycled_copies(base: list, weights, spec, cuda: bool, flush: bool = True) -> List[list]:
+    """Argument sets ``base`` with its tensors at positions ``weights`` (weights, scales, zeros)
+    cloned often enough to exceed twice the L2 of ``spec`` (CUDA) or the CPU's last-level cache (at
+    most 16 sets): cycled through, they make a timed kernel read its weights from memory (``flush``
+    False, or no ``spec`` on CUDA: one set)."""
+    if not flush or (cuda and spec is None):
+        return [base]
     if cuda:
         cache = spec.l2_bytes
     else:
         from ..build import cpu_llc_bytes
         cache = cpu_llc_bytes()
-    return max(1, min(16, math.ceil(2 * cache / max(wbytes, 1))))
+    wbytes = sum(base[i].numel() * base[i].element_size() for i in weights)
+    n = max(1, min(16, math.ceil(2 * cache / max(wbytes, 1))))
+    return [base] + [[t.clone() if i in weights else t for i, t in enumerate(base)] for _ in range(n - 1)]
 
 
 def weight_copies(plan, inputs, out, spec, cuda: bool, flush: bool = True) -> List[list]:
-    """Argument sets cycling through enough copies of the weights to exceed twice the L2 (CUDA) or
-    the CPU's last-level cache: kernels are timed reading their weights from memory (``flush``
-    False: one set)."""
-    base = kernel_args(plan, inputs, out)
-    if not flush or (cuda and spec is None):
-        return [base]
-    names = [i for i, s in enumerate(plan.args) if s.name in ("W", "scale", "zeros")]
-    n = copy_count(sum(base[i].numel() * base[i].element_size() for i in names), spec, cuda)
-    sets = [base]
-    for _ in range(n - 1):
-        s = list(base)
-        for i in names:
-            s[i] = base[i].clone()
-        sets.append(s)
-    return sets
+    """The kernel's argument sets (:func:`kernel_args`) cycling through copies of the weights
+    (:func:`cycled_copies`)."""
+    return cycled_copies(kernel_args(plan, inputs, out),
+                         {i for i, s in enumerate(plan.args) if s.name in ("W", "scale", "zeros")}, spec, cuda, flush)
 
 
 # -- one bucket ------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ tile with BM = 64 * consumers:
   (``setmaxnreg.dec 40``), the consumers take them (``setmaxnreg.inc 232``);
 * consumers: warpgroup w owns rows 64w..64w+63: per K step it waits on ``full``, issues
   BK*eb/32 ``wgmma.mma_async m64nBNk16`` (k32 for 8-bit inputs) straight from the swizzled
-  tiles (shared-memory descriptors encoded once, then the stage's and k step's offset added:
-  encoding one per k step doubled the consumers' instructions and left the tensor pipe idle
-  more often, ncu on an H100), commits, and waits for the previous
+  tiles (shared-memory descriptors encoded once, in uniform registers; each wgmma adds its
+  stage's and k step's offset), commits, and waits for the previous
   step's group (``wait_group 1``) before releasing that stage: one group of tensor-core work is
   always in flight;
 * epilogue: accumulators (BN/2 registers per thread, the m64nN fragment: lane l of warp q owns
@@ -41,12 +40,11 @@ tile with BM = 64 * consumers:
 
 Against cuBLAS (ncu on an H100, float16 4096 x 8192 x 8192; not yet checked on the H200): cuBLAS
 runs the same 128 x 256 tile with 4 stages (``nvjet_sm90_hsh_128x256_64x4_2x1``) in CTA pairs
-with multicast. What held this kernel's tensor pipe below cuBLAS's (about 89% of the active
-cycles against about 98%) was the consumers' instructions: two descriptors encoded per k step
-(now once, then offsets in uniform registers) and, above all, the epilogue's 4-byte stores,
-during which the tensor pipe idles (now 16-byte stores after a transpose in the lane quad); with
-both it is active as often as cuBLAS's and takes the same time. L2 traffic was not the bound:
-the pairs cut the L2 -> SM bytes by a fifth without changing the time. The tuner measures both.
+with multicast, and this kernel keeps the tensor pipe as busy (about 97% of the active cycles)
+in the same time. What that takes: few consumer instructions per k step (descriptors encoded per
+k step kept it near 89%) and an epilogue that does not queue on the LSU (4-byte stores did; the
+tensor pipe idles while both warpgroups store). L2 traffic is not the bound: the pairs cut the
+L2 -> SM bytes by a fifth without changing the time. The tuner measures both.
 """
 from __future__ import annotations
 
@@ -564,9 +562,8 @@ def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:
     row = f"mt * {BM} + wg * 64 + t4 // 32 * 16 + t4 % 32 // 4 + h * 8"
     # 16-bit outputs whose rows are whole 16-byte words: a lane quad's four 8-column blocks of a row
     # go out as one 16-byte store per lane after a transpose in the quad (bb_st4q) where all 32
-    # columns are in range (uniform over the warp; else the 4-byte pairs below). The tensor pipe
-    # idles while both warpgroups store, and the stores of 4-byte pairs were the epilogue's bound
-    # (ncu on an H100: LSU-queue stalls, most of the tensor pipe's idle cycles)
+    # columns are in range (uniform over the warp; else the 4-byte pairs below): the tensor pipe
+    # idles while both warpgroups store, and 4-byte stores stall on the LSU queue (module docstring)
     quad = pair_store and N % 8 == 0 and BN % 32 == 0
     add(f"            for j{'q' if quad else ''} in T.unroll({BN // 32 if quad else BN // 8}):")
     add("                for h in T.unroll(2):")

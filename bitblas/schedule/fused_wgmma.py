@@ -79,6 +79,18 @@ expected to put twice the bytes in flight (30.1 / 28.2 / 24.1 against 31.8 / 27.
 W2A-fp8 slower): neither the loads in flight per lane nor the warps per SM is the limit, which is
 not found yet (4 warpgroups are not allowed: no gain).
 
+Two changes that measured slower or no faster (H100, 8192^2, W4A16 g128 / W4A8 g128 / nvfp4 at 128,
+256 and 1024 rows, beside the defaults in one run):
+CTA pairs on adjacent channel blocks, each CTA loading half of every activation box and multicasting
+it into both rings (expected: half the L2 -> SM activation bytes, which are ~8x the weight bytes at
+128 rows): correct, but 1.12-1.58x slower (W4A16 128 rows 48.0 against 38.3 us, W4A8 256 rows
+74.9 against 47.5); not profiled, the likely cause: the refilling thread is a consumer lane that
+now waits every slab for the other CTA's release, so both CTAs' warpgroups run in lockstep (a pair
+would need a producer warp of its own). The epilogue's 2-byte stores replaced by ``stmatrix
+.trans`` + 16-byte stores (the dense GEMM's gain): -1.2..+1.4% with the scratch in the ring (-1..-3%
+with 4 KB of shared memory more, which crossed an L1 carve-out step): the stores are not what
+bounds this kernel.
+
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
 in natural K order would remove the permute kernel); no persistent tile loop, split-K or

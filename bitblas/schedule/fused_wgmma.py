@@ -45,9 +45,14 @@ side by side. The tuner searches the rest (:func:`fused_space`). Above that, dec
 
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
 warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128
-wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the L2 reads of the
-activations (every channel block reads every row tile) and the permute pass. Measured times:
-docs/performance.md.
+wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the permute pass. ncu on
+an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows (44.96 us) latency,
+not a unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
+busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its weight
+bytes, yet L2 is not the limit); at 1024 rows (221.15 us) SM throughput 85%, L2 55%, DRAM 9%, issue
+18% busy with 0.22 eligible warps per scheduler. So more of each warp's latency must be hidden (loads
+of the weights by a producer of their own, not by the lanes that decode them), not more bandwidth
+found. Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
 .s32.{s8,u8}.s8``, the A fragment the int8 mma GEMV's byte decoder (gemv/mma_int8.py: signed codes

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import bitblas
-from bitblas.quantization import dequantize_activation, interleave_weight, quantize_activation
+from bitblas.quantization import dequantize_activation, quantize_activation
 from bitblas.quantization.utils import reorder_codes
 from bitblas.reference import tolerance
 from nn_helpers import rel_err

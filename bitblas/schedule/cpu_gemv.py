@@ -227,7 +227,7 @@ def _kernel_script(plan, hint: CPUGemvHint, L: int, permute: bool):
     if zeros:
         add(f"    for i, g in T.grid(m, {NG}):")
         add(f"        for l in T.vectorized({L}):")
-        add(f"            As[i, g, l] = T.float32(0)")
+        add("            As[i, g, l] = T.float32(0)")
         add(f"        for s, c in T.grid({S}, {cpb}):")
         add(f"            for l in T.vectorized({L}):")
         add(f"                As[i, g, l] = As[i, g, l] + Ap[i, g * {G} + s * {CH} + c * {L} + l]")

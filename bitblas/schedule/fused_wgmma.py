@@ -46,10 +46,10 @@ side by side. The tuner searches the rest (:func:`fused_space`). Above that, dec
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
 warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128
 wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the permute pass. ncu on
-an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows (44.96 us) latency,
+an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows latency,
 not a unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
 busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its weight
-bytes, yet L2 is not the limit); at 1024 rows (221.15 us) SM throughput 85%, L2 55%, DRAM 9%, issue
+bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
 18% busy with 0.22 eligible warps per scheduler. So more of each warp's latency must be hidden (loads
 of the weights by a producer of their own, not by the lanes that decode them), not more bandwidth
 found. Measured times: docs/performance.md.
@@ -79,17 +79,17 @@ W4A-fp8 g128 8192^2): at 256 rows the int8 path's issue and latency (18.0 M inst
 int8's 17.0 M, ~2 warps per scheduler, 46% issue-active); at one row the weight loads (long
 scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak). Two changes missed there (H100,
 W4A-fp8 g128 at 1 / 16 / 64 rows, 64-row split-K tiles): 8 weight slots per lane instead of 4,
-expected to put twice the bytes in flight (30.1 / 28.2 / 24.1 against 31.8 / 27.8 / 25.9 us), and
-4 warpgroups splitting K with 2 slots, expected to hide twice the latency (32.4 / 30.3 / 23.3 us;
-W2A-fp8 slower): neither the loads in flight per lane nor the warps per SM is the limit, which is
+expected to put twice the bytes in flight (5% and 7% faster at 1 and 64 rows, 1% slower at 16), and
+4 warpgroups splitting K with 2 slots, expected to hide twice the latency (9% slower at 16 rows,
+10% faster at 64; W2A-fp8 slower): neither the loads in flight per lane nor the warps per SM is the limit, which is
 not found yet (4 warpgroups are not allowed: no gain).
 
 Two changes that measured slower or no faster (H100, 8192^2, W4A16 g128 / W4A8 g128 / nvfp4 at 128,
 256 and 1024 rows, beside the defaults in one run):
 CTA pairs on adjacent channel blocks, each CTA loading half of every activation box and multicasting
 it into both rings (expected: half the L2 -> SM activation bytes, which are ~8x the weight bytes at
-128 rows): correct, but 1.12-1.58x slower (W4A16 128 rows 48.0 against 38.3 us, W4A8 256 rows
-74.9 against 47.5); not profiled, the likely cause: the refilling thread is a consumer lane that
+128 rows): correct, but 1.12-1.58x the time (W4A16 at 128 rows 1.25x, W4A8 at 256 rows 1.58x);
+not profiled, the likely cause: the refilling thread is a consumer lane that
 now waits every slab for the other CTA's release, so both CTAs' warpgroups run in lockstep (a pair
 would need a producer warp of its own). The epilogue's 2-byte stores replaced by ``stmatrix
 .trans`` + 16-byte stores (the dense GEMM's gain): -1.2..+1.4% with the scratch in the ring (-1..-3%
@@ -312,9 +312,9 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     Few tiles (up to 128 rows, or where 256-row tiles of 128 channels would make at most 64
     blocks): two warpgroups splitting K over 64 channels, in 128-row tiles, or for 4-bit codes in
     256-row tiles past 128 rows where these run in fewer waves (each weight decoded once per 256
-    rows; H100, 8192^2 at 256 rows: W4A16 63.8 us against 68.5 for two waves of 128-row tiles in
-    one tuner run; nf4 70.2 us against 80.8 in the benchmark. uint2 was slower with them, 89.7
-    against 76.5 us, and 8-bit codes are not measured: both keep 128-row tiles); else 256-row
+    rows; H100, 8192^2 at 256 rows: W4A16 in 0.93x and nf4 in 0.87x the time of two waves of
+    128-row tiles; uint2 took 1.17x with them, and 8-bit codes are not measured: both keep 128-row
+    tiles); else 256-row
     tiles with two warpgroups side by side."""
     N = plan.config.N
     if _byte_acts(plan):
@@ -349,19 +349,17 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     to 64 rows: split-K 64-row tiles (from one row, for a tuned bucket; the untuned operator runs
     1..16 rows on the m16n8k32 GEMV). Past that float8 takes the int8 rules
     with its two sets of sums (W4A-fp8 g128 at 128 and 256 rows: the default was the tuner's best
-    or within 3%). int8 with group scales (W4A8 g128: 31, 46
-    and 185 us at 128, 256 and 1024 rows against 72, 84 and 208) split-K 128-row tiles up to 128
-    rows (two warpgroups over 64 channels, 4 weight slots, a ring of 4 boxes each), else 128-row
-    tiles of one warpgroup; per-channel (W4A8 / W2A8: 34 / 28 us at 128 rows against 73, 49 / 44 at
-    256 against 75, 131 / 122 at 1024 against 148 / 149) the same split-K tile up to 128 rows,
-    128-row tiles of two warpgroups side by side up to 256, 256-row ones above (at 4096 rows
-    decode-then-GEMM's dense int8 GEMM won for 4-bit codes, 512 us against the best fused tile's
-    522, and lost for 2-bit ones, 523 against 482: left to the tuner)."""
+    or within 3%). int8 with group scales (W4A8 g128: 2.3x, 1.8x and 1.1x as fast at 128, 256 and
+    1024 rows) split-K 128-row tiles up to 128 rows (two warpgroups over 64 channels, 4 weight
+    slots, a ring of 4 boxes each), else 128-row tiles of one warpgroup; per-channel (W4A8 / W2A8:
+    2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the same split-K
+    tile up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
+    above (at 4096 rows decode-then-GEMM's dense int8 GEMM was 2% faster than the best fused tile
+    for 4-bit codes and 8% slower for 2-bit ones: left to the tuner)."""
     if rows > BYTE_ACTS_DEFAULT_MAX_ROWS:
         return None
     if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
-                                     # 64 rows: 31.7 / 27.5 / 25.5 us against 45.6 / 44.4 / 38.0 for
-                                     # the 128-row tile
+                                     # 64 rows: 1.4-1.6x as fast as the 128-row tile
         hint = FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
     elif rows <= 128:
         hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)

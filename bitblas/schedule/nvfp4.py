@@ -78,10 +78,9 @@ class NVFP4GemvHint:
         """By the length of a row, as benchmark/nvfp4.py's sweep measured on the H200 (two runs,
         the issue's three shapes; 16 rows per block in each): K <= 4096 (a row of codes is at most
         two warp passes) 4 rows per warp in 4-warp blocks, the per-warp activation reads and
-        reductions spread over 4 rows ((7168, 2048, 4): 11.1 -> 10.0 µs); K <= 8192 2 rows per
-        warp in 8-warp blocks with 3 steps in flight ((4096, 7168, 8): 34.4 / 33.7 -> 32.8 / 32.1
-        µs); longer rows the same with 2 steps in flight ((7168, 16384, 1): 18.7 µs, 20.4 / 20.6
-        with 3). PDL on sm_90+."""
+        reductions spread over 4 rows ((7168, 2048, 4): 10% less time); K <= 8192 2 rows per
+        warp in 8-warp blocks with 3 steps in flight ((4096, 7168, 8): 5% less); longer rows the
+        same with 2 steps in flight ((7168, 16384, 1): 3 took 9% more). PDL on sm_90+."""
         pdl = arch_of(target).pdl
         K = plan.config.K
         if K <= 4096:

@@ -92,9 +92,9 @@ it into both rings (expected: half the L2 -> SM activation bytes, which are ~8x 
 not profiled, the likely cause: the refilling thread is a consumer lane that
 now waits every slab for the other CTA's release, so both CTAs' warpgroups run in lockstep (a pair
 would need a producer warp of its own). The epilogue's 2-byte stores replaced by ``stmatrix
-.trans`` + 16-byte stores (the dense GEMM's gain): -1.2..+1.4% with the scratch in the ring (-1..-3%
-with 4 KB of shared memory more, which crossed an L1 carve-out step): the stores are not what
-bounds this kernel.
+.trans`` + 16-byte stores (the dense GEMM's gain): from 1.2% slower to 3.6% faster over the nine
+cases with the scratch in the ring, no consistent gain (1-3% slower with the scratch as 4 KB of
+shared memory more, likely past an L1 carve-out step): the stores are not what bounds this kernel.
 
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land

@@ -2,13 +2,13 @@
 
 Each seed draws a config with test_fuzz's ``draw_config`` (every activation and weight format, scales,
 groups, zero modes, bias, N and K off any tile, static or dynamic M) and its row counts (one from each
-class the dispatch knows). For sm_80 and sm_90 the selector (:func:`bitblas.kernels.select.select`)
-picks the kernel of each row count as ``Matmul`` does; the kernel's TVM module is lowered and
-compiled for CUDA (decode-then-GEMM: the dequantize kernel and the dense GEMM), and with nvcc found
-each distinct source is compiled to a cubin (sm_90a / sm_80) within the 60 s a kernel may take
-(without nvcc the TVM half still runs). A valid config must get a kernel on every arch: any
-exception, a refusal included, fails the test (the operator would otherwise fall back, with a
-warning, to the last-resort kernel, or raise).
+class the dispatch knows). For sm_80, sm_89 (float8 tensor cores) and sm_90 the selector
+(:func:`bitblas.kernels.select.select`) picks the kernel of each row count as ``Matmul`` does; the
+kernel's TVM module is lowered and compiled for CUDA (decode-then-GEMM: the dequantize kernel and
+the dense GEMM), and with nvcc found each distinct source is compiled to a cubin (sm_80 / sm_89 /
+sm_90a) within the 60 s a kernel may take (without nvcc the TVM half still runs). A valid config
+must get a kernel on every arch: any exception, a refusal included, fails the test (the operator
+would otherwise fall back, with a warning, to the last-resort kernel, or raise).
 
     python -m pytest testing/test_codegen_fuzz.py
 """
@@ -27,8 +27,8 @@ from kernel_helpers import TARGETS
 from test_fuzz import draw_config, row_counts
 
 CODEGEN_FUZZ_SEEDS = tuple(range(40))
-ARCHS = ("sm_80", "sm_90")
-_NVCC_ARCH = {"sm_80": "sm_80", "sm_90": "sm_90a"}
+ARCHS = ("sm_80", "sm_89", "sm_90")
+_NVCC_ARCH = {"sm_80": "sm_80", "sm_89": "sm_89", "sm_90": "sm_90a"}
 
 
 def kernel_sources(cfg, m: int, arch: str):

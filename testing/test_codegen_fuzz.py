@@ -38,7 +38,7 @@ def kernel_sources(cfg, m: int, arch: str):
     c = select(kc, "cuda", m, tgt)
     if c.template == DEQUANT_GEMM:
         from bitblas.schedule.cuda_dequant import dequant_source
-        return c, [dequant_source(make_plan(kc, "cuda", c.rows), tgt),
+        return c, [dequant_source(make_plan(kc, "cuda", None), tgt),     # as DequantGemm: one for every M
                    cuda_source(make_plan(dense_config(kc), "cuda", c.rows), tgt, c.hint)]
     return c, [cuda_source(make_plan(kc, "cuda", c.rows), tgt, c.hint)]
 

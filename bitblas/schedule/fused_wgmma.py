@@ -46,13 +46,13 @@ side by side. The tuner searches the rest (:func:`fused_space`). Above that, dec
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
 warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128
 wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the permute pass. ncu on
-an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows latency,
-not a unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
-busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its weight
-bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
-18% busy with 0.22 eligible warps per scheduler. So more of each warp's latency must be hidden (loads
-of the weights by a producer of their own, not by the lanes that decode them), not more bandwidth
-found. Measured times: docs/performance.md.
+an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows latency, not a
+unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
+busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its
+weight bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
+slots 18% busy with 0.22 eligible warps per scheduler. So more of each warp's latency must be
+hidden (the weights loaded by a producer of their own, not by the lanes that decode them), not
+more bandwidth found. Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
 .s32.{s8,u8}.s8``, the A fragment the int8 mma GEMV's byte decoder (gemv/mma_int8.py: signed codes
@@ -79,22 +79,21 @@ W4A-fp8 g128 8192^2): at 256 rows the int8 path's issue and latency (18.0 M inst
 int8's 17.0 M, ~2 warps per scheduler, 46% issue-active); at one row the weight loads (long
 scoreboard 1.9 stalls per issued instruction, DRAM 34% of peak). Two changes missed there (H100,
 W4A-fp8 g128 at 1 / 16 / 64 rows, 64-row split-K tiles): 8 weight slots per lane instead of 4,
-expected to put twice the bytes in flight (5% and 7% faster at 1 and 64 rows, 1% slower at 16), and
-4 warpgroups splitting K with 2 slots, expected to hide twice the latency (9% slower at 16 rows,
-10% faster at 64; W2A-fp8 slower): neither the loads in flight per lane nor the warps per SM is the limit, which is
-not found yet (4 warpgroups are not allowed: no gain).
+expected to put twice the bytes in flight (5% and 7% faster at 1 and 64 rows, 1% slower at 16),
+and 4 warpgroups splitting K with 2 slots, expected to hide twice the latency (9% slower at 16
+rows, 10% faster at 64; W2A-fp8 slower): neither the loads in flight per lane nor the warps per
+SM is the limit, which is not found yet (4 warpgroups are not allowed: no gain).
 
-Two changes that measured slower or no faster (H100, 8192^2, W4A16 g128 / W4A8 g128 / nvfp4 at 128,
-256 and 1024 rows, beside the defaults in one run):
-CTA pairs on adjacent channel blocks, each CTA loading half of every activation box and multicasting
-it into both rings (expected: half the L2 -> SM activation bytes, which are ~8x the weight bytes at
-128 rows): correct, but 1.12-1.58x the time (W4A16 at 128 rows 1.25x, W4A8 at 256 rows 1.58x);
-not profiled, the likely cause: the refilling thread is a consumer lane that
-now waits every slab for the other CTA's release, so both CTAs' warpgroups run in lockstep (a pair
-would need a producer warp of its own). The epilogue's 2-byte stores replaced by ``stmatrix
-.trans`` + 16-byte stores (the dense GEMM's gain): from 1.2% slower to 3.6% faster over the nine
-cases with the scratch in the ring, no consistent gain (1-3% slower with the scratch as 4 KB of
-shared memory more, likely past an L1 carve-out step): the stores are not what bounds this kernel.
+Two changes that measured slower or no faster (H100, 8192^2, W4A16 g128 / W4A8 g128 / nvfp4 at
+128, 256 and 1024 rows, beside the defaults in one run). CTA pairs on adjacent channel blocks, each
+CTA loading half of every activation box and multicasting it into both rings (half the L2 -> SM
+activation bytes; L2 is not the limit, above): correct, but 1.12-1.58x the time (W4A16 at 128
+rows 1.25x, W4A8 at 256 rows 1.58x); not profiled, the likely cause: the refilling thread is a
+consumer lane that now waits every slab for the other CTA's release, so both CTAs' warpgroups run
+in lockstep (a pair would need a producer warp of its own). The epilogue's 2-byte stores replaced
+by ``stmatrix .trans`` + 16-byte stores (the dense GEMM's gain): from 1.2% slower to 3.6% faster
+over the nine cases with the scratch in the ring, no consistent gain (1-3% slower with the scratch
+as 4 KB of shared memory more, likely past an L1 carve-out step): the stores are not the bound.
 
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at
 4096 x 8192; the issue asks <= 1 MB: an offline weight order that makes the decoded pairs land
@@ -314,8 +313,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     256-row tiles past 128 rows where these run in fewer waves (each weight decoded once per 256
     rows; H100, 8192^2 at 256 rows: W4A16 in 0.93x and nf4 in 0.87x the time of two waves of
     128-row tiles; uint2 took 1.17x with them, and 8-bit codes are not measured: both keep 128-row
-    tiles); else 256-row
-    tiles with two warpgroups side by side."""
+    tiles); else 256-row tiles with two warpgroups side by side."""
     N = plan.config.N
     if _byte_acts(plan):
         return _byte_acts_default(plan, rows)

@@ -50,9 +50,19 @@ an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 ro
 unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
 busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its
 weight bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
-slots 18% busy with 0.22 eligible warps per scheduler. So more of each warp's latency must be
-hidden (the weights loaded by a producer of their own, not by the lanes that decode them), not
-more bandwidth found. Measured times: docs/performance.md.
+slots 18% busy with 0.22 eligible warps per scheduler, the hmma pipe 90% active. Where the warps
+wait at 128 rows (ncu source counters, same setup): 35% of the stall samples at the activation
+ring's ``full`` wait (a slab's first box), ~10% at the first use of a slab's weight registers.
+With ``overlap`` and a ring of 2 slabs per warpgroup a slab's boxes are requested only once the
+slab two steps back has finished its wgmma, in the very step that reads them: only that slab's
+decode hides the TMA. A ring of 3 slabs (192 KB) cut that wait to 8% of the samples and the main
+kernel alone ran 6% faster, but the call (permute, then this kernel under PDL) ~10% slower, and
+slower than without PDL (without PDL both rings took the same time; likely its CTAs cannot become
+resident beside the permute blocks; not profiled). Half the activation bytes per FLOP
+(128-channel blocks over half of K: N=16384, K=4096, the proxy of a K split over a CTA pair) gave
+no gain: L2 -> SM bandwidth is not the bound. So the activations need more lead without losing
+PDL's early start, and the weights a producer of their own, not more bandwidth.
+Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
 .s32.{s8,u8}.s8``, the A fragment the int8 mma GEMV's byte decoder (gemv/mma_int8.py: signed codes

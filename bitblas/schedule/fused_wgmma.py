@@ -52,16 +52,17 @@ busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation 
 weight bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
 slots 18% busy with 0.22 eligible warps per scheduler, the hmma pipe 90% active. Where the warps
 wait at 128 rows (ncu source counters, same setup): 35% of the stall samples at the activation
-ring's ``full`` wait (a slab's first box), ~10% at the first use of a slab's weight registers.
-With ``overlap`` and a ring of 2 slabs per warpgroup a slab's boxes are requested only once the
-slab two steps back has finished its wgmma, in the very step that reads them: only that slab's
-decode hides the TMA. A ring of 3 slabs (192 KB) cut that wait to 8% of the samples and the main
-kernel alone ran 6% faster, but the call (permute, then this kernel under PDL) ~10% slower, and
-slower than without PDL (without PDL both rings took the same time; likely its CTAs cannot become
-resident beside the permute blocks; not profiled). Half the activation bytes per FLOP
-(128-channel blocks over half of K: N=16384, K=4096, the proxy of a K split over a CTA pair) gave
-no gain: L2 -> SM bandwidth is not the bound. So the activations need more lead without losing
-PDL's early start, and the weights a producer of their own, not more bandwidth.
+ring's ``full`` wait (a slab's first box), ~10% at the first use of a slab's weight registers. With
+``overlap`` and a ring of 2 slabs per warpgroup a slab's boxes are requested only once the slab two
+steps back has finished its wgmma, in the very step that reads them: only that slab's decode hides
+the TMA. A ring of 3 slabs (192 KB) cut that wait to 8% of the samples and the main kernel ran 6%
+faster at the locked clocks, but 5% slower at the default ones (CUPTI timeline, eager calls, no PDL)
+and the call ~10% slower under PDL. In that timeline (ring of 2 slabs) the permute kernel and the
+gap after it are ~10% of a call without PDL; under PDL this kernel starts early and the permute
+kernel beside it takes ~1.7x as long, the call ~7% shorter. Half the activation bytes per FLOP
+(128-channel blocks over half of K: N=16384, K=4096, the proxy of a K split over a CTA pair) gave no
+gain: L2 -> SM bandwidth is not the bound. Left to try: the weights loaded by a producer of their
+own, and no permute pass (an offline weight order, below).
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32

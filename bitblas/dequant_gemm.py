@@ -33,8 +33,8 @@ from typing import Dict
 
 import torch
 
-from .kernels.select import dense_config
-from .plan import Plan, make_plan
+from .kernels.select import dequant_gemm_plans
+from .plan import Plan
 from .quantization.quantize import TORCH_DTYPES
 
 __all__ = ["DequantGemm"]
@@ -44,15 +44,16 @@ _DEQ: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
 
 
-def _dequant_fn(plan: Plan, target):
+def _dequant_fn(deq_plan: Plan, target):
+    """The compiled dequantize kernel of ``deq_plan`` (symbolic M), one per config and target."""
     from .build import cuda_target
     from .schedule.cuda_dequant import build_dequant
     tgt = cuda_target(target)
-    key = (plan.config.to_dict().__repr__(), str(tgt))
+    key = (deq_plan.config.to_dict().__repr__(), str(tgt))
     with _LOCK:
         fn = _DEQ.get(key)
     if fn is None:
-        fn = build_dequant(make_plan(plan.config, "cuda", None), tgt)
+        fn = build_dequant(deq_plan, tgt)
         with _LOCK:
             fn = _DEQ.setdefault(key, fn)
     return fn
@@ -71,9 +72,9 @@ class DequantGemm:
         from .schedule.cuda_dequant import weight_arg_names
         c = plan.config
         self.plan = plan
-        self.dense_plan = make_plan(dense_config(c), "cuda", plan.m)
+        deq_plan, self.dense_plan = dequant_gemm_plans(c, plan.m)
         self.gemm, self.hint = get_kernel(self.dense_plan, hint, target=target)
-        self.dequant = _dequant_fn(plan, target)
+        self.dequant = _dequant_fn(deq_plan, target)
         names = [s.name for s in plan.args]
         deq_names = weight_arg_names(plan)
         self._deq_idx = [i for i, s in enumerate(plan.args) if s.name in deq_names]

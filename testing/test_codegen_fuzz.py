@@ -19,10 +19,9 @@ import time
 
 import pytest
 
-from bitblas.build import cuda_source, cuda_target, find_nvcc, nvcc_compile
-from bitblas.kernels.select import DEQUANT_GEMM, dense_config, select
+from bitblas.build import cuda_target, find_nvcc, nvcc_compile
+from bitblas.kernels.select import DEQUANT_GEMM, choice_sources, select
 from bitblas.ops.compat import kernel_config
-from bitblas.plan import make_plan
 from kernel_helpers import TARGETS
 from test_fuzz import draw_config, row_counts
 
@@ -32,15 +31,12 @@ _NVCC_ARCH = {"sm_80": "sm_80", "sm_89": "sm_89", "sm_90": "sm_90a"}
 
 
 def kernel_sources(cfg, m: int, arch: str):
-    """(choice, CUDA sources) of the kernel that serves ``m`` rows of ``cfg`` on ``arch``."""
+    """(choice, CUDA sources) of the kernels that serve ``m`` rows of ``cfg`` on ``arch`` (as ``Matmul``
+    picks and builds them: decode-then-GEMM is two kernels)."""
     kc = kernel_config(cfg)
     tgt = cuda_target(TARGETS[arch])
     c = select(kc, "cuda", m, tgt)
-    if c.template == DEQUANT_GEMM:
-        from bitblas.schedule.cuda_dequant import dequant_source
-        return c, [dequant_source(make_plan(kc, "cuda", None), tgt),     # as DequantGemm: one for every M
-                   cuda_source(make_plan(dense_config(kc), "cuda", c.rows), tgt, c.hint)]
-    return c, [cuda_source(make_plan(kc, "cuda", c.rows), tgt, c.hint)]
+    return c, choice_sources(kc, c, tgt)
 
 
 @pytest.mark.nvcc

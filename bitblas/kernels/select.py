@@ -14,7 +14,7 @@ rows its plan is built for), which the operator uses as its kernel-cache key. Th
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 from ..config import MatmulConfig
 from ..plan import Plan, make_plan
@@ -23,7 +23,8 @@ from ._gemv import serves_untuned as _gemv_serves_untuned
 from .base import KernelChoice
 
 __all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serves", "DEQUANT_GEMM",
-           "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_reason"]
+           "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_plans", "dequant_gemm_reason", "choice_plans",
+           "choice_sources", "KernelPart"]
 
 DEQUANT_GEMM = "dequant-gemm"
 _WGMMA = by_name("wgmma")
@@ -53,6 +54,41 @@ def dense_config(config: MatmulConfig) -> MatmulConfig:
                         out_dtype=config.out_dtype, layout=config.layout, with_bias=config.with_bias)
 
 
+def dequant_gemm_plans(config: MatmulConfig, rows: Optional[int]) -> Tuple[Plan, Plan]:
+    """The two plans of the decode-then-GEMM path for ``rows`` rows of ``config`` (None: symbolic
+    M): the dequantize kernel's (one for every M: it depends on the weights only) and the dense
+    GEMM's (:func:`dense_config` at ``rows``)."""
+    return make_plan(config, "cuda", None), make_plan(dense_config(config), "cuda", rows)
+
+
+class KernelPart(NamedTuple):
+    """One kernel a choice runs: its plan, its hint (None: the plan's default), and whether it is
+    decode-then-GEMM's dequantize kernel (schedule.cuda_dequant) rather than a template's."""
+    plan: Plan
+    hint: object
+    dequant: bool = False
+
+
+def choice_plans(config: MatmulConfig, kind: str, choice: KernelChoice) -> Tuple[KernelPart, ...]:
+    """The kernels that ``choice`` runs for ``config``, in call order: for decode-then-GEMM the
+    dequantize kernel and the dense GEMM with the choice's hint (:func:`dequant_gemm_plans`); else
+    the one kernel of ``config`` at the choice's rows. What ``Matmul`` builds and prints
+    (``get_source``) and the codegen fuzz compiles."""
+    if choice.template == DEQUANT_GEMM:
+        deq, dense = dequant_gemm_plans(config, choice.rows)
+        return KernelPart(deq, None, dequant=True), KernelPart(dense, choice.hint)
+    return (KernelPart(make_plan(config, kind, choice.rows), choice.hint),)
+
+
+def choice_sources(config: MatmulConfig, choice: KernelChoice, target=None) -> list:
+    """CUDA C sources of the kernels that ``choice`` runs for ``config`` (:func:`choice_plans`), in
+    call order; works without a GPU."""
+    from ..build import cuda_source
+    from ..schedule.cuda_dequant import dequant_source
+    return [dequant_source(p.plan, target) if p.dequant else cuda_source(p.plan, target, p.hint)
+            for p in choice_plans(config, "cuda", choice)]
+
+
 def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
     """Why the decode-then-GEMM path does not take ``plan`` on ``target`` (None: it does)."""
     from ..schedule.cuda_dequant import dequant_unsupported
@@ -64,7 +100,7 @@ def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:
     why = dequant_unsupported(plan)
     if why:
         return why
-    dense = make_plan(dense_config(c), "cuda", plan.m)
+    dense = dequant_gemm_plans(c, plan.m)[1]
     if template_of(default_hint(dense, target)) is not _WGMMA:
         return "the dense GEMM of this target is not the wgmma template (sm_90 with its shared memory)"
     return None

@@ -547,6 +547,7 @@ class Matmul(BitBLASOperatorAPI):
         ``get_source("cpu")``): the scheduled TIR of the CPU kernel. ``kenrel_only`` (BitBLAS's
         spelling) is accepted; the source is always the kernels alone."""
         from ..build import cuda_source, cuda_target, lower_plan
+        from ..kernels.select import choice_sources
         if isinstance(target, str) and target in ("cpu", "cuda") and kind is None:
             kind, target = target, None
         if target is not None and kind != "cpu":
@@ -566,14 +567,9 @@ class Matmul(BitBLASOperatorAPI):
         target = self._resolve_cuda_target()
         if rows is None:
             return cuda_source(make_plan(self._kc, kind, None), target)
-        c = self.choice(kind, rows)
-        if c.template == DEQUANT_GEMM:
-            from ..kernels.select import dense_config
-            from ..schedule.cuda_dequant import compile_dequant
-            decode = compile_dequant(make_plan(self._kc, "cuda", None), target).mod.imports[0].inspect_source()
-            dense = make_plan(dense_config(self._kc), "cuda", c.rows)
-            return decode + "\n// ---- dense GEMM on the decoded weights ----\n" + cuda_source(dense, target, c.hint)
-        return cuda_source(make_plan(self._kc, kind, c.rows), target, c.hint)
+        # decode-then-GEMM: the dequantize kernel, then the dense GEMM on the decoded weights
+        return "\n// ---- dense GEMM on the decoded weights ----\n".join(
+            choice_sources(self._kc, self.choice(kind, rows), target))
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
                         device=None, flush_l2: bool = True, kernel_only: bool = False) -> float:

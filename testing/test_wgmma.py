@@ -370,7 +370,7 @@ static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
   return r;
 }
 // a stand-in pack that keeps which value went where: the integer parts of a and b, low half first
-static unsigned bb_q_pack2(float a, float b) { return (unsigned)(int)a | ((unsigned)(int)b << 16); }
+static unsigned bb_pack2(float a, float b) { return (unsigned)(int)a | ((unsigned)(int)b << 16); }
 #define __device__
 #define __forceinline__ inline
 HELPER

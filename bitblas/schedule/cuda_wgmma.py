@@ -303,7 +303,7 @@ __device__ __forceinline__ void bb_xswap(unsigned& a, unsigned& b, bool c) {
 // Every lane of the warp calls it (the shuffles); ok only predicates the store.
 __device__ __forceinline__ void bb_st4q(void* p, float a0, float b0, float a1, float b1, float a2, float b2,
                                         float a3, float b3, int ok) {
-  unsigned v0 = bb_q_pack2(a0, b0), v1 = bb_q_pack2(a1, b1), v2 = bb_q_pack2(a2, b2), v3 = bb_q_pack2(a3, b3);
+  unsigned v0 = bb_pack2(a0, b0), v1 = bb_pack2(a1, b1), v2 = bb_pack2(a2, b2), v3 = bb_pack2(a3, b3);
   const unsigned q = threadIdx.x & 3;
   // v[i] <- w[i ^ q]
   bb_xswap(v0, v1, q & 1); bb_xswap(v2, v3, q & 1);
@@ -321,21 +321,22 @@ __device__ __forceinline__ void bb_st4q(void* p, float a0, float b0, float a1, f
 """
 
 
-def _pack_source(out_dtype: str, name: str) -> str:
-    """``unsigned name(float a, float b)``: a and b rounded to ``out_dtype`` (16-bit), a in the low half."""
-    if out_dtype == "float16":
-        return (f"__device__ __forceinline__ unsigned {name}(float a, float b) {{\n"
-                "  __half2 h = __floats2half2_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
-    return (f"__device__ __forceinline__ unsigned {name}(float a, float b) {{\n"
-            "  __nv_bfloat162 h = __floats2bfloat162_rn(a, b); return *reinterpret_cast<unsigned*>(&h);\n}\n")
+def _pack_source(out_dtype: str) -> str:
+    """``unsigned bb_pack2(float a, float b)``: a and b rounded to ``out_dtype`` (16-bit), a in the
+    low half; guarded, as both epilogue stores (``bb_st2``, ``bb_st4q``) carry it in their source."""
+    h2, cvt = ("__half2", "__floats2half2_rn") if out_dtype == "float16" else ("__nv_bfloat162",
+                                                                              "__floats2bfloat162_rn")
+    return ("#ifndef BB_PACK2\n#define BB_PACK2\n"
+            "__device__ __forceinline__ unsigned bb_pack2(float a, float b) {\n"
+            f"  {h2} h = {cvt}(a, b); return *reinterpret_cast<unsigned*>(&h);\n}}\n#endif\n")
 
 
 def _st2_source(out_dtype: str) -> str:
-    return _pack_source(out_dtype, "bb_pack2") + _ST2
+    return _pack_source(out_dtype) + _ST2
 
 
 def _st4q_source(out_dtype: str) -> str:
-    return _pack_source(out_dtype, "bb_q_pack2") + _ST4Q
+    return _pack_source(out_dtype) + _ST4Q
 
 
 def _kernel_script(plan, hint: WGMMAHint, num_sms: int) -> str:

@@ -109,15 +109,15 @@ as 4 KB of shared memory more, likely past an L1 carve-out step): the stores are
 Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at 4096 x
 8192; the issue asks <= 1 MB). Two ways to drop the permute kernel: an offline weight order whose
 decoded pairs land in natural K order (every kernel of the operator would then read that order: the
-mma GEMV pairs its activations to any decoded order already, ``bb_prep``; the dequantize kernel
-would write natural order), or the plain layout rearranged in registers: with the activations in
-natural K order, k16 step s needs codes 16 s + 2 q + {0, 1, 8, 9} in lane q of a quad (4-bit codes),
-all in the vector of lane s // 2, byte q of each of its 4 words: per vector a 4x4 byte transpose (8
-``prmt``), a 4x4 word transpose across the quad (3 shuffles and ~16 selects, as the dense GEMM's
-``bb_st4q``) and a decoder of a byte's two nibbles into one half2 (one ``prmt`` more per pair; the
-high nibble times 16, the 1/16 in its ``hfma2``): an estimated ~1.7x the decode's instructions,
-against the permute pass's ~10% of a 128-row call; not built. No persistent tile loop, split-K or
-warp-specialized producer.
+mma GEMV pairs its activations to the decoded order within a vector already, ``bb_prep``, but this
+order spans the quad's vectors; the dequantize kernel would write natural order), or the plain
+layout rearranged in registers: with the activations in natural K order, k16 step s needs codes 16 s
++ 2 q + {0, 1, 8, 9} in lane q of a quad (4-bit codes), all in the vector of lane s // 2, byte q of
+each of its 4 words: per vector a 4x4 byte transpose (8 ``prmt``), a 4x4 word transpose across the
+quad (3 shuffles and ~16 selects, as the dense GEMM's ``bb_st4q``) and a decoder of a byte's two
+nibbles into one half2 (one ``prmt`` more per pair; the high nibble times 16, the 1/16 in its
+``hfma2``): an estimated ~1.7x the decode's instructions, against the permute pass's ~10% of a
+128-row call; not built. No persistent tile loop, split-K or warp-specialized producer.
 """
 from __future__ import annotations
 

@@ -44,25 +44,24 @@ side by side. The tuner searches the rest (:func:`fused_space`). Above that, dec
 256-row tile decodes the weights again, and the permute pass reads and writes the activations.
 
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
-warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128
-wgmma than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the permute pass. ncu on
-an H100 (W4A16 g128 8192^2, default tiles, clocks locked at 1.40 GHz): at 128 rows latency, not a
-unit's rate: 8 warps per SM (1.92 per scheduler) with 0.23 eligible per cycle, issue slots 19%
-busy, SM throughput 50%, L2 30%, DRAM 26% (every CTA streams all 128 activation rows, ~8x its
-weight bytes, yet L2 is not the limit); at 1024 rows SM throughput 85%, L2 55%, DRAM 9%, issue
-slots 18% busy with 0.22 eligible warps per scheduler, the hmma pipe 90% active. Where the warps
-wait at 128 rows (ncu source counters, same setup): 35% of the stall samples at the activation
-ring's ``full`` wait (a slab's first box), ~10% at the first use of a slab's weight registers. With
-``overlap`` and a ring of 2 slabs per warpgroup a slab's boxes are requested only once the slab two
-steps back has finished its wgmma, in the very step that reads them: only that slab's decode hides
-the TMA. A ring of 3 slabs (192 KB) cut that wait to 8% of the samples and the main kernel ran 6%
-faster at the locked clocks, but 5% slower at the default ones (CUPTI timeline, eager calls, no PDL)
-and the call ~10% slower under PDL. In that timeline (ring of 2 slabs) the permute kernel and the
-gap after it are ~10% of a call without PDL; under PDL this kernel starts early and the permute
-kernel beside it takes ~1.7x as long, the call ~7% shorter. Half the activation bytes per FLOP
-(128-channel blocks over half of K: N=16384, K=4096, the proxy of a K split over a CTA pair) gave no
-gain: L2 -> SM bandwidth is not the bound. Left to try: the weights loaded by a producer of their
-own, and no permute pass (an offline weight order, below).
+warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128 wgmma
+than of an n256 one); DRAM only at the fewest rows; from ~1024 rows the permute pass. ncu on an H100
+(W4A16 g128 8192^2, default tiles): at 128 rows latency, not a unit's rate (clocks locked at 1.40
+GHz, caches flushed: 8 warps per SM, 0.23 eligible per scheduler and cycle, issue slots 19% busy, SM
+throughput 50%; with warm caches at the default clocks, as in a call, L2 64% and DRAM 30% of peak);
+at 1024 rows the hmma pipe 90% active, SM throughput 85%. Where the warps wait at 128 rows (source
+counters, warm caches, default clocks): 25% of the stall samples at the activation ring's ``full``
+wait (a slab's first box), ~6% at the first use of a slab's weight registers. With ``overlap`` and a
+ring of 2 slabs per warpgroup a slab's boxes are requested only once the slab two steps back has
+finished its wgmma, in the very step that reads them: only that slab's decode hides the TMA. A ring
+of 3 slabs (192 KB) cut that wait to 8% of the samples, yet the main kernel took 5% longer (the
+stalls moved to dispatch and the decode) and the call ~10% longer under PDL; only with ncu's default
+cache flush (the activations then come from DRAM: that wait 35% of the samples) was it faster. In a
+CUPTI timeline of eager calls the permute kernel and the gap after it are ~10% of a 128-row call
+without PDL; under PDL this kernel starts early and the permute kernel beside it takes ~1.7x as
+long, the call ~7% shorter. Half the activation bytes per FLOP (128-channel blocks over half of K:
+N=16384, K=4096, the proxy of a K split over a CTA pair) gave no gain. Left to try: the weights
+loaded by a producer of their own, and no permute pass (below).
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32

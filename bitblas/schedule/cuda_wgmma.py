@@ -292,31 +292,43 @@ def _cl_call(name: str, *args: str) -> str:
     return f"T.cuda.func_call({', '.join([repr(name), *args])}, source_code={_CLUSTER[name]!r})"
 
 
-_ST4Q = r"""
+QUAD_TRANSPOSE = r"""
+#ifndef BB_QUAD_T
+#define BB_QUAD_T
 __device__ __forceinline__ void bb_xswap(unsigned& a, unsigned& b, bool c) {
   unsigned t = c ? b : a; b = c ? a : b; a = t;
 }
-// The 16-byte store of a lane quad's four 8-column blocks of one row: lane q (= lane % 4) holds
-// word q (columns 2q, 2q + 1) of blocks 0..3 (w0..w3); after a transpose in the quad (three
-// shuffles; the per-lane order by XOR with q is two conditional swaps, so no register is indexed
-// at run time) it holds words 0..3 of block q and stores them at p, block q's first column, if ok.
-// Every lane of the warp calls it (the shuffles); ok only predicates the store.
-__device__ __forceinline__ void bb_st4q(void* p, float a0, float b0, float a1, float b1, float a2, float b2,
-                                        float a3, float b3, int ok) {
-  unsigned v0 = bb_pack2(a0, b0), v1 = bb_pack2(a1, b1), v2 = bb_pack2(a2, b2), v3 = bb_pack2(a3, b3);
+// The 4x4 transpose of words across a lane quad: lane q (= lane % 4) holds v0..v3, and after it
+// v[i] holds lane i's v[q] (three shuffles; the per-lane order by XOR with q is two conditional
+// swaps, so no register is indexed at run time). Every lane of the warp calls it.
+__device__ __forceinline__ void bb_quad_t(unsigned& v0, unsigned& v1, unsigned& v2, unsigned& v3) {
   const unsigned q = threadIdx.x & 3;
-  // v[i] <- w[i ^ q]
+  // v[i] <- v[i ^ q]
   bb_xswap(v0, v1, q & 1); bb_xswap(v2, v3, q & 1);
   bb_xswap(v0, v2, q & 2); bb_xswap(v1, v3, q & 2);
-  // round k: read lane q ^ k, which sends its w[(q ^ k) ^ k] = w[q] (its v[k]): word q ^ k of block q
+  // round k: read lane q ^ k, which sends its v[(q ^ k) ^ k] = v[q] (its v[k]): lane q ^ k's v[q]
   unsigned o1 = __shfl_xor_sync(0xffffffffu, v1, 1);
   unsigned o2 = __shfl_xor_sync(0xffffffffu, v2, 2);
   unsigned o3 = __shfl_xor_sync(0xffffffffu, v3, 3);
   unsigned o0 = v0;
-  // o[k] holds word q ^ k: put word i at i
+  // o[k] holds lane q ^ k's: put lane i's at i
   bb_xswap(o0, o1, q & 1); bb_xswap(o2, o3, q & 1);
   bb_xswap(o0, o2, q & 2); bb_xswap(o1, o3, q & 2);
-  if (ok) *reinterpret_cast<uint4*>(p) = make_uint4(o0, o1, o2, o3);
+  v0 = o0; v1 = o1; v2 = o2; v3 = o3;
+}
+#endif
+"""
+
+_ST4Q = QUAD_TRANSPOSE + r"""
+// The 16-byte store of a lane quad's four 8-column blocks of one row: lane q (= lane % 4) holds
+// word q (columns 2q, 2q + 1) of blocks 0..3; after the transpose in the quad it holds words 0..3
+// of block q and stores them at p, block q's first column, if ok. Every lane of the warp calls it
+// (the shuffles); ok only predicates the store.
+__device__ __forceinline__ void bb_st4q(void* p, float a0, float b0, float a1, float b1, float a2, float b2,
+                                        float a3, float b3, int ok) {
+  unsigned v0 = bb_pack2(a0, b0), v1 = bb_pack2(a1, b1), v2 = bb_pack2(a2, b2), v3 = bb_pack2(a3, b3);
+  bb_quad_t(v0, v1, v2, v3);
+  if (ok) *reinterpret_cast<uint4*>(p) = make_uint4(v0, v1, v2, v3);
 }
 """
 

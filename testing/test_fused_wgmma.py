@@ -326,13 +326,19 @@ def test_fused_default_tiles():
     """The untuned tile by rows: split-K 128-row tiles up to 128 rows; past 128 rows split-K 256-row
     tiles for 4-bit codes where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
     against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
-    busy); 256-row tiles side by side where there are many."""
-    def cfg(N):
-        return MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
+    busy); 256-row tiles side by side where there are many. The split-K tiles read the activations
+    as given where the natural-order decoder takes the plan (4-bit int / uint codes, groups of whole
+    slabs), else after the permute pass."""
+    def cfg(N, **kw):
+        return MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype="uint4", **{"group_size": 128,
+                                                                                        "with_scaling": True, **kw})
     big, small = make_plan(cfg(8192), "cuda", None), make_plan(cfg(4096), "cuda", None)
-    split128 = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, overlap=True)
+    split128 = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, overlap=True, permute=False)
     assert fused_default(big, 128) == fused_default(small, 128) == split128
-    assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
+    assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, permute=False)
+    g64 = make_plan(cfg(8192, group_size=64), "cuda", None)          # groups inside a slab: permuted
+    assert fused_default(g64, 128) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4,
+                                                     overlap=True)
     assert fused_default(big, 200, sms=264) == split128          # twice the SMs: one wave either way
     assert fused_default(small, 256) == split128
     u2 = make_plan(MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
@@ -444,3 +450,145 @@ def test_byte_acts_group_scale_registers_only_where_grouped():
         for gs, W in ((128, "int4"), (-1, "int4"), (-1, "uint2")):
             src = main_script(make_plan(cfg(W, K=2048, group_size=gs), "cuda", None), hint)
             assert ("gs = T.alloc_local" in src) == (gs > 0), (cfg.__name__, W, gs)
+
+
+# -- permute=False: the activations in natural K order, the codes moved in registers ----------------
+_NDEC_HARNESS = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+struct Dim { unsigned x; };
+static thread_local Dim threadIdx;
+static std::barrier<> sync_point(32);
+static unsigned exchange[32];
+// a warp's __shfl_xor_sync: every lane publishes its value, then reads its partner's
+static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+  exchange[threadIdx.x] = v;
+  sync_point.arrive_and_wait();
+  unsigned r = exchange[threadIdx.x ^ mask];
+  sync_point.arrive_and_wait();
+  return r;
+}
+static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
+static unsigned bb_lop3(unsigned a, unsigned b, unsigned c, unsigned lut) {
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i)
+    r |= ((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1u) << i;
+  return r;
+}
+// 16-bit float pairs: the decoder's operands are exact small integers (magic + field, magic + off)
+static float h2f(unsigned short h, bool bf) {
+  if (bf) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
+  int e = (h >> 10) & 31, m = h & 1023;
+  float v = e ? (1024 + m) * (float)(1 << e) / (1024.f * (1 << 15)) : m / (1024.f * (1 << 14));
+  return h >> 15 ? -v : v;
+}
+static unsigned short f2h(float f, bool bf) {       // exact for the values here (|v| < 2048, integers)
+  if (bf) { unsigned u; memcpy(&u, &f, 4); return (unsigned short)(u >> 16); }
+  unsigned short s = f < 0 ? 0x8000 : 0; if (f < 0) f = -f;
+  if (f == 0) return s;
+  int e = 15; while (f >= 2048.f) { f /= 2; ++e; }
+  while (f < 1024.f) { f *= 2; --e; }
+  return s | (unsigned short)((e + 10) << 10) | (unsigned short)((int)f - 1024);
+}
+template <bool BF> struct P2 { unsigned short x, y; };
+typedef P2<false> __half2;
+typedef P2<true> __nv_bfloat162;
+template <bool BF> static P2<BF> __hsub2(P2<BF> a, P2<BF> b) {
+  return {f2h(h2f(a.x, BF) - h2f(b.x, BF), BF), f2h(h2f(a.y, BF) - h2f(b.y, BF), BF)};
+}
+#define __device__
+#define __forceinline__ inline
+HELPER
+int main() {
+  static unsigned w[32][4], d[32][16];
+  for (int l = 0; l < 32; ++l) for (int j = 0; j < 4; ++j) scanf("%u", &w[l][j]);
+  int off; scanf("%d", &off);
+  std::thread lanes[32];
+  for (unsigned l = 0; l < 32; ++l)
+    lanes[l] = std::thread([l, off] { threadIdx.x = l; bb_ndec_t(w[l], off, d[l]); });
+  for (auto& t : lanes) t.join();
+  for (int l = 0; l < 32; ++l) for (int i = 0; i < 16; ++i) printf("%u%c", d[l][i], i == 15 ? '\n' : ' ');
+}
+"""
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+@pytest.mark.parametrize("storage,order", [("plain", None), ("plain", (0, 4, 1, 5, 2, 6, 3, 7)),
+                                           ("offset", (0, 4, 1, 5, 2, 6, 3, 7)), ("twos", None)])
+def test_natural_decoder_on_the_host(tmp_path, act, storage, order):
+    """``bb_ndec`` (permute=False), its very source compiled for the host with a warp of 32 threads
+    emulating __shfl_xor_sync (``lop3`` and the 16-bit pairs emulated exactly): lane q of each quad
+    ends with A fragment word 2 s (+1) = the codes of K 16 s + 2 q + {0, 1} (+ 8) of the quad's slab
+    (lane p holds K 32 p .. 32 p + 31 in its 4 words, code j of a word in slot ``order[j]``), each
+    field (``storage`` "twos": its sign bit XOR-ed) minus ``off``."""
+    import random
+    import shutil
+    import subprocess
+    from bitblas.schedule.fused_wgmma import natural_dec_helper
+    from bitblas.schedule.gemv.decode import _act_bits
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs a host C++ compiler (g++)")
+    src = natural_dec_helper("t", act, storage, order)
+    src = re.sub(r'asm\("lop3\.b32 %0, %1, (0x[0-9a-f]+), (0x[0-9a-f]+), (0x[0-9a-f]+);" : "=r"\(x\) : "r"\((.*)\)\);',
+                 r"x = bb_lop3(\4, \1, \2, \3);", src)
+    assert "asm" not in src
+    (tmp_path / "ndec.cpp").write_text(_NDEC_HARNESS.replace("HELPER", src))
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "ndec"), str(tmp_path / "ndec.cpp")],
+                   check=True, capture_output=True)
+    rng = random.Random(hash((act, storage, order)) & 0xFFFF)
+    slot = order or tuple(range(8))
+    for off in (0, 8, 15):
+        codes = [[rng.randrange(16) for _ in range(32)] for _ in range(32)]      # lane -> its 32 codes (K order)
+        words = [[sum(codes[l][8 * j + i] << (4 * slot[i]) for i in range(8)) for j in range(4)] for l in range(32)]
+        inp = " ".join(str(x) for lw in words for x in lw) + f" {off}\n"
+        out = subprocess.run([str(tmp_path / "ndec")], input=inp, check=True, capture_output=True, text=True).stdout
+        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
+        for lane in range(32):
+            q, base = lane % 4, lane - lane % 4
+            for s in range(8):
+                for t in range(2):
+                    k = 16 * s + 2 * q + 8 * t                   # A fragment word 2 s + t: K k, k + 1
+                    field = [codes[base + kk // 32][kk % 32] ^ (8 if storage == "twos" else 0) for kk in (k, k + 1)]
+                    want = _act_bits(field[0] - off, act) | _act_bits(field[1] - off, act) << 16
+                    assert got[lane][2 * s + t] == want, (lane, s, t, off, hex(got[lane][2 * s + t]), hex(want))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,tile", [("u4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("i4-g128", (256, 1, 2, "split_k", "s4")), ("u4-g128-zeros", (256, 1, 2, "split_k")),
+                                       ("bf16-u4-qzeros", (128, 1, 2, "split_k", "overlap", "s4r4"))])
+def test_fused_natural_codegen(name, tile):
+    """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
+    temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
+    compiles clean for sm_90a within 60 s. (256-row tiles side by side with ``overlap`` spill a few
+    words with it for some formats: the defaults keep the permute there.)"""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *flags = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
+                          overlap="overlap" in flags, permute=False,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else dict(stages=4) if "s4" in flags else {}))
+    src = cuda_source(make_plan(_cfg(name, K=2048), "cuda", None), SM90, hint)
+    assert "permute_kernel" not in src and "cp_async_bulk_tensor" in src and "__shfl_xor_sync" in src
+    assert f"wgmma.mma_async.sync.aligned.m64n{RT}k16" in src
+    _compiles_clean(src)
+
+
+def test_fused_natural_refusals():
+    """permute=False names what it takes: float activations, 4-bit int / uint codes, groups of whole
+    slabs."""
+    nat = FusedWgmmaHint(row_tile=128, permute=False)
+    assert fused_wgmma_unsupported(make_plan(_cfg("u4-g128", K=2048), "cuda", None), nat) is None
+    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("u2-g128", K=2048), "cuda", None), nat)
+    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("nf4-g128", K=2048), "cuda", None), nat)
+    g64 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint4", group_size=64, with_scaling=True)
+    assert "group_size=64" in fused_wgmma_unsupported(make_plan(g64, "cuda", None), nat)
+    assert "A_dtype='int8'" in fused_wgmma_unsupported(make_plan(_i8cfg("int4", K=2048), "cuda", None), nat)

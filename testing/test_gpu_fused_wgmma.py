@@ -297,3 +297,37 @@ def test_fused_through_matmul(case):
     _check_operator(op, cfg, (17, 64, 65, 100, 257, 1024, 4100))
     fused = [c for kind, c in op._kernels if kind == "cuda" and c.hint == hint]      # (kind, KernelChoice)
     assert len(fused) == 1 and fused[0].rows is None, list(op._kernels)
+
+
+# permute=False: the activations as given (no permute kernel, no temporary), the codes moved in
+# registers: the 4-bit int / uint formats in both code orders, float16 and bfloat16 activations
+NAT_FORMATS = {
+    "u4-g128": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
+    "u4-g128-plain": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True, fast_decoding=False),
+    "i4-g128-zeros": dict(A_dtype="float16", W_dtype="int4", group_size=128, with_scaling=True, with_zeros=True),
+    "u4-chan-bias": dict(A_dtype="float16", W_dtype="uint4", with_scaling=True, with_bias=True),
+    "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=256, with_scaling=True, with_zeros=True,
+                           zeros_mode="quantized", out_dtype="bfloat16"),
+}
+NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov")
+
+
+@pytest.mark.parametrize("name,hk", [(n, h) for n in NAT_FORMATS for h in NAT_HINTS])
+@gpu
+def test_fused_natural(name, hk):
+    """permute=False, N=1000, K=1536 (K=2048 for groups of 256): one kernel per format x tile, run at
+    65..1024 rows."""
+    from dataclasses import replace
+    cfg = MatmulConfig(N=1000, K=2048 if NAT_FORMATS[name].get("group_size") == 256 else 1536, **NAT_FORMATS[name])
+    errors = _check(cfg, replace(HINTS[hk], permute=False), ROWS)
+    assert not errors, errors
+
+
+@gpu
+def test_fused_natural_8192():
+    """permute=False at N = K = 8192, 128 and 256 rows, against the permuted kernel of the same tile."""
+    from dataclasses import replace
+    cfg = MatmulConfig(N=8192, K=8192, **NAT_FORMATS["u4-g128"])
+    for hk in ("t128w2k-ov4", "t256w2"):
+        errors = _check(cfg, replace(HINTS[hk], permute=False), (128, 256))
+        assert not errors, errors

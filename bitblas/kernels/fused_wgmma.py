@@ -87,8 +87,8 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     * a lone warpgroup per SM without ``overlap`` waits for its wgmma before decoding the next
       slab: ``WGMMA_SLAB_CHAIN_CLK`` per slab and tile instead, if longer;
     * memory: the weights once and the activations three times (the permute pass reads and writes
-      them, the kernel reads them) at the DRAM rate;
-    plus the per-tile epilogue and two launches. The knobs the model does not see (``overlap``,
+      them, the kernel reads them; once with ``permute=False``) at the DRAM rate;
+    plus the per-tile epilogue and two launches (one with ``permute=False``). The knobs the model does not see (``overlap``,
     weight slots) scale the tensor time by the factors above, so that of two tiles of one shape
     the tuner's top-k keeps the variants the H100 sweeps favoured."""
     c, w = plan.config, plan.w
@@ -116,10 +116,10 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     t_chain = waves * slabs * WGMMA_SLAB_CHAIN_CLK * R / spec.clock_hz if lone else 0.0
     a_bytes = rows * c.K * ab
     w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))
-    t_dram = (w_bytes + 3 * a_bytes + rows * c.N * 2) / spec.dram_bandwidth
+    t_dram = (w_bytes + (3 if hint.permute else 1) * a_bytes + rows * c.N * 2) / spec.dram_bandwidth
     knobs = ((_NO_OVERLAP if w.bits < 8 and not hint.overlap else 1.0) * (_ONE_SLOT if hint.stages == 1 else 1.0)
              * (_FEW_SLOTS_SPLIT if hint.split_k and hint.stages < 4 else 1.0))
-    return max(t_tensor * knobs, t_chain, t_dram) + per_sm * _TILE_S + 2 * LAUNCH_S
+    return max(t_tensor * knobs, t_chain, t_dram) + per_sm * _TILE_S + (2 if hint.permute else 1) * LAUNCH_S
 
 
 def _unsupported(plan, arch) -> Optional[str]:

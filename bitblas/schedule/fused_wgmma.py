@@ -3,7 +3,8 @@ sm_90a, float16 / bfloat16 activations x int/uint 2-, 4- and 8-bit codes, fp4_e2
 float8 block scales per vector, per decoded pair), nf4 (4-bit tables) and float8 weights; the mma
 GEMV's decoder of the format; int8 and float8_e4m3 activations x int/uint 2- and 4-bit codes, below): packed weights
 stay packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
-temporary but the permuted activations (rows x K values, as the wgmma GEMV).
+temporary but the permuted activations (rows x K values, as the wgmma GEMV), and none with
+``permute=False`` (4-bit int / uint codes: :func:`natural_dec_helper`).
 
 It is the wgmma GEMV (gemv/wgmma.py, 17..64 rows) over tiles of rows. A block owns
 ``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
@@ -36,12 +37,14 @@ out-of-bounds fill) and not stored, channels past N are clamped on load and not 
 a multiple of the slab (as for the GEMV; otherwise the operator's default serves the plan).
 
 The default where decode-then-GEMM would otherwise serve (sm_90a, rows past the GEMV), up to 1024
-rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over
-Llama shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
+rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16 g128 over Llama
+shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
 tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks (past 128
-rows, for 4-bit codes, ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles with two warpgroups
-side by side. The tuner searches the rest (:func:`fused_space`). Above that, decode-then-GEMM stays faster: each
-256-row tile decodes the weights again, and the permute pass reads and writes the activations.
+rows, for 4-bit codes, ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles
+with two warpgroups side by side; the split-K tiles without the permute pass where the natural-order
+decoder takes the plan (below). The tuner searches the rest (:func:`fused_space`). Above that,
+decode-then-GEMM stays faster: each 256-row tile decodes the weights again, and the permute pass
+reads and writes the activations.
 
 What bounds it: the tensor rate (an m64nNk16 takes ~N / 2 SM cycles) plus the decode that no other
 warpgroup's wgmma hides (~14 instructions per wgmma for 4-bit codes: a larger share of an n128 wgmma
@@ -60,8 +63,8 @@ cache flush (the activations then come from DRAM: that wait 35% of the samples) 
 CUPTI timeline of eager calls the permute kernel and the gap after it are ~10% of a 128-row call
 without PDL; under PDL this kernel starts early and the permute kernel beside it takes ~1.7x as
 long, the call ~7% shorter. Half the activation bytes per FLOP (128-channel blocks over half of K:
-N=16384, K=4096, the proxy of a K split over a CTA pair) gave no gain. Left to try: the weights
-loaded by a producer of their own, and no permute pass (below).
+N=16384, K=4096, the proxy of a K split over a CTA pair) gave no gain. (All with the permute pass.)
+Left to try: the weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
@@ -105,18 +108,18 @@ by ``stmatrix .trans`` + 16-byte stores (the dense GEMM's gain): from 1.2% slowe
 over the nine cases with the scratch in the ring, no consistent gain (1-3% slower with the scratch
 as 4 KB of shared memory more, likely past an L1 carve-out step): the stores are not the bound.
 
-Not done yet (issue 24): the permuted activations are a rows x K x 2-byte temporary (64 MB at 4096 x
-8192; the issue asks <= 1 MB). Two ways to drop the permute kernel: an offline weight order whose
-decoded pairs land in natural K order (every kernel of the operator would then read that order: the
-mma GEMV pairs its activations to the decoded order within a vector already, ``bb_prep``, but this
-order spans the quad's vectors; the dequantize kernel would write natural order), or the plain
-layout rearranged in registers: with the activations in natural K order, k16 step s needs codes 16 s
-+ 2 q + {0, 1, 8, 9} in lane q of a quad (4-bit codes), all in the vector of lane s // 2, byte q of
-each of its 4 words: per vector a 4x4 byte transpose (8 ``prmt``), a 4x4 word transpose across the
-quad (3 shuffles and ~16 selects, as the dense GEMM's ``bb_st4q``) and a decoder of a byte's two
-nibbles into one half2 (one ``prmt`` more per pair; the high nibble times 16, the 1/16 in its
-``hfma2``): an estimated ~1.7x the decode's instructions, against the permute pass's ~10% of a
-128-row call; not built. No persistent tile loop, split-K or warp-specialized producer.
+Activations in natural K order (``permute=False``, float16 / bfloat16 activations x 4-bit int / uint
+codes whose groups hold whole slabs, plain or fast-decoding code order): no permute kernel and no
+temporary; the codes move in registers instead. k16 step s needs codes 16 s + 2 q + {0, 1, 8, 9} in
+lane q of a quad, all in the vector of lane s // 2, byte q of each of its 4 words: per vector a 4x4
+byte transpose (8 ``prmt``), the 4x4 word transpose across the quad (3 shuffles, as the dense GEMM's
+``bb_st4q``) and one ``prmt`` more per decoded pair (:func:`natural_dec_helper`; the default 128-row
+kernel's SASS grows 1.4x, the 256-row one's 1.2x). H100, W4A16 g128 8192^2, against the permuted
+kernel of the same tile in one run: 6% faster at 128 rows, 12% at 256 (split-K tiles), the same at
+512 and 1024 (256-row tiles side by side, which also spill a few words with it for some formats):
+the defaults take it in the split-K tiles. Not done yet (issue 24): the other formats keep the
+permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no
+persistent tile loop, split-K across blocks or warp-specialized producer.
 """
 from __future__ import annotations
 
@@ -127,6 +130,8 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
+from .cuda_wgmma import QUAD_TRANSPOSE
+from .gemv.decode import ACT, decoder, lop3_lut
 from .gemv.emit import e4m3_acts
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
@@ -152,6 +157,8 @@ class FusedWgmmaHint:
     pdl: bool = True               # programmatic dependent launch (the permute kernel and this one)
     overlap: bool = False          # two sets of decoded registers: a warpgroup decodes slab s + 1 while its
                                    # wgmma of slab s run (wait_group 1); needs a ring of 2 slabs
+    permute: bool = True           # False: no permute kernel (no temporary); the activations in natural K
+                                   # order, the codes moved in registers instead (natural_dec_helper)
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
@@ -217,10 +224,84 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
     """32-bit registers a thread holds for its tile: float32 accumulators (``channel_tiles x
     row_tile / 2``), the decoded pairs of one slab (2 channels x ``512 / bits / 8`` words per tile)
     and the ``stages`` slots of loaded weight vectors (2 channels x 4 words per tile); ``overlap``:
-    two slabs of decoded pairs."""
+    two slabs of decoded pairs; ``permute=False``: 8 more (the words a vector's codes move through)."""
     R = hint.channel_tiles
     decoded = R * 2 * (64 // plan.w.bits // (2 if _byte_acts(plan) else 1)) * (2 if hint.overlap else 1)
-    return R * hint.row_tile // 2 * _sum_sets(plan) + decoded + max(1, hint.stages) * R * 2 * 4
+    moved = 0 if hint.permute else 8          # permute=False: the transposed words live beside the vector
+    return R * hint.row_tile // 2 * _sum_sets(plan) + decoded + max(1, hint.stages) * R * 2 * 4 + moved
+
+
+_LUT_FIELD = lop3_lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))    # the field of a, c elsewhere (the int decoders')
+
+
+# code orders inside a word the natural-order decoder undoes -> the byte permutation it folds into
+# its byte transpose (None: the plain order; BitBLAS's fast-decoding interleave of 4-bit codes)
+NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
+
+
+def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
+    """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
+    in natural K order (4-bit int / uint codes in the plain layout, one 16-byte vector per lane).
+    Lane q of a quad holds the 32 codes of K 32 q .. 32 q + 31 of the slab, 8 per word, two per byte
+    (the even K in the low nibble); k16 step s needs codes 16 s + 2 q + {0, 1} (A fragment word 2 s)
+    and 16 s + 2 q + {8, 9} (word 2 s + 1), byte q of words 0..3 of lane s // 2's vector. So: a 4x4
+    byte transpose per lane (``prmt``: word j holds byte j of words 0..3), the 4x4 word transpose
+    across the quad (:data:`~.cuda_wgmma.QUAD_TRANSPOSE`: word p now holds byte q of lane p's words),
+    then byte b of word p, the codes of K 32 p + 8 b + 2 q + {0, 1}, to decoded pair d[4 p + b]:
+    the low nibble and the high one (the word shifted right by 4) ``prmt``-ed into the two halves,
+    magic number and ``hsub2`` as the int decoders (field - ``off``, exact; ``storage`` "twos": the
+    sign bit XOR-ed). ``order`` :data:`NATURAL_ORDERS`: BitBLAS's fast-decoding interleave (code j
+    in slot ``order[j]``: the even codes in the low half) is undone first, nibbles 1, 3 swapped
+    with 4, 6 (two shifts, two ``lop3``) and bytes 1 and 2 swapped in the byte transpose's
+    selectors. Every lane of the warp calls it (shuffles)."""
+    t2, magic = ACT[act][1], ACT[act][2]
+    mask = 0x000F000F
+    sign = 0x00080008 if storage == "twos" else 0
+    c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+    sigma = NATURAL_ORDERS[order]         # natural byte j of a word is its byte sigma[j] (after the nibble swap)
+    lo = sigma[0] | (4 + sigma[0]) << 4 | sigma[1] << 8 | (4 + sigma[1]) << 12
+    hi = sigma[2] | (4 + sigma[2]) << 4 | sigma[3] << 8 | (4 + sigma[3]) << 12
+    lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
+    if order is None:
+        lines.append("  const unsigned x0 = w[0], x1 = w[1], x2 = w[2], x3 = w[3];")
+    else:
+        for j in range(4):
+            lines.append(f"  const unsigned t{j} = (w[{j}] ^ (w[{j}] >> 12)) & 0x0000f0f0u, "
+                         f"x{j} = w[{j}] ^ t{j} ^ (t{j} << 12);")
+    lines += [f"  const unsigned a0 = __byte_perm(x0, x1, 0x{lo:04x}u), a1 = __byte_perm(x0, x1, 0x{hi:04x}u);",
+              f"  const unsigned a2 = __byte_perm(x2, x3, 0x{lo:04x}u), a3 = __byte_perm(x2, x3, 0x{hi:04x}u);",
+             "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
+             "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
+             "  bb_quad_t(u0, u1, u2, u3);",
+             f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
+             f"  const {t2} z0 = *reinterpret_cast<const {t2}*>(&z0u);"]
+    for p in range(4):
+        lines.append(f"  {{ const unsigned h = u{p} >> 4;")
+        for b in range(4):
+            sel = b | b << 4 | (4 + b) << 8 | (4 + b) << 12
+            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{_LUT_FIELD:02x};\" "
+                         f": \"=r\"(x) : \"r\"(__byte_perm(u{p}, h, 0x{sel:04x}u)));")
+            lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
+            lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
+        lines.append("  }")
+    lines.append("}")
+    return QUAD_TRANSPOSE + "\n".join(lines) + "\n"
+
+
+def _natural_unsupported(plan, hint) -> Optional[str]:
+    """``permute=False``: why the natural-order decoder does not take ``plan`` (None: it does)."""
+    c, w = plan.config, plan.w
+    if c.A_dtype not in ("float16", "bfloat16"):
+        return f"permute=False: A_dtype={c.A_dtype!r}; the natural-order decoder takes float16 / bfloat16 activations"
+    if decoder(w) != "int" or w.bits != 4:
+        return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint codes")
+    if plan.w_order not in NATURAL_ORDERS:
+        return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
+
+    if plan.groups > 1 and c.group_size % slab_codes(w.bits):
+        return (f"permute=False: group_size={c.group_size}; each lane decodes codes of the whole slab, so a group "
+                f"must hold whole slabs of {slab_codes(w.bits)} K values")
+    return None
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -237,6 +318,10 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
                 f"activations")
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
+    if not hint.permute:
+        why = _natural_unsupported(plan, hint)
+        if why:
+            return why
     if _byte_acts(plan):
         why = _byte_acts_unsupported(plan, hint)
         if why:
@@ -352,7 +437,11 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         ov = replace(hint, overlap=True, **(dict(stages=4, ring=4) if hint.split_k else {}))
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
-                return h
+                # split over K: the activations as given where the natural-order decoder takes the
+                # plan (H100, W4A16 g128 8192^2: 6% faster at 128 rows, 12% at 256; the 256-row tiles
+                # side by side measured the same at 512 and 1024 rows and keep the permute)
+                nat = replace(h, permute=False)
+                return nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None else h
     return None
 
 
@@ -390,8 +479,9 @@ def fused_space(plan) -> list:
     """Every tile of the fused GEMM that takes ``plan`` (the tuner's space): 64-, 128- or 256-row
     tiles; 1 or 2 channel tiles per warpgroup; one warpgroup, two side by side in N, or two splitting
     K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
-    that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's). The
-    defaults of :func:`fused_default` are among them."""
+    that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
+    the permute kernel and, where the natural-order decoder takes the plan, without
+    (``permute=False``). The defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
                                                             (1, 2, 4), (False, True)):
@@ -399,8 +489,9 @@ def fused_space(plan) -> list:
         for hint in (base, replace(base, ring=4)) if split else (base,):
             if hint.ring and hint.ring == ring_slots(plan, base):
                 continue                  # the same ring as the largest that fits
-            if fused_wgmma_unsupported(plan, hint) is None:
-                out.append(hint)
+            for h in (hint, replace(hint, permute=False)):
+                if fused_wgmma_unsupported(plan, h) is None:
+                    out.append(h)
     return out
 
 
@@ -460,6 +551,10 @@ def _body(plan, hint: FusedWgmmaHint):
         else:
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
+        if not hint.permute:          # the activations as given: the codes move in registers instead
+            nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order)
+            e_nat = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
+                                                                 f"{off}, {dst}, source_code={nsrc!r})")
         tensor_map(add, plan.arg("A").dtype, K, RT)
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
                      None if at_store else e["sdt"], e["zdt"], wait=False)
@@ -539,7 +634,7 @@ def _body(plan, hint: FusedWgmmaHint):
             if B8:
                 decode_bytes(ind, ws, dq)
             else:
-                decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
+                decode_vectors(add, plan, e if hint.permute else e_nat, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
                 # bytes: the first k32 of a slab overwrites the sums where they are promoted per slab
@@ -590,8 +685,8 @@ def main_script(plan, hint: FusedWgmmaHint) -> str:
 
 def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, target=None):
     """IRModule of the fused GEMM for ``plan`` (any row count, static or symbolic; ``func`` is not
-    used): ``main`` (this kernel) and ``permute`` (the wgmma GEMV's), compiled for sm_90a with the
-    tirx pipeline; ``build.kernel_callable`` runs them in turn."""
+    used): ``main`` (this kernel) and ``permute`` (the wgmma GEMV's; none with ``permute=False``),
+    compiled for sm_90a with the tirx pipeline; ``build.kernel_callable`` runs them in turn."""
     from tvm.script import tirx as T
     from .gemv.wgmma import permute_script
     from .target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
@@ -603,10 +698,13 @@ def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, targ
     if why:
         raise ValueError(f"{hint}: {why}")
     prim = tvm.script.from_source(main_script(plan, hint), extra_vars={"T": T})
-    perm = tvm.script.from_source(permute_script(plan, _gemv_stand_in(hint)), extra_vars={"T": T})
+    funcs = {"main": prim}
+    if hint.permute:
+        funcs["permute"] = tvm.script.from_source(permute_script(plan, _gemv_stand_in(hint)), extra_vars={"T": T})
     if hint.pdl:
         tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
-        prim = prim.with_attr("tirx.kernel_launch_params", tags + ["tirx.use_dyn_shared_memory"])
-        perm = perm.with_attr("tirx.kernel_launch_params", tags)
-    mod = tvm.IRModule({"main": prim, "permute": perm})
+        funcs = {name: f.with_attr("tirx.kernel_launch_params", tags + (["tirx.use_dyn_shared_memory"]
+                                                                        if name == "main" else []))
+                 for name, f in funcs.items()}
+    mod = tvm.IRModule(funcs)
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)

@@ -331,3 +331,23 @@ def test_fused_natural_8192():
     for hk in ("t128w2k-ov4", "t256w2"):
         errors = _check(cfg, replace(HINTS[hk], permute=False), (128, 256))
         assert not errors, errors
+
+
+@pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros"])
+@gpu
+def test_natural_default_through_matmul(name):
+    """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default): correct
+    across the GEMV / fused boundary and past the split-K rows, with activations off the 16-byte
+    boundary too (the operator realigns them: TMA reads them as given), and its 128-row kernel is the
+    natural-order one."""
+    import bitblas
+    from kernel_helpers import shifted_view
+    from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    cfg = MatmulConfig(M=None, N=8192, K=2048, **NAT_FORMATS[name])
+    op = bitblas.Matmul(cfg)
+    assert op.choice("cuda", 128).hint.permute is False
+    _check_operator(op, cfg, (64, 65, 128, 200, 256, 1024), name)
+    inp = random_inputs(cfg, 128, device="cuda")
+    out = torch.full((128, cfg.N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
+    op(**{**inp, "A": shifted_view(inp["A"])}, output=out)
+    assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)

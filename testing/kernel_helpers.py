@@ -145,3 +145,25 @@ def run_fdec(src: str, w: list) -> list:
     from c_interp import run_c
     d = run_c(src, {"w": list(w), "d": {}})["d"]
     return [d[i] for i in range(len(d))]
+
+
+# A warp on the host, for the CUDA helpers that shuffle (tests compile them with g++ and run each lane as
+# a thread: ``threadIdx.x`` per thread, ``__shfl_xor_sync`` through a shared array and a barrier)
+HOST_WARP = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+struct Dim { unsigned x; };
+static thread_local Dim threadIdx;
+static std::barrier<> sync_point(32);
+static unsigned exchange[32];
+// a warp's __shfl_xor_sync: every lane publishes its value, then reads its partner's
+static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
+  exchange[threadIdx.x] = v;
+  sync_point.arrive_and_wait();
+  unsigned r = exchange[threadIdx.x ^ mask];
+  sync_point.arrive_and_wait();
+  return r;
+}
+"""

@@ -25,7 +25,7 @@ from bitblas.plan import make_plan
 from bitblas.schedule import FusedWgmmaHint, hint_from_dict, hint_to_dict
 from bitblas.schedule.fused_wgmma import fused_default, fused_wgmma_unsupported, schedule_fused_wgmma
 from c_interp import run_permute
-from kernel_helpers import TARGETS, choose, run_fdec
+from kernel_helpers import HOST_WARP, TARGETS, choose, run_fdec
 
 SM90 = cuda_target(TARGETS["sm_90"])
 SM80 = cuda_target(TARGETS["sm_80"])
@@ -453,23 +453,7 @@ def test_byte_acts_group_scale_registers_only_where_grouped():
 
 
 # -- permute=False: the activations in natural K order, the codes moved in registers ----------------
-_NDEC_HARNESS = r"""
-#include <barrier>
-#include <cstdio>
-#include <cstring>
-#include <thread>
-struct Dim { unsigned x; };
-static thread_local Dim threadIdx;
-static std::barrier<> sync_point(32);
-static unsigned exchange[32];
-// a warp's __shfl_xor_sync: every lane publishes its value, then reads its partner's
-static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
-  exchange[threadIdx.x] = v;
-  sync_point.arrive_and_wait();
-  unsigned r = exchange[threadIdx.x ^ mask];
-  sync_point.arrive_and_wait();
-  return r;
-}
+_NDEC_HARNESS = HOST_WARP + r"""
 static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   unsigned long long v = ((unsigned long long)y << 32) | x;
   unsigned r = 0;

@@ -17,7 +17,7 @@ from bitblas.build import build_plan, cuda_source, cuda_target, find_nvcc, nvcc_
 from bitblas.plan import make_plan
 from bitblas.schedule import GEMVHint, MMAHint, WGMMAHint, wgmma_unsupported
 from bitblas.kernels import default_hint
-from kernel_helpers import TARGETS, check_kernel, choose, fp8_mma_tolerance, past_gemv
+from kernel_helpers import HOST_WARP, TARGETS, check_kernel, choose, fp8_mma_tolerance, past_gemv
 
 C = MatmulConfig
 E4, E5 = "float8_e4m3", "float8_e5m2"
@@ -351,24 +351,9 @@ def test_gpu_misaligned_views(fam):
 
 
 # -- the epilogue's quad-transposed store, on the host (CPU) -------------------------------------------
-_LANES_HARNESS = r"""
-#include <barrier>
-#include <cstdio>
-#include <thread>
+_LANES_HARNESS = HOST_WARP + r"""
 struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-struct Dim { unsigned x; };
-static thread_local Dim threadIdx;
-static std::barrier<> sync_point(32);
-static unsigned exchange[32];
-// a warp's __shfl_xor_sync: every lane publishes its value, then reads its partner's
-static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) {
-  exchange[threadIdx.x] = v;
-  sync_point.arrive_and_wait();
-  unsigned r = exchange[threadIdx.x ^ mask];
-  sync_point.arrive_and_wait();
-  return r;
-}
 // a stand-in pack that keeps which value went where: the integer parts of a and b, low half first
 static unsigned bb_pack2(float a, float b) { return (unsigned)(int)a | ((unsigned)(int)b << 16); }
 #define __device__

@@ -241,7 +241,7 @@ NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
 
 def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
-    in natural K order (4-bit int / uint codes in the plain layout, one 16-byte vector per lane).
+    in natural K order (4-bit int / uint codes, one 16-byte vector per lane).
     Lane q of a quad holds the 32 codes of K 32 q .. 32 q + 31 of the slab, 8 per word, two per byte
     (the even K in the low nibble); k16 step s needs codes 16 s + 2 q + {0, 1} (A fragment word 2 s)
     and 16 s + 2 q + {8, 9} (word 2 s + 1), byte q of words 0..3 of lane s // 2's vector. So: a 4x4
@@ -288,16 +288,15 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
     return QUAD_TRANSPOSE + "\n".join(lines) + "\n"
 
 
-def _natural_unsupported(plan, hint) -> Optional[str]:
+def _natural_unsupported(plan) -> Optional[str]:
     """``permute=False``: why the natural-order decoder does not take ``plan`` (None: it does)."""
     c, w = plan.config, plan.w
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"permute=False: A_dtype={c.A_dtype!r}; the natural-order decoder takes float16 / bfloat16 activations"
     if decoder(w) != "int" or w.bits != 4:
-        return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint codes")
+        return f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint codes"
     if plan.w_order not in NATURAL_ORDERS:
         return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
-
     if plan.groups > 1 and c.group_size % slab_codes(w.bits):
         return (f"permute=False: group_size={c.group_size}; each lane decodes codes of the whole slab, so a group "
                 f"must hold whole slabs of {slab_codes(w.bits)} K values")
@@ -319,7 +318,7 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     if c.layout != "nt":
         return f"layout={c.layout!r}: the fused wgmma GEMM takes 'nt' weights"
     if not hint.permute:
-        why = _natural_unsupported(plan, hint)
+        why = _natural_unsupported(plan)
         if why:
             return why
     if _byte_acts(plan):

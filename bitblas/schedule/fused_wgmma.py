@@ -131,8 +131,8 @@ from typing import Optional
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
 from .cuda_wgmma import QUAD_TRANSPOSE
-from .gemv.decode import ACT, decoder, lop3_lut
-from .gemv.emit import e4m3_acts
+from .gemv.decode import ACT, decoder
+from .gemv.emit import LUT_FIELD, e4m3_acts
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
                          wgmma_wait)
@@ -231,9 +231,6 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
     return R * hint.row_tile // 2 * _sum_sets(plan) + decoded + max(1, hint.stages) * R * 2 * 4 + moved
 
 
-_LUT_FIELD = lop3_lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))    # the field of a, c elsewhere (the int decoders')
-
-
 # code orders inside a word the natural-order decoder undoes -> the byte permutation it folds into
 # its byte transpose (None: the plain order; BitBLAS's fast-decoding interleave of 4-bit codes)
 NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
@@ -279,7 +276,7 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
         lines.append(f"  {{ const unsigned h = u{p} >> 4;")
         for b in range(4):
             sel = b | b << 4 | (4 + b) << 8 | (4 + b) << 12
-            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{_LUT_FIELD:02x};\" "
+            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
                          f": \"=r\"(x) : \"r\"(__byte_perm(u{p}, h, 0x{sel:04x}u)));")
             lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
             lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
@@ -552,8 +549,8 @@ def _body(plan, hint: FusedWgmmaHint):
 
         if not hint.permute:          # the activations as given: the codes move in registers instead
             nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order)
-            e_nat = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
-                                                                 f"{off}, {dst}, source_code={nsrc!r})")
+            e = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
+                                                             f"{off}, {dst}, source_code={nsrc!r})")
         tensor_map(add, plan.arg("A").dtype, K, RT)
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
                      None if at_store else e["sdt"], e["zdt"], wait=False)
@@ -633,7 +630,7 @@ def _body(plan, hint: FusedWgmmaHint):
             if B8:
                 decode_bytes(ind, ws, dq)
             else:
-                decode_vectors(add, plan, e if hint.permute else e_nat, ind, R, cidx(step), ws, dq=dq)
+                decode_vectors(add, plan, e, ind, R, cidx(step), ws, dq=dq)
             for b in range(UPS):
                 u = f"({step}) * {UPS} + {b}"
                 # bytes: the first k32 of a slab overwrites the sums where they are promoted per slab

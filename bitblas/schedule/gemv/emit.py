@@ -61,7 +61,7 @@ from .int8 import i8_helpers
 
 __all__ = ["vec_bytes", "vec_blocks", "block_scale_helpers", "block_dot_helpers", "dot_helper", "e4m3x2_lines",
            "span_vectors", "decode_ops_per_weight", "f8_scales", "e4m3_acts", "half_acts", "f8_half_prep",
-           "F8_HALF_SHIFT", "mma_decodable", "uses_f32_path",
+           "F8_HALF_SHIFT", "LUT_FIELD", "mma_decodable", "uses_f32_path",
            "prep_words", "keeps_act_sum", "act_smem_bytes", "format_helpers", "load_helpers", "DOT_FMAS_PER_ASM",
            "fmt_float", "LDS4", "STS4", "device_entry", "pdl_trigger", "reduce_k_warps", "split_steps", "step_loop"]
 
@@ -237,7 +237,7 @@ __device__ __forceinline__ void bb_sts4(void* p, const void* s) {
 # CUDA helpers (device functions, inlined by nvcc), generated per format
 # --------------------------------------------------------------------------------------------
 # lop3 LUT of f(a, b, c) = b ? (a ^ c) : c  (b = field mask, c = sign bit inside the field, magic outside)
-_LUT_FIELD = lop3_lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))
+LUT_FIELD = lop3_lut(lambda a, b, c: (b & (a ^ c)) | (~b & c))
 
 
 def _field_plan(bits: int, mant: int):
@@ -393,7 +393,7 @@ def _int_helpers(tag: str, act: str, bits: int, twos: bool, nw: int, half_pairs:
             b_const = field * 0x10001
             sign = (1 << (pos + bits - 1)) if twos else 0
             c_const = (sign * 0x10001) | (magic2 & ~b_const & 0xFFFFFFFF)
-            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{b_const:08x}, 0x{c_const:08x}, 0x{_LUT_FIELD:02x};\" "
+            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{b_const:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
                          f": \"=r\"(x) : \"r\"(w{s}));")
             if pos == 0:
                 lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")

@@ -14,7 +14,7 @@ rows its plan is built for), which the operator uses as its kernel-cache key. Th
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 from ..config import MatmulConfig
 from ..plan import Plan, make_plan
@@ -23,8 +23,8 @@ from ._gemv import serves_untuned as _gemv_serves_untuned
 from .base import KernelChoice
 
 __all__ = ["select", "kernel_rows", "row_class", "gemv_serves", "composite_serves", "DEQUANT_GEMM",
-           "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_plans", "dequant_gemm_reason", "choice_plans",
-           "choice_sources", "KernelPart"]
+           "DEQUANT_GEMM_MIN_ROWS", "dense_config", "dequant_gemm_plans", "dequant_gemm_reason",
+           "choice_sources"]
 
 DEQUANT_GEMM = "dequant-gemm"
 _WGMMA = by_name("wgmma")
@@ -61,32 +61,18 @@ def dequant_gemm_plans(config: MatmulConfig, rows: Optional[int]) -> Tuple[Plan,
     return make_plan(config, "cuda", None), make_plan(dense_config(config), "cuda", rows)
 
 
-class KernelPart(NamedTuple):
-    """One kernel a choice runs: its plan, its hint (None: the plan's default), and whether it is
-    decode-then-GEMM's dequantize kernel (schedule.cuda_dequant) rather than a template's."""
-    plan: Plan
-    hint: object
-    dequant: bool = False
-
-
-def choice_plans(config: MatmulConfig, kind: str, choice: KernelChoice) -> Tuple[KernelPart, ...]:
-    """The kernels that ``choice`` runs for ``config``, in call order: for decode-then-GEMM the
-    dequantize kernel and the dense GEMM with the choice's hint (:func:`dequant_gemm_plans`); else
-    the one kernel of ``config`` at the choice's rows. What ``Matmul`` builds and prints
-    (``get_source``) and the codegen fuzz compiles."""
-    if choice.template == DEQUANT_GEMM:
-        deq, dense = dequant_gemm_plans(config, choice.rows)
-        return KernelPart(deq, None, dequant=True), KernelPart(dense, choice.hint)
-    return (KernelPart(make_plan(config, kind, choice.rows), choice.hint),)
-
-
 def choice_sources(config: MatmulConfig, choice: KernelChoice, target=None) -> list:
-    """CUDA C sources of the kernels that ``choice`` runs for ``config`` (:func:`choice_plans`), in
-    call order; works without a GPU."""
+    """CUDA C sources of the kernels that ``choice`` runs for ``config``, in call order (works
+    without a GPU): for decode-then-GEMM the dequantize kernel and the dense GEMM with the choice's
+    hint (:func:`dequant_gemm_plans`, as ``DequantGemm`` builds them); else the one kernel of
+    ``config`` at the choice's rows. ``Matmul.get_source`` prints them, the codegen fuzz compiles
+    them."""
     from ..build import cuda_source
     from ..schedule.cuda_dequant import dequant_source
-    return [dequant_source(p.plan, target) if p.dequant else cuda_source(p.plan, target, p.hint)
-            for p in choice_plans(config, "cuda", choice)]
+    if choice.template == DEQUANT_GEMM:
+        deq, dense = dequant_gemm_plans(config, choice.rows)
+        return [dequant_source(deq, target), cuda_source(dense, target, choice.hint)]
+    return [cuda_source(make_plan(config, "cuda", choice.rows), target, choice.hint)]
 
 
 def dequant_gemm_reason(plan: Plan, target) -> Optional[str]:

@@ -88,9 +88,9 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
       slab: ``WGMMA_SLAB_CHAIN_CLK`` per slab and tile instead, if longer;
     * memory: the weights once and the activations three times (the permute pass reads and writes
       them, the kernel reads them; once with ``permute=False``) at the DRAM rate;
-    plus the per-tile epilogue and two launches (one with ``permute=False``). The knobs the model does not see (``overlap``,
-    weight slots) scale the tensor time by the factors above, so that of two tiles of one shape
-    the tuner's top-k keeps the variants the H100 sweeps favoured."""
+    plus the per-tile epilogue and two launches (one with ``permute=False``). The knobs the model
+    does not see (``overlap``, weight slots) scale the tensor time by the factors above, so that of
+    two tiles of one shape the tuner's top-k keeps the variants the H100 sweeps favoured."""
     c, w = plan.config, plan.w
     if fused_wgmma_unsupported(make_plan(c, "cuda", None), hint) is not None:
         return math.inf

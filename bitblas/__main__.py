@@ -35,7 +35,7 @@ def demo(args) -> int:
     ref = reference_matmul(cfg, A, **q)
     err = relative_error(out.cpu(), ref)
     w_err = (bitblas.quantization.dequantize(cfg, **{k: v.cpu() for k, v in q.items()}).float() - weight).abs().max()
-    ms = op.profile_latency(m=args.m, device=device)
+    ms = op.profile_latency(m=args.m, device=device, flush_l2=True)
     ok = err <= tolerance(cfg)
     print(f"  first call (build + run): {t_build:.2f} s")
     print(f"  max |out - ref| / max |ref| = {err:.2e} (tolerance {tolerance(cfg):.0e}) -> {'OK' if ok else 'FAIL'}")

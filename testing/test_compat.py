@@ -172,3 +172,21 @@ def test_profile_latency_times_calls_of_the_operator(kw):
     assert (calls[0][-1].dtype == torch.int8) == (kw.get("out_dtype") == "int8")
     n = len(calls)
     assert op.profile_latency(m=3, repeats=4, kernel_only=True) > 0 and len(calls) == n
+
+
+def test_profile_latency_repeats_one_weight_unless_flush_l2():
+    """By default profile_latency calls the operator on the same tensors each time, as Microsoft
+    BitBLAS's (tvm's time_evaluator) and integration/pytorch's test_profile_performance, which
+    compares it with a loop of forward calls on one layer, expect; ``flush_l2=True`` cycles
+    through weight copies (the cache size of the machine decides how many: at least 2 for a weight
+    of 4 KiB)."""
+    op = bitblas.Matmul(bitblas.MatmulConfig(M=[1, 8], N=64, K=64, A_dtype="float16", W_dtype="float16"),
+                        target="llvm")
+    calls = []
+    apply = op.apply
+    op.apply = lambda *a: calls.append(a) or apply(*a)
+    op.profile_latency(m=2, repeats=3)
+    assert len({a[1].data_ptr() for a in calls}) == 1
+    calls.clear()
+    op.profile_latency(m=2, repeats=3, flush_l2=True)
+    assert len({a[1].data_ptr() for a in calls}) > 1

@@ -572,7 +572,7 @@ class Matmul(BitBLASOperatorAPI):
             choice_sources(self._kc, self.choice(kind, rows), target))
 
     def profile_latency(self, m: Optional[int] = None, warmup: int = 5, repeats: int = 30,
-                        device=None, flush_l2: bool = True, kernel_only: bool = False) -> float:
+                        device=None, flush_l2: bool = False, kernel_only: bool = False) -> float:
         """Median latency in ms of one call of the operator at ``m`` rows (default: the config's M,
         its largest bucket, or 1), on fresh random inputs (GPU if available, else CPU).
 
@@ -583,7 +583,9 @@ class Matmul(BitBLASOperatorAPI):
         row of a small layer) this is the host's time per call, which is what the caller gets.
         ``kernel_only``: launch the compiled kernel function itself instead (no operator dispatch:
         the tuner's measurement). ``flush_l2``: cycle through enough weight copies that the
-        weights come from DRAM (GPU L2, CPU last-level cache).
+        weights come from DRAM (GPU L2, CPU last-level cache); by default the calls repeat on the
+        same tensors, as Microsoft BitBLAS's ``profile_latency`` (tvm's time_evaluator) and a
+        caller's loop over one layer do, so a layer that fits the L2 is timed warm.
         """
         self._not_for_nvfp4("profile_latency")
         from ..hardware import query_device

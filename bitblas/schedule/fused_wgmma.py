@@ -116,8 +116,11 @@ byte transpose (8 ``prmt``), the 4x4 word transpose across the quad (3 shuffles,
 ``bb_st4q``) and one ``prmt`` more per decoded pair (:func:`natural_dec_helper`; the default 128-row
 kernel's SASS grows 1.4x, the 256-row one's 1.2x). H100, W4A16 g128 8192^2, against the permuted
 kernel of the same tile in one run: 6% faster at 128 rows, 12% at 256 (split-K tiles), the same at
-512 and 1024 (256-row tiles side by side, which also spill a few words with it for some formats):
-the defaults take it in the split-K tiles. Not done yet (issue 24): the other formats keep the
+512 and 1024 (256-row tiles side by side, which also spill a few words with it for some formats).
+H200, the same comparison at 128 and 256 rows (two samples each, one run): no gain there, 1-2%
+slower at 256 rows, at 128 rows within the samples' spread (why the H100's gain does not carry
+over: not profiled). The defaults take it in the split-K tiles: faster on the H100, within 2% on
+the H200, and no temporary. Not done yet (issue 24): the other formats keep the
 permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no
 persistent tile loop, split-K across blocks or warp-specialized producer.
 """

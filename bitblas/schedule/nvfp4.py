@@ -27,6 +27,11 @@ of one batch and walks K in 16-byte vectors (32 codes, a warp load = 512 contigu
 ``unroll`` vectors per row per step through a ring of ``stages`` register slots (the GEMV template's step
 loop: the loads of ``stages - 1`` steps in flight); lanes are warp-reduced and one lane stores.
 The grid covers L x row blocks; the first steps' loads go out before the activation staging.
+Looked at and refuted (H200, one run, ``benchmark.nvfp4`` with a hint sweep): at (M, K, L) =
+(7168, 16384, 1) the default's one wave of 448 blocks is uneven on 132 SMs (the fullest SMs hold
+18% more rows than the average), and 14-row blocks (R2W7: one even wave) were expected to take
+the shape ~12% closer to its floor; they measured 1.4% faster (R2W14 the same), and 7-9% slower
+on (4096, 7168, 8): the wave's evenness is not what keeps it at 1.2x its byte floor.
 
 The CPU kernel (``NVFP4CPUHint``, LLVM): the same arithmetic (integer block dot products of
 doubled values, one float32 multiply-add per block), parallel over (batch, row tiles).

@@ -325,7 +325,8 @@ def test_fused_natural(name, hk):
 
 @gpu
 def test_fused_natural_8192():
-    """permute=False at N = K = 8192, 128 and 256 rows, against the permuted kernel of the same tile."""
+    """permute=False at N = K = 8192, 128 and 256 rows (the default split-K tile and a 256-row tile),
+    against the reference."""
     from dataclasses import replace
     cfg = MatmulConfig(N=8192, K=8192, **NAT_FORMATS["u4-g128"])
     for hk in ("t128w2k-ov4", "t256w2"):

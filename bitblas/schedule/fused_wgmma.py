@@ -437,8 +437,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 # split over K: the activations as given where the natural-order decoder takes the
-                # plan (H100, W4A16 g128 8192^2: 6% faster at 128 rows, 12% at 256; the 256-row tiles
-                # side by side measured the same at 512 and 1024 rows and keep the permute)
+                # plan (measured: the module docstring); the tiles side by side keep the permute
                 nat = replace(h, permute=False)
                 return nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None else h
     return None

@@ -248,6 +248,35 @@ def test_slab_permutation_matches_decoder(W, act):
     assert tot == sum(x * y for x, y in zip(w, a))
 
 
+@pytest.mark.parametrize("W", ["fp4_e2m1", "nvfp4"])
+def test_e2m1_table_decoder_pairs(W):
+    """The e2m1 table decoder (float16, the rows kernel's: decode._e2m1_lut_consts) pairs the codes
+    as the bit placement does (pair_codes("e2m1")), traced from its generated source."""
+    from bitblas.formats import FORMATS
+    from bitblas.schedule.gemv.decode import pair_codes
+    fmt = FORMATS[W]
+    src = format_helpers("t", "float16", 4, fmt.storage, 4, "e2m1", fmt.table, e2m1_table=True)["bb_dec_t"]
+    assert "prmt.b32" in src and "__hmul2" not in src
+    assert _traced_pairs(src, 4, 4) == pair_codes("e2m1", 4, 4)
+
+
+@pytest.mark.parametrize("act", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,hint", [(1, GEMVHint(rows_per_warp=2, warps=8, unroll=1, stages=3, act_smem=True)),
+                                    (16, GEMVMmaHint(rows_per_warp=32, k_warps=4, unroll=2, stages=2))],
+                         ids=["rows", "mma"])
+def test_e2m1_table_decoder_where(act, m, hint):
+    """Only the rows kernel with float16 activations decodes e2m1 by table (measured faster there,
+    slower in the tensor-core GEMV); bfloat16 and the mma kernel keep the bit placement's multiply."""
+    cfg = MatmulConfig(M=m, N=1024, K=1024, A_dtype=act, W_dtype="nvfp4", group_size=16, with_scaling=True,
+                       out_dtype=act)
+    src = cuda_source(make_plan(cfg, "cuda", m), SM90, hint)
+    dec = src[src.index("void bb_dec_"):]
+    dec = dec[:dec.index("\n}\n")]
+    table = act == "float16" and m == 1
+    assert ("0x3e3c3800" in dec) == table, dec[:400]
+    assert ("__hmul2" in dec) != table
+
+
 @pytest.mark.parametrize("act", ["float16", "bfloat16"])
 def test_nvfp4_block_scales_follow_the_pairs(act):
     """nvfp4 in the wgmma kernels: a 16-byte vector holds 32 e2m1 codes, two float8 blocks of 16.

@@ -99,6 +99,46 @@ def _e2m1_consts(act: str):
                 mul=2.0 ** (bias - 1), lut_mag=_LUT_AND, lut_sign=_LUT_AND_OR)
 
 
+def _e2m1_lut_consts():
+    """e2m1 -> half by table (``table_dec(..., e2m1_table=True)``, float16 activations): every e2m1
+    value is a half whose low byte is 0, so the 8 magnitudes' high bytes fit one 8-byte ``prmt``
+    table (``tab``). Per word: one ``prmt`` looks up the magnitudes of codes 0..3 (selector
+    nibbles: the codes & 7, ``mag_mask``), one those of codes 4..7 (the masked word >> 16); pair p
+    (codes p and p + 4, as the bit placement) is one ``prmt`` of the two (``spread[p]``: magnitude
+    bytes p and 4 + p into the high bytes of the two halves, each low byte in sign mode on the same
+    half's byte, below 0x80, i.e. 0), then the signs (bit 3 of each nibble; a left shift of the word
+    by ``sign_shift[p]`` puts them at bits 15 / 31) merged by one ``lop3``. Exact values, no
+    multiply: per word 12 ``lop3`` / ``prmt`` / ``shf`` and 3 shifts that ptxas issues as ``imad``,
+    against the bit placement's ~13 of the first kind and ~6 ``imad`` / ``hmul2``.
+
+    Where it runs: the rows kernel (rows.py), where it measured faster on the H200
+    (``benchmark.matmul --no-baselines --m 1``, both decoders in turn, twice each, in one run,
+    float16 activations; bit placement -> table, µs):
+
+    ======================  ==============  ============
+    layer (N x K)           nvfp4           fp4_e2m1 g128
+    ======================  ==============  ============
+    8192 x 8192             12.2 -> 12.55   11.5 -> 11.4
+    28672 x 8192            37.4 -> 37.8    36.7 -> 34.5
+    6144 x 4096             7.44 -> 6.83    6.45 -> 6.32
+    4096 x 4096             5.90 -> 5.48    5.10 -> 4.89
+    28672 x 4096            21.7 -> 20.1    19.3 -> 19.35
+    4096 x 14336            15.2 -> 14.6    14.0 -> 14.0
+    ======================  ==============  ============
+
+    The static instructions of the 8192^2 nvfp4 kernel drop 9% (1871 -> 1695), yet that shape
+    got slower: ncu (bit placement) has it neither issue- nor ALU-bound (63% of the issue slots,
+    57% of the ALU pipe; the stalls split between memory waits and math-pipe throttle / not
+    selected). In the tensor-core GEMV (16 rows) it measured 4% slower (one sample), so the
+    tensor-core kernels keep the bit placement."""
+    hb = [_act_bits(float(v), "float16") for v in E2M1_TABLE[:8]]
+    assert all(h & 0xFF == 0 and h < 0x8000 for h in hb)
+    tab = tuple(sum((hb[4 * r + i] >> 8) << (8 * i) for i in range(4)) for r in range(2))
+    spread = [((4 + p) << 12) | ((12 + p) << 8) | (p << 4) | (8 + p) for p in range(4)]
+    return dict(tab=tab, mag_mask=0x77777777, spread=spread, sign_shift=[12 - 4 * p for p in range(4)],
+                sign_mask=0x80008000, lut_sign=_LUT_AND_OR)
+
+
 def _lut4_consts(table, act: str):
     """A 16-entry table in eight registers: low and high bytes of the half (bfloat16) patterns of
     entries 0..7 and 8..15 (little-endian, 4 entries per register). A ``prmt`` whose selector
@@ -282,8 +322,10 @@ def f8_pair_dec(tag: str, act: str, nw: int, dec: str) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
-def table_dec(tag: str, act: str, nw: int, dec: str, table):
-    """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders)."""
+def table_dec(tag: str, act: str, nw: int, dec: str, table, e2m1_table: bool = False):
+    """``bb_dec_{tag}`` for the table decoders (the signature of the int decoders). ``e2m1_table``:
+    e2m1 codes with float16 activations by table lookup (:func:`_e2m1_lut_consts`) instead of bit
+    placement; the same pairs and values."""
     ctype, t2, magic, mant, magic_f = ACT[act]
     h2 = "half2" if act == "float16" else "bfloat162"
     if dec == "e5m2":
@@ -311,7 +353,23 @@ def table_dec(tag: str, act: str, nw: int, dec: str, table):
         lines.append("}")
         return "\n" + "\n".join(lines) + "\n"
     lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
-    if dec == "e2m1":
+    if dec == "e2m1" and act == "float16" and e2m1_table:
+        k = _e2m1_lut_consts()
+        # t0 = (w[0] & 0) | table word 0, opaque to ptxas: a constant would sit in a uniform
+        # register, copied to an ordinary one (imad) before every prmt (two per word)
+        lines.append(f"  unsigned t0; asm(\"lop3.b32 %0, %1, 0, 0x{k['tab'][0]:08x}, 0x{_LUT_AND_OR:02x};\" "
+                     f": \"=r\"(t0) : \"r\"(w[0]));")
+        lines.append(f"  const unsigned t1 = 0x{k['tab'][1]:08x}u;")
+        for j in range(nw):
+            lines.append(f"  {{ const unsigned q = w[{j}], qm = q & 0x{k['mag_mask']:08x}u;")
+            lines.append("    const unsigned l0 = __byte_perm(t0, t1, qm), l1 = __byte_perm(t0, t1, qm >> 16);")
+            for p, (sel, ss) in enumerate(zip(k["spread"], k["sign_shift"])):
+                sgn = f"q << {ss}" if ss else "q"
+                lines.append(f"    {{ unsigned x; asm(\"prmt.b32 %0, %1, %2, 0x{sel:04x};\" : \"=r\"(x) : \"r\"(l0), \"r\"(l1));")
+                lines.append(f"      asm(\"lop3.b32 %0, %1, 0x{k['sign_mask']:08x}, %2, 0x{k['lut_sign']:02x};\" "
+                             f": \"=r\"(x) : \"r\"({sgn}), \"r\"(x)); d[{4 * j + p}] = x; }}")
+            lines.append("  }")
+    elif dec == "e2m1":
         k = _e2m1_consts(act)
         lines.append(f"  const {t2} k = __float2{h2}_rn({k['mul']!r}f);")
         for j in range(nw):

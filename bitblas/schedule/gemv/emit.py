@@ -254,13 +254,14 @@ def _field_plan(bits: int, mant: int):
 
 
 def format_helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: str = "int", table=None,
-                   half_pairs: bool = False, order=None):
+                   half_pairs: bool = False, order=None, e2m1_table: bool = False):
     """CUDA source of the helpers for one (activation dtype, weight format, vector size);
     ``storage``: how the codes are stored (``plan.w_storage``: "offset", "twos", "plain"); ``dec``
     and ``table`` from :func:`decoder`: table decoders reuse the int path's activation and dot
     helpers and replace the decoder (and, for adjacent pairs, the activation pairing); int8
     activations take the dp4a helpers of int8. ``order``: the code order inside each weight word
-    (``Plan.w_order``; the activations are paired / gathered to match it)."""
+    (``Plan.w_order``; the activations are paired / gathered to match it). ``e2m1_table``: e2m1
+    codes with float16 activations decoded by table lookup (decode.table_dec; the rows kernel)."""
     if act == "int8":
         return {**load_helpers(nw), **i8_helpers(tag, bits, storage, nw, order)}
     if act == "float8_e4m3":          # the fused wgmma GEMM's float8 path: its own decoder (decode.e4m3_code_dec)
@@ -269,7 +270,7 @@ def format_helpers(tag: str, act: str, bits: int, storage: str, nw: int, dec: st
     if dec in ("e4m3", "e5m2") and half_pairs:
         src[f"bb_dec_{tag}"] = f8_pair_dec(tag, act, nw, dec)
     elif dec != "int":
-        src[f"bb_dec_{tag}"] = table_dec(tag, act, nw, dec, table)
+        src[f"bb_dec_{tag}"] = table_dec(tag, act, nw, dec, table, e2m1_table)
         if dec == "lut4":
             src[f"bb_prep_{tag}"] = prep_adjacent(tag, act, nw)
         src["bb_e4m3f"] = e4m3_scale_helper()

@@ -220,14 +220,18 @@ STAGED_FORMATS = {
     "bf16-u8-g128": dict(A_dtype="bfloat16", W_dtype="uint8", group_size=G, with_scaling=True, out_dtype="bfloat16"),
     "a8-i2-g128": dict(A_dtype="int8", W_dtype="int2", group_size=G, with_scaling=True, with_act_scaling=True),
     "a8-u4-chan": dict(A_dtype="int8", W_dtype="uint4", with_scaling=True, with_act_scaling=True),
+    # float16 e2m1 codes: the rows kernel's table decoder (gemv/decode.py's _e2m1_lut_consts)
     **{k: TABLE_FORMATS[k] for k in ("f16-nf4-g64", "bf16-fp4-g128", "f16-e4m3-chan", "bf16-e5m2-g128",
-                                     "bf16-nvfp4")},
+                                     "bf16-nvfp4", "f16-fp4-g128", "f16-nvfp4")},
 }
+# the default, then tiles of the tuner's space (kernels/gemv_rows.py), the last two with more registers
 STAGED_HINTS = [STAGED, GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True),
-                GEMVHint(3, 2, 2, stages=2, act_smem=True), GEMVHint(4, 4, 1, stages=4, min_blocks=4, act_smem=True)]
+                GEMVHint(3, 2, 2, stages=2, act_smem=True), GEMVHint(4, 4, 1, stages=4, min_blocks=4, act_smem=True),
+                GEMVHint(4, 8, 1, stages=3, min_blocks=2, act_smem=True),
+                GEMVHint(4, 16, 1, stages=2, min_blocks=1, act_smem=True)]
 
 
-@pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4"])
+@pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4", "r4w8s3b2", "r4w16s2b1"])
 @pytest.mark.parametrize("fmt", list(STAGED_FORMATS))
 @gpu
 def test_gemv_staged_row(fmt, hint):

@@ -32,6 +32,14 @@ Looked at and refuted (H200, one run, ``benchmark.nvfp4`` with a hint sweep): at
 18% more rows than the average), and 14-row blocks (R2W7: one even wave) were expected to take
 the shape ~12% closer to its floor; they measured 1.4% faster (R2W14 the same), and 7-9% slower
 on (4096, 7168, 8): the wave's evenness is not what keeps it at 1.2x its byte floor.
+ncu on the H200 (one cold launch of the default at (7168, 16384, 1)): 51% of the ALU pipe, 51% of
+the issue slots, stalls mostly on memory (long scoreboard), DRAM bytes equal to the bytes the
+shape must move. More warps or more loads in flight per warp did not help either
+(``benchmark.nvfp4`` with these hints as its SWEEP, one run, µs; default 18.89): 16-warp blocks
+with 1 or 2 rows per warp 20.69 / 19.71, launch bounds of 2 blocks per SM with 2 or 3 steps in
+flight 21.27 / 19.34, 1 row x 2 vectors per step 19.15, 4 rows under 2 blocks per SM 19.12,
+4-warp blocks 19.08. At (7168, 2048, 4) 1 row x 2 vectors per step took 9.96 against the
+default's 10.38 (one run; the default there came from two), so the default stays until a repeat.
 
 The CPU kernel (``NVFP4CPUHint``, LLVM): the same arithmetic (integer block dot products of
 doubled values, one float32 multiply-add per block), parallel over (batch, row tiles).

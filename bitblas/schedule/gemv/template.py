@@ -430,11 +430,14 @@ def kernel_script(plan, hint: GEMVHint, body=None):
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{'i' if signed else 'u'}{b}_v{VB}"
     else:
         tag = f"{'f16' if act == 'float16' else 'bf16'}_{dec}_v{VB}"
+    # e2m1 x float16 in the rows kernel: the table decoder, measured faster there (decode._e2m1_lut_consts);
+    # helpers of its own name, as TVM emits one definition per helper name
+    e2m1_table = isinstance(hint, GEMVRowsHint) and dec == "e2m1" and act == "float16" and not hf
+    if e2m1_table:
+        tag = f"f16_e2m1t_v{VB}"
     f32_path = uses_f32_path(plan, hint)
-    # e2m1 x float16 in the rows kernel: the table decoder, measured faster there (decode._e2m1_lut_consts)
     helpers = format_helpers(tag, "float16" if hf else act, b, plan.w_storage, NW, dec, w.table,
-                             half_pairs=b == 8 and not f32_path, order=plan.w_order,
-                             e2m1_table=isinstance(hint, GEMVRowsHint))
+                             half_pairs=b == 8 and not f32_path, order=plan.w_order, e2m1_table=e2m1_table)
     if hf:
         helpers[f"bb_prep_{tag}"] = f8_half_prep(tag, b, NW, plan.w_order)
     s_f8 = f8_scales(plan)

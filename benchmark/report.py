@@ -76,7 +76,8 @@ def _load(paths: Sequence[str]):
                 continue
             if r.get("format", "").endswith("(torch)") or r.get("hint"):
                 continue                     # baselines appear beside each of our rows; hint trials left out
-            rows[(r["format"], r["layer"], r["N"], r["K"], r["m"])] = (len(runs), r)
+            # the layer as the page shows it: "square-8k/square-8k" and "brief/square-8k" are one layer
+            rows[(r["format"], r["layer"].split("/")[-1], r["N"], r["K"], r["m"])] = (len(runs), r)
     return runs, rows, nv
 
 

@@ -81,6 +81,19 @@ def test_report_merges_runs(cpu_run, capsys):
     assert all(line.rstrip().endswith("| 2 |") for line in _table(text, "w4a16-g128"))   # the later run's rows
 
 
+def test_report_merges_a_layer_across_shape_sets(cpu_run, tmp_path, capsys):
+    """The same layer timed under another shape set (``--shapes brief`` against ``--shapes square-8k``:
+    layer "brief/square-8k" against "square-8k/square-8k") is one row of the page, the later run's."""
+    path, argv, data = cpu_run
+    other = dict(data, rows=[dict(r, layer="other-set/" + r["layer"].split("/")[-1]) for r in data["rows"]])
+    b = tmp_path / "other.json"
+    b.write_text(json.dumps(other))
+    assert report.main([str(path), str(b)]) == 0
+    lines = _table(capsys.readouterr().out, "w4a16-g128")
+    assert len(lines) == len([r for r in data["rows"] if r["format"] == "w4a16-g128"])
+    assert all(line.rstrip().endswith("| 2 |") for line in lines)
+
+
 def test_report_rejects_other_json(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps([1, 2]))

@@ -258,6 +258,8 @@ def test_e2m1_table_decoder_pairs(W):
     src = format_helpers("t", "float16", 4, fmt.storage, 4, "e2m1", fmt.table, e2m1_table=True)["bb_dec_t"]
     assert "prmt.b32" in src and "__hmul2" not in src
     assert _traced_pairs(src, 4, 4) == pair_codes("e2m1", 4, 4)
+    with pytest.raises(ValueError, match="e2m1_table"):        # no table for bfloat16 halves
+        format_helpers("t", "bfloat16", 4, fmt.storage, 4, "e2m1", fmt.table, e2m1_table=True)
 
 
 @pytest.mark.parametrize("act", ["float16", "bfloat16"])
@@ -267,13 +269,14 @@ def test_e2m1_table_decoder_pairs(W):
 def test_e2m1_table_decoder_where(act, m, hint):
     """Only the rows kernel with float16 activations decodes e2m1 by table (measured faster there,
     slower in the tensor-core GEMV); bfloat16 and the mma kernel keep the bit placement's multiply."""
+    from bitblas.schedule.gemv.decode import _e2m1_lut_consts
     cfg = MatmulConfig(M=m, N=1024, K=1024, A_dtype=act, W_dtype="nvfp4", group_size=16, with_scaling=True,
                        out_dtype=act)
     src = cuda_source(make_plan(cfg, "cuda", m), SM90, hint)
     dec = src[src.index("void bb_dec_"):]
     dec = dec[:dec.index("\n}\n")]
     table = act == "float16" and m == 1
-    assert ("0x3e3c3800" in dec) == table, dec[:400]
+    assert (f"0x{_e2m1_lut_consts()['tab'][0]:08x}" in dec) == table, dec[:400]
     assert ("__hmul2" in dec) != table
 
 

@@ -353,7 +353,9 @@ def table_dec(tag: str, act: str, nw: int, dec: str, table, e2m1_table: bool = F
         lines.append("}")
         return "\n" + "\n".join(lines) + "\n"
     lines = [f"__device__ __forceinline__ void bb_dec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
-    if dec == "e2m1" and act == "float16" and e2m1_table:
+    if e2m1_table:
+        if dec != "e2m1" or act != "float16":
+            raise ValueError(f"e2m1_table: e2m1 codes with float16 activations only, not dec={dec!r}, act={act!r}")
         k = _e2m1_lut_consts()
         # t0 = (w[0] & 0) | table word 0, opaque to ptxas: a constant would sit in a uniform
         # register, copied to an ordinary one (imad) before every prmt (two per word)

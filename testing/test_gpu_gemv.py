@@ -295,6 +295,33 @@ def test_gemv_misaligned_activations():
     assert err <= tolerance(cfg)
 
 
+@gpu
+@pytest.mark.parametrize("m", (1, 16, 128))
+def test_gemv_misaligned_block_scales(m):
+    """nvfp4's float8 block scales from a view off a 2-byte boundary (the kernels read a vector's two
+    scales in one 2-byte load): realigned by a copy on the general path, refused by the fast paths
+    (which then take the general one) and copied once at bind; the result equals the aligned one's."""
+    cfg = MatmulConfig(N=1000, K=1536, A_dtype="float16", W_dtype="nvfp4", group_size=16, with_scaling=True)
+    inputs = random_inputs(cfg, m, device="cuda")
+    sc = inputs["scale"]
+    buf = torch.empty(sc.numel() + 1, dtype=sc.dtype, device="cuda")
+    buf[1:].copy_(sc.reshape(-1))
+    odd = buf[1:].view(sc.shape)
+    assert odd.data_ptr() % 2 == 1
+    op = bitblas.Matmul(cfg)
+    kw = {k: v for k, v in inputs.items() if k not in ("A", "W", "scale")}
+    want = op(inputs["A"], inputs["W"], scale=sc, **kw).clone()
+    ref = reference_matmul(cfg, **inputs)
+    assert relative_error(want.cpu(), ref) <= tolerance(cfg)
+    for _ in range(2):                        # the first call builds the entry, the second takes the fast path
+        out = torch.full_like(want, float("nan"))
+        op(inputs["A"], inputs["W"], scale=odd, output=out, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    bound = op.bind(inputs["W"], scale=odd, **{k: v for k, v in kw.items() if k != "a_scale"})
+    assert torch.equal(bound(inputs["A"]), want)
+
+
 # -- no GPU needed ------------------------------------------------------------------------------
 @pytest.mark.nvcc
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))

@@ -8,7 +8,7 @@ import torch
 from ..plan import ArgSpec
 from ..quantization.quantize import TORCH_DTYPES
 
-__all__ = ["check_tensor", "why_not"]
+__all__ = ["check_tensor", "why_not", "SCALE_ALIGN"]
 
 
 def why_not(name: str) -> str:
@@ -18,6 +18,10 @@ def why_not(name: str) -> str:
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
+# the CUDA kernels read a weight vector's two float8 block scales in one 2-byte load (schedule/gemv/
+# emit.py, block_scale_helpers): a scale view whose base is off that boundary (only 1-byte scales can
+# be) is realigned by a copy (ops/matmul.py's call paths, ops/bound.py at bind)
+SCALE_ALIGN = 2
 
 
 def check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from ..plan import M_VAR, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..kernels import KernelChoice
 from ..kernels.select import DEQUANT_GEMM, kernel_rows, select
-from .checks import check_tensor, why_not
+from .checks import SCALE_ALIGN, check_tensor, why_not
 from .compat import BitBLASOperatorAPI, kernel_config, runs_as_given
 
 __all__ = ["Matmul", "MatmulConfig", "bias_for"]
@@ -448,7 +448,7 @@ class Matmul(BitBLASOperatorAPI):
         out = given["output"]
         flat = len(lead) == 1
         call = []
-        iw = 0
+        iw = isc = 0
         dev_index = A.get_device()
         for spec, want, bits_view, has_m, tail, shape in self._checks_for(plan):
             name = spec.name
@@ -470,6 +470,8 @@ class Matmul(BitBLASOperatorAPI):
                 t, iw = W, len(call)
             else:
                 t = given.get(name)
+                if name == "scale":
+                    isc = len(call)
             if t is None:
                 if spec.optional:
                     call.append(self._const(name, plan, device))
@@ -496,6 +498,8 @@ class Matmul(BitBLASOperatorAPI):
             for i in (0, iw):
                 if call[i].data_ptr() % 16:
                     call[i] = call[i].clone()
+            if isc and call[isc].data_ptr() % SCALE_ALIGN:
+                call[isc] = call[isc].clone()        # float8 block scales: read in pairs (2-byte loads)
             if call[-1].data_ptr() % 16:
                 # an output view off a 16-byte boundary (wgmma stores column pairs as 32-bit words):
                 # compute into a fresh buffer and copy
@@ -694,6 +698,7 @@ def _checks_args(fn) -> bool:
 # the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 _NAMES = _CALL_SLOTS + ("output",)       # _fast_call's vals, by name
+_SCALE_SLOT = _CALL_SLOTS.index("scale")
 
 
 def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.Tensor, cuda: bool,
@@ -733,6 +738,8 @@ def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.T
              "    if output is None: output = _empty_like(_tmpl)"]
     if cuda:
         body.append("    if A.data_ptr() % 16 or W.data_ptr() % 16 or output.data_ptr() % 16: return None")
+        if "scale" in args:
+            body.append(f"    if scale.data_ptr() % {SCALE_ALIGN}: return None")
     body += [f"    _fn({', '.join(args + ['output'])})",
              "    return output",
              "except Exception:",
@@ -778,7 +785,7 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
             t = t.view(view)
         if bits_view:
             t = t.view(torch.int8)
-        if cuda and idx < 2 and t.data_ptr() % 16:
+        if cuda and (t.data_ptr() % 16 if idx < 2 else idx == _SCALE_SLOT and t.data_ptr() % SCALE_ALIGN):
             return None
         call.append(t)
     output = vals[8]

@@ -12,6 +12,12 @@ against the 4.25 the project cites for the H200), with the share of it reached. 
 merged (a later file's row replaces an earlier one's for the same format, layer and rows); the page
 names the command, device, commit and date of each run it uses. The JSON of ``python -m
 benchmark.nvfp4`` adds one table: the NVFP4 x NVFP4 batched GEMV, GEMM and NVFP4-weight rows.
+
+``--base PAGE`` starts from a page this script wrote (its runs and rows as the page shows them,
+:func:`unpack`), so that the page stays whole when the JSON of its earlier runs is gone: the given
+files' rows replace the page's rows of the same key, and the page's runs left with no row are dropped.
+
+    python -m benchmark.report --base docs/performance.md --floor-tbps 4.25 new.json > page.md
 """
 from __future__ import annotations
 
@@ -19,12 +25,13 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["render", "main"]
+__all__ = ["render", "unpack", "main"]
 
 # the first lines of the page; the README and docs/architecture.md link here
 TITLE = "# Performance"
@@ -58,13 +65,19 @@ def _nvfp4_key(r: dict) -> Tuple:
     return (NVFP4_KINDS.index(r["kind"]), r["M"], r.get("N", 0), r["K"], r.get("L", 1))
 
 
-def _load(paths: Sequence[str]):
+def _load(sources: Sequence):
     """(runs, benchmark.matmul rows by (format, layer, N, K, m), benchmark.nvfp4 rows by
-    :func:`_nvfp4_key`), each row with its run's number; a later file's row replaces an earlier one's."""
+    :func:`_nvfp4_key`), each row with its run's number; a later file's row replaces an earlier one's.
+    ``sources``: JSON paths, or loaded objects with their ``path`` (:func:`unpack`'s runs). Runs of a
+    base page (``from_page``) left without a row are dropped and the rest renumbered."""
     runs, rows, nv = [], {}, {}
-    for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+    for src in sources:
+        if isinstance(src, dict):
+            data, path = src, src.get("path", "?")
+        else:
+            path = src
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(f"{path}: not a benchmark.matmul / benchmark.nvfp4 JSON (expected an object with a "
                              "'rows' list)")
@@ -78,7 +91,91 @@ def _load(paths: Sequence[str]):
                 continue                     # baselines appear beside each of our rows; hint trials left out
             # the layer as the page shows it: "square-8k/square-8k" and "brief/square-8k" are one layer
             rows[(r["format"], r["layer"].split("/")[-1], r["N"], r["K"], r["m"])] = (len(runs), r)
+    used = {i for i, _ in rows.values()} | {i for i, _ in nv.values()}
+    used = [i for i in range(1, len(runs) + 1) if i in used or not runs[i - 1].get("from_page")]
+    new = {old: k for k, old in enumerate(used, 1)}
+    runs = [runs[i - 1] for i in used]
+    rows = {k: (new[i], r) for k, (i, r) in rows.items()}
+    nv = {k: (new[i], r) for k, (i, r) in nv.items()}
     return runs, rows, nv
+
+
+_RUN = re.compile(r"^Run(?: (?P<n>\d+))?: (?P<device>.*?), (?P<date>[^,]*), commit (?P<commit>\S+), "
+                  r"torch (?P<torch>\S+), (?:copy rate (?P<rate>[0-9.eE+-]+) TB/s|no copy rate recorded) "
+                  r"\(`(?P<file>[^`]*)`\):$")
+_LAYER = re.compile(r"^(?P<name>.*) \((?P<N>\d+)×(?P<K>\d+)\)$")
+_NV_SHAPE = re.compile(r"^M=(?P<M>\d+)(?: N=(?P<N>\d+))? K=(?P<K>\d+)(?: L=(?P<L>\d+))?(?: \((?P<fmt>.*)\))?$")
+
+
+def _cells(line: str) -> List[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _num(cell: str) -> Optional[float]:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def unpack(text: str) -> List[dict]:
+    """The runs of a page :func:`render` wrote, as benchmark JSON objects (``path``: the run's file
+    name) whose rows carry the cells the page shows them with (``page_cells``, rendered as they are,
+    their run column renumbered; ``page_section``: the format's place on the page, which render keeps):
+    render(unpack(page)) gives the page back at the page's floor rate, but for runs no row uses
+    (``from_page``: dropped) and the batched GEMV's geometric mean (from the times and floors as shown)."""
+    lines = text.splitlines()
+    runs: List[dict] = []
+    fmt = None
+    nvfp4 = False
+    sections = 0
+    for i, line in enumerate(lines):
+        m = _RUN.match(line)
+        if m:
+            cmd = next((x.strip() for x in lines[i + 1:i + 3] if x.startswith("    ")), "")
+            runs.append(dict(device=m["device"], date=m["date"], commit=m["commit"], torch=m["torch"],
+                             copy_tbps=float(m["rate"]) if m["rate"] else None, command=cmd, path=m["file"],
+                             from_page=True, rows=[]))
+            continue
+        if line.startswith("## "):
+            sections += 1
+            nvfp4 = line.startswith("## nvfp4 × nvfp4")
+            fmt = None if nvfp4 else line[3:].strip()
+            continue
+        if not line.startswith("| ") or line.startswith("| layer") or line.startswith("| row |"):
+            continue
+        cells = _cells(line)
+        many = len(runs) > 1
+        run = int(cells.pop()) if many else 1
+        if not runs or not 1 <= run <= len(runs):
+            raise ValueError(f"page line {i + 1}: run {run} not among the page's {len(runs)} runs")
+        if nvfp4:
+            s = _NV_SHAPE.match(cells[1])
+            if cells[0] not in NVFP4_KINDS or s is None:
+                raise ValueError(f"page line {i + 1}: not an nvfp4 row: {line!r}")
+            r = dict(kind=cells[0], M=int(s["M"]), K=int(s["K"]), page_cells=cells)
+            if s["N"]:
+                r["N"] = int(s["N"])
+            if s["L"]:
+                r["L"] = int(s["L"])
+            if s["fmt"]:
+                r["fmt"] = s["fmt"]
+            if _num(cells[3]) is not None:
+                r["us"] = _num(cells[3])
+            if _num(cells[7]) is not None:    # the floor as shown (at the page's rate)
+                r["floor_us"] = _num(cells[7])
+        elif fmt is not None:
+            lay = _LAYER.match(cells[0])
+            if lay is None:
+                raise ValueError(f"page line {i + 1}: no 'layer (N×K)' in {line!r}")
+            r = dict(format=fmt, layer=lay["name"], N=int(lay["N"]), K=int(lay["K"]), m=int(cells[1]),
+                     page_cells=cells, page_section=sections)
+        else:
+            continue
+        runs[run - 1]["rows"].append(r)
+    if not runs:
+        raise ValueError("no 'Run ...:' lines: not a page benchmark.report wrote")
+    return runs
 
 
 def _nvfp4_section(runs, nv, floor_tbps: Optional[float], many: bool) -> List[str]:
@@ -102,7 +199,11 @@ def _nvfp4_section(runs, nv, floor_tbps: Optional[float], many: bool) -> List[st
         kind = r["kind"]
         shape = (f"M={r['M']} K={r['K']} L={r['L']}" if kind == "gemv"
                  else f"M={r['M']} N={r['N']} K={r['K']}" + (f" ({r['fmt']})" if r.get("fmt") else ""))
-        if "us" not in r:
+        if r.get("page_cells"):              # carried from a page (--base): as it showed them
+            cells = list(r["page_cells"])
+            if kind == "gemv" and r.get("us") and r.get("floor_us"):
+                ratios.append(r["us"] / r["floor_us"])
+        elif "us" not in r:
             cells = [kind, shape, "error", str(r.get("error", "?"))[:120].replace("|", "/"), "", "", "", "", ""]
         else:
             rate = floor_tbps or runs[run_i - 1].get("copy_tbps")
@@ -132,14 +233,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.1f}%"
 
 
-def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[float] = None) -> str:
-    """The markdown page for these JSON files; ``floor_tbps``: the byte floors' rate (TB/s) instead of
-    each run's measured copy rate."""
+def render(paths: Sequence, floor_rows: int = 64, floor_tbps: Optional[float] = None) -> str:
+    """The markdown page for these JSON files (or loaded runs, :func:`unpack`'s); ``floor_tbps``: the
+    byte floors' rate (TB/s) instead of each run's measured copy rate."""
     if floor_tbps is not None and not floor_tbps > 0:
         raise ValueError(f"floor_tbps={floor_tbps!r}: a rate in TB/s > 0 is required")
     runs, rows, nv = _load(paths)
     if not rows and not nv:
-        raise ValueError(f"no timed rows of ours in {', '.join(paths)}")
+        raise ValueError(f"no timed rows of ours in {', '.join(p if isinstance(p, str) else p.get('path', '?') for p in paths)}")
     many = len(runs) > 1
     out = [TITLE, "",
            "Generated by `python -m benchmark.report` from the JSON of `python -m benchmark.matmul` (and of "
@@ -162,7 +263,12 @@ def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[floa
                    + f" (`{os.path.basename(run['path'])}`):")
         cmd = run.get("command") or ("python -m benchmark.matmul " + " ".join(run.get("argv", [])[1:]))
         out += ["", f"    {cmd}", ""]
-    fmts = list(dict.fromkeys(k[0] for k in rows))
+    # formats in the order of their first row; those a base page showed (--base) in its order, first
+    section = {}
+    for k, (_, r) in rows.items():
+        if "page_section" in r:
+            section[k[0]] = min(section.get(k[0], math.inf), r["page_section"])
+    fmts = sorted(dict.fromkeys(k[0] for k in rows), key=lambda f: section.get(f, math.inf))
     for fmt in fmts:
         out += [f"## {fmt}", "", _describe(fmt) + ".", ""]
         head = ["layer (N×K)", "rows", "kernel", "µs", "torch baseline", "torch µs", "vs torch",
@@ -174,7 +280,9 @@ def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[floa
         for k in keys:
             run_i, r = rows[k]
             layer = f"{r['layer'].split('/')[-1]} ({r['N']}×{r['K']})"
-            if "us" not in r:
+            if r.get("page_cells"):          # carried from a page (--base): as it showed them
+                cells = list(r["page_cells"])
+            elif "us" not in r:
                 cells = [layer, str(r["m"]), "error", str(r.get("error", "?"))[:120].replace("|", "/"),
                          "", "", "", "", ""]
             else:
@@ -201,13 +309,20 @@ def render(paths: Sequence[str], floor_rows: int = 64, floor_tbps: Optional[floa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmark.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="JSON files written by python -m benchmark.matmul --json (or python -m benchmark.nvfp4 --json)")
+    ap.add_argument("json", nargs="*", help="JSON files written by python -m benchmark.matmul --json (or python -m benchmark.nvfp4 --json)")
+    ap.add_argument("--base", default=None, help="a page this script wrote: its runs and rows first, the JSON files' rows replacing them")
     ap.add_argument("--floor-rows", type=int, default=64, help="show the byte floor up to this many rows (default 64)")
     ap.add_argument("--floor-tbps", type=float, default=None,
                     help="byte floors at this rate in TB/s (default: each run's measured copy rate)")
     args = ap.parse_args(argv)
+    if not args.json and not args.base:
+        ap.error("give JSON files, or --base PAGE")
     try:
-        text = render(args.json, args.floor_rows, args.floor_tbps)
+        sources = list(args.json)
+        if args.base:
+            with open(args.base, encoding="utf-8") as fh:
+                sources = unpack(fh.read()) + sources
+        text = render(sources, args.floor_rows, args.floor_tbps)
     except (OSError, ValueError, KeyError) as e:
         print(f"benchmark.report: {e}", file=sys.stderr)
         return 2

@@ -149,3 +149,60 @@ def test_report_nvfp4_table(tmp_path, capsys):
     assert report.main([b]) == 0                    # at the run's own copy rate: floors scaled by 4.25 / 2.7
     table = _table(capsys.readouterr().out, "nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)")
     assert f"| {15.5 * 4.25 / 2.7:.2f} |" in next(line for line in table if "K=16384" in line)
+
+
+def test_report_base_page_round_trip(cpu_run, tmp_path, capsys):
+    """--base: a page this script wrote gives itself back (its runs, rows, cells and format order),
+    and again from that; the runs of the JSON files given with it replace its rows of the same key,
+    and a run of the page left with no row is dropped (the rest renumbered)."""
+    path, argv, data = cpu_run
+    later = dict(data, commit="later", rows=[r for r in data["rows"] if r["m"] == 1])
+    b = tmp_path / "later.json"
+    b.write_text(json.dumps(later))
+    assert report.main([str(path), str(b), "--floor-tbps", "4.25"]) == 0
+    page = capsys.readouterr().out
+    assert "Run 1:" in page and "Run 2:" in page and "commit later" in page
+    p = tmp_path / "page.md"
+    p.write_text(page)
+    assert report.main(["--base", str(p), "--floor-tbps", "4.25"]) == 0
+    again = capsys.readouterr().out
+    assert again == page
+    p.write_text(again)
+    assert report.main(["--base", str(p), "--floor-tbps", "4.25"]) == 0
+    assert capsys.readouterr().out == page
+    # a new run replacing the rows of run 2 ("later"): that run is dropped, run 1 stays as run 1
+    newer = dict(later, commit="newer", rows=[dict(r, us=r["us"] / 2) if "(torch)" not in r["format"] else r
+                                              for r in later["rows"]])
+    n = tmp_path / "newer.json"
+    n.write_text(json.dumps(newer))
+    assert report.main(["--base", str(p), str(n), "--floor-tbps", "4.25"]) == 0
+    text = capsys.readouterr().out
+    assert "commit later" not in text and "commit newer" in text and "Run 2:" in text and "Run 3:" not in text
+    lines = _table(text, "w4a16-g128")
+    one = next(line for line in lines if line.startswith("| tiny") and "| 1 |" in line.split("`")[0])
+    r1 = next(r for r in newer["rows"] if r["format"] == "w4a16-g128" and r["m"] == 1)
+    assert f"| {report._us(r1['us'])} |" in one and one.rstrip().endswith("| 2 |")
+    # the page's row of 3 rows (run 1) is carried as the page showed it
+    three = next(line for line in lines if line.split("|")[2].strip() == "3")
+    assert three in page.splitlines() and three.rstrip().endswith("| 1 |")
+
+
+def test_report_base_page_nvfp4_rows(tmp_path, capsys):
+    """--base carries benchmark.nvfp4's table too (a later run's row of the same shape replaces the
+    page's), and refuses a file that is not such a page."""
+    a = _nvfp4_json(tmp_path / "a.json", "aaa", us=19.0)
+    assert report.main([a, "--floor-tbps", "4.25"]) == 0
+    page = capsys.readouterr().out
+    p = tmp_path / "page.md"
+    p.write_text(page)
+    assert report.main(["--base", str(p), "--floor-tbps", "4.25"]) == 0
+    assert capsys.readouterr().out == page
+    b = _nvfp4_json(tmp_path / "b.json", "bbb", us=18.6)
+    assert report.main(["--base", str(p), b, "--floor-tbps", "4.25"]) == 0
+    text = capsys.readouterr().out
+    gemv = next(line for line in _table(text, "nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)") if "K=16384" in line)
+    assert "| 18.60 |" in gemv
+    bad = tmp_path / "bad.md"
+    bad.write_text("# not a page\n")
+    assert report.main(["--base", str(bad)]) == 2
+    assert "not a page" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def bench_gemv(M, K, L, sweep: bool, emit):
 
 def _hint_text(h) -> str:
     return (f"R{h.rows_per_warp}W{h.warps}U{h.unroll}S{h.stages}" + (f"B{h.min_blocks}" if h.min_blocks else "")
-            + ("+pdl" if h.pdl else ""))
+            + (f"P{h.l2_prefetch}" if h.l2_prefetch else "") + ("+pdl" if h.pdl else ""))
 
 
 def bench_gemm(M, N, K, emit):

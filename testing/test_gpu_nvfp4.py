@@ -126,11 +126,12 @@ def test_matmul_plain(rows):
 
 GEMV_HINTS = [dict(rows_per_warp=4, warps=8, unroll=1, stages=3), dict(rows_per_warp=2, warps=4, unroll=2, stages=2),
               dict(rows_per_warp=1, warps=8, unroll=1, stages=4, min_blocks=4),
-              dict(rows_per_warp=4, warps=4, unroll=1, stages=2, min_blocks=2)]
+              dict(rows_per_warp=4, warps=4, unroll=1, stages=2, min_blocks=2),
+              dict(rows_per_warp=2, warps=8, unroll=1, stages=3, l2_prefetch=2)]
 
 
 @pytest.mark.parametrize("hint", GEMV_HINTS, ids=[f"R{h['rows_per_warp']}W{h['warps']}U{h['unroll']}S{h['stages']}"
-                                                  for h in GEMV_HINTS])
+                                                  f"P{h.get('l2_prefetch', 0)}" for h in GEMV_HINTS])
 def test_gemv_hints(hint):
     from bitblas.schedule.nvfp4 import NVFP4GemvHint
     M, K, L = 1000, 7168, 3

@@ -390,6 +390,36 @@ def test_gemv_codegen(arch, m, N, K, hint):
     assert res["spill_stores"] == 0
 
 
+def test_gemv_l2_prefetch_before_the_wait():
+    """``l2_prefetch``: the first steps of each warp's weight rows and scales are prefetched into L2
+    (prefetch.global.L2, which binds no value) before the PDL wait, and nothing is read from global
+    memory before it; without PDL the same prefetches and no wait; more steps than the row has are
+    clipped. The defaults by K (benchmark.nvfp4's sweep) and the refusal of a negative count."""
+    import re
+    from bitblas.build import cuda_source, cuda_target
+    from bitblas.schedule.nvfp4 import NVFP4GemvHint, nvfp4_gemv_unsupported
+    t = cuda_target("sm_90")
+    p = make_plan(cfg(N=7168, K=16384), "cuda", 1)
+    src = cuda_source(p, t, NVFP4GemvHint(pdl=True, l2_prefetch=2))
+    body = src[src.index('extern "C" __global__'):]
+    body = body[body.index("{"):]
+    head, tail = body.split("griddepcontrol_wait();", 1)
+    assert head.count("bb_pf_l2(") == 2 * 2 * 2              # 2 steps x 2 rows x (codes, scales)
+    assert "bb_pf_l2(" not in tail
+    assert not re.search(r"bb_ldw4\(|bb_nv_ldsc\(|bb_nv_stage\(|__ldg|= *\(?\w+_ptr\[", head)
+    assert "prefetch.global.L2" in src
+    plain = cuda_source(p, t, NVFP4GemvHint(pdl=False, l2_prefetch=1))
+    assert "griddepcontrol" not in plain and plain.count("bb_pf_l2(") == 1 + 2 * 2
+    short = cuda_source(make_plan(cfg(N=64, K=1024), "cuda", 1), t, NVFP4GemvHint(pdl=True, l2_prefetch=9))
+    assert short.count("bb_pf_l2(") == 1 + 2 * 2 * 1     # K=1024: one step of 32 vectors per row
+    assert "l2_prefetch=-1" in nvfp4_gemv_unsupported(p, NVFP4GemvHint(l2_prefetch=-1), 90)
+    d = {K: NVFP4GemvHint.default(make_plan(cfg(N=64, K=K), "cuda", 1), t) for K in (2048, 7168, 16384)}
+    assert d[2048] == NVFP4GemvHint(pdl=True)
+    assert d[7168] == NVFP4GemvHint(stages=4, pdl=True, l2_prefetch=1)
+    assert d[16384] == NVFP4GemvHint(pdl=True, l2_prefetch=2)
+    assert NVFP4GemvHint.default(make_plan(cfg(N=64, K=16384), "cuda", 1), cuda_target("sm_80")).l2_prefetch == 0
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_codegen(arch):

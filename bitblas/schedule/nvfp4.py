@@ -26,7 +26,9 @@ so only the float32 sums round, as in the reference. A warp owns ``rows_per_warp
 of one batch and walks K in 16-byte vectors (32 codes, a warp load = 512 contiguous bytes),
 ``unroll`` vectors per row per step through a ring of ``stages`` register slots (the GEMV template's step
 loop: the loads of ``stages - 1`` steps in flight); lanes are warp-reduced and one lane stores.
-The grid covers L x row blocks; the first steps' loads go out before the activation staging.
+The grid covers L x row blocks; the first steps' loads go out before the activation staging, and
+with ``l2_prefetch`` the first steps are prefetched into L2 before the PDL wait (the default for K >
+4096: (7168, 16384, 1) 1.20x -> 1.12x its byte floor, see ``NVFP4GemvHint.default``).
 Looked at and refuted (H200, one run, ``benchmark.nvfp4`` with a hint sweep): at (M, K, L) =
 (7168, 16384, 1) the default's one wave of 448 blocks is uneven on 132 SMs (the fullest SMs hold
 18% more rows than the average), and 14-row blocks (R2W7: one even wave) were expected to take
@@ -77,7 +79,9 @@ class NVFP4GemvHint:
     """The CUDA GEMV's shape: ``rows_per_warp`` weight rows per warp, ``warps`` per block,
     ``unroll`` 16-byte vectors per row per step, ``stages`` register slots (``stages - 1`` steps in
     flight), ``min_blocks`` (launch bounds: blocks per SM, 0: none), ``pdl`` (programmatic
-    dependent launch, sm_90)."""
+    dependent launch, sm_90), ``l2_prefetch``: the first steps of each warp's weight rows and
+    their scales prefetched into L2 at entry, before the PDL wait (``prefetch.global.L2`` binds no
+    value: the loads after the wait still see what an earlier kernel wrote)."""
 
     rows_per_warp: int = 2
     warps: int = 8
@@ -85,20 +89,27 @@ class NVFP4GemvHint:
     stages: int = 3
     min_blocks: int = 0
     pdl: bool = False
+    l2_prefetch: int = 0
 
     @classmethod
     def default(cls, plan, target=None) -> "NVFP4GemvHint":
-        """By the length of a row, as benchmark/nvfp4.py's sweep measured on the H200 (two runs,
-        the issue's three shapes; 16 rows per block in each): K <= 4096 (a row of codes is at most
-        two warp passes) 4 rows per warp in 4-warp blocks, the per-warp activation reads and
-        reductions spread over 4 rows ((7168, 2048, 4): 10% less time); K <= 8192 2 rows per
-        warp in 8-warp blocks with 3 steps in flight ((4096, 7168, 8): 5% less); longer rows the
-        same with 2 steps in flight ((7168, 16384, 1): 3 took 9% more). PDL on sm_90+."""
+        """By the length of a row, as benchmark/nvfp4.py's sweep measured on the H200 (the issue's
+        three shapes, two runs each, one call; 16 rows per block throughout; µs default -> chosen):
+        2 rows per warp in 8-warp blocks; K <= 4096 2 steps in flight ((7168, 2048, 4): 4 rows per
+        warp in 4-warp blocks took 10.37 / 10.45, this 10.21 / 10.23); K <= 8192 3 steps in flight
+        and the first step of each row prefetched into L2 before the PDL wait ((4096, 7168, 8):
+        32.01 / 32.10 -> 31.51 / 31.93; 2 or 3 steps prefetched were slower); longer rows 2 steps
+        in flight (3 took 9% more) and 2 steps prefetched ((7168, 16384, 1): 18.69 / 18.83 -> 17.45
+        / 17.48; 1 step 17.47 / 17.53, 3 steps 17.60 / 17.63). The prefetch needs the PDL wait to
+        gain: the blocks that start while the previous kernel drains fetch their first weights
+        meanwhile. PDL on sm_90+."""
         pdl = arch_of(target).pdl
         K = plan.config.K
         if K <= 4096:
-            return cls(rows_per_warp=4, warps=4, pdl=pdl)
-        return cls(stages=4 if K <= 8192 else 3, pdl=pdl)
+            return cls(pdl=pdl)
+        if K <= 8192:
+            return cls(stages=4, pdl=pdl, l2_prefetch=1 if pdl else 0)
+        return cls(pdl=pdl, l2_prefetch=2 if pdl else 0)
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,9 @@ def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:
         v = getattr(hint, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             return f"{name}={v!r} must be a positive int"
+    v = hint.l2_prefetch
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        return f"l2_prefetch={v!r} must be an int >= 0"
     if hint.warps > 32:
         return f"warps={hint.warps}: at most 32 warps per block"
     if hint.min_blocks < 0:
@@ -189,6 +203,11 @@ def cuda_helpers(sm=None) -> dict:
     None: unknown, taken as sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
     h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
+    h["bb_pf_l2"] = r"""
+__device__ __forceinline__ void bb_pf_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+"""
     h["bb_nv_ldsc"] = r"""
 __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
   unsigned short x;
@@ -310,7 +329,8 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
-    if hint.pdl:
+    PF = min(hint.l2_prefetch, NS)
+    if hint.pdl and not PF:
         add("    T.ptx.griddepcontrol.wait()")
     for name in ("A", "W", "scale", "a_scale"):
         add(f"    {name}_f = T.decl_buffer((1,), 'int8', data={name}.data)")
@@ -334,6 +354,17 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
 
     def cexpr(step):
         return f"((({step}) * {U} + u) * 32 + lane)"
+
+    if PF:      # the first PF steps of this warp's rows into L2, then the PDL wait
+        cl = f"T.min({cexpr('s')}, {NV - 1})" if NV % 32 else cexpr("s")
+        nr = f"T.min(n0 + r, {N - 1})"
+        add(f"    for s in T.unroll({PF}):")
+        add(f"        for u in T.unroll({U}):")
+        add(f"            for r in T.unroll({R}):")
+        add("                " + call("bb_pf_l2", f"W_f.ptr_to([lb * sW0 + {nr} * sW1 + {cl} * 16])"))
+        add("                " + call("bb_pf_l2", f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])"))
+        if hint.pdl:
+            add("    T.ptx.griddepcontrol.wait()")
 
     def load(ind, step, slot):
         cl = cexpr(step) if NV % 32 == 0 else f"T.min({cexpr(step)}, {NV - 1})"

@@ -228,10 +228,13 @@ STAGED_FORMATS = {
 STAGED_HINTS = [STAGED, GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True),
                 GEMVHint(3, 2, 2, stages=2, act_smem=True), GEMVHint(4, 4, 1, stages=4, min_blocks=4, act_smem=True),
                 GEMVHint(4, 8, 1, stages=3, min_blocks=2, act_smem=True),
-                GEMVHint(4, 16, 1, stages=2, min_blocks=1, act_smem=True)]
+                GEMVHint(4, 16, 1, stages=2, min_blocks=1, act_smem=True),
+                GEMVRowsHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, pdl=True, act_smem=True,
+                             l2_prefetch=2)]
 
 
-@pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4", "r4w8s3b2", "r4w16s2b1"])
+@pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4", "r4w8s3b2", "r4w16s2b1",
+                                                    "r2w8s3p2"])
 @pytest.mark.parametrize("fmt", list(STAGED_FORMATS))
 @gpu
 def test_gemv_staged_row(fmt, hint):
@@ -412,6 +415,49 @@ def test_gemv_launch_bounds():
     plan = make_plan(MatmulConfig(N=256, K=512, W_dtype="uint4", group_size=128, with_scaling=True), "cuda", 5)
     assert "__launch_bounds__(32, 4)" in cuda_source(plan, "sm_90", GEMVHint(4, 1, 2, stages=1, min_blocks=4))
 
+
+
+def test_gemv_rows_l2_prefetch_before_the_wait():
+    """The rows kernel's ``l2_prefetch``: the first steps of each warp's weight rows and their
+    scales prefetched into L2 before the PDL wait, nothing read from global memory before it (a
+    prefetch binds no value), more steps than the row has clipped; a negative count refused."""
+    import re
+    from bitblas.build import cuda_source
+    from bitblas.schedule.gemv import gemv_hint_unsupported
+    h = GEMVRowsHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, pdl=True, act_smem=True,
+                     l2_prefetch=2)
+    for kw, per in ((dict(W_dtype="nvfp4", group_size=16), 2), (dict(W_dtype="uint4", group_size=128), 2),
+                    (dict(W_dtype="uint4", group_size=128, with_zeros=True), 2)):
+        plan = make_plan(MatmulConfig(N=1000, K=8192, A_dtype="float16", with_scaling=True, **kw), "cuda", 1)
+        src = cuda_source(plan, "sm_90", h)
+        body = src[src.index('extern "C" __global__'):]
+        body = body[body.index("{"):]
+        head, tail = body.split("griddepcontrol_wait();", 1)
+        assert head.count("bb_pf_l2(") == 2 * 2 * per and "bb_pf_l2(" not in tail, kw   # steps x rows x (W, scale)
+        assert not re.search(r"bb_ldw\d|bb_ldsb|bb_lda\(|__ldg|scale\[|zeros\[", head), kw
+    short = make_plan(MatmulConfig(N=64, K=512, A_dtype="float16", W_dtype="uint4", group_size=128,
+                                   with_scaling=True), "cuda", 1)
+    src = cuda_source(short, "sm_90", dataclasses.replace(h, l2_prefetch=5))
+    assert src.count("bb_pf_l2(") == 1 + 1 * 2 * 2           # K=512: one step (16 lanes' vectors)
+    assert "l2_prefetch=-1" in gemv_hint_unsupported(short, dataclasses.replace(h, l2_prefetch=-1))
+
+
+def test_gemv_l2_prefetch_default(monkeypatch):
+    """Where the default rows kernel prefetches its first step into L2 (gemv/template.py's
+    default_gemv_hint): nvfp4 x float16, staged row, PDL (sm_90), blocks within one wave of 4 per
+    SM (132 SMs here); not past a wave, not bfloat16, not uint4, not without PDL."""
+    from bitblas import arch
+    from bitblas.build import cuda_target
+    monkeypatch.setattr(arch, "_LOCAL_SMS", [132])
+
+    def pf(n, k=8192, act="float16", w="nvfp4", target="sm_90"):
+        g = 16 if w == "nvfp4" else 128
+        c = MatmulConfig(N=n, K=k, A_dtype=act, W_dtype=w, group_size=g, with_scaling=True, out_dtype=act)
+        h = default_hint(make_plan(c, "cuda", 1), cuda_target(target))
+        return h.l2_prefetch if isinstance(h, GEMVRowsHint) else None
+    assert pf(8192) == pf(4096, 4096) == pf(6144, 4096) == pf(4096, 14336) == pf(8448) == 1
+    assert pf(8464) == pf(28672) == pf(28672, 4096) == 0       # 529+ blocks of 16 channels: past one wave
+    assert pf(8192, act="bfloat16") == pf(8192, w="uint4") == pf(8192, target="sm_80") == 0
 
 
 def test_gemv_staged_row_defaults(monkeypatch):

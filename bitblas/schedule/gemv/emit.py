@@ -563,6 +563,13 @@ def device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, w
         add(f"    zr = T.alloc_local(({sh}), {zdt!r})")
 
 
+PF_L2 = """
+__device__ __forceinline__ void bb_pf_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+"""
+
+
 def pdl_trigger(add, hint):
     if hint.pdl:
         add("    T.ptx.griddepcontrol.launch_dependents()")

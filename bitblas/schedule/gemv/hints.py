@@ -67,7 +67,10 @@ class GEMVRowsHint(GEMVHint):
     in weight vectors of ``vec_bytes`` bytes (0: the largest that fits), ``unroll`` per channel and
     step, through ``stages`` register slots (``stages - 1`` steps in flight while one decodes);
     ``warps`` per block. ``act_smem`` (one row): the block stages the activation row in shared
-    memory once, paired for the decoder, in a conflict-free lane order."""
+    memory once, paired for the decoder, in a conflict-free lane order. ``l2_prefetch``: the
+    first steps of each warp's weight rows (and their scales) prefetched into L2 at entry, before
+    the PDL wait (a prefetch binds no value: the loads after the wait see an earlier kernel's
+    writes)."""
     rows_per_warp: int = 2
     warps: int = 4
     unroll: int = 4
@@ -78,6 +81,7 @@ class GEMVRowsHint(GEMVHint):
     min_blocks: int = 0
     pdl: bool = False
     act_smem: bool = False
+    l2_prefetch: int = 0
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ def body(plan, hint, add, e):
     ST = max(1, min(hint.stages, NS))
     NBLK = -(-N // (R * WARPS))
     sdt, zdt = e["sdt"], e["zdt"]
-    device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt)
+    PF = min(hint.l2_prefetch, NS)
+    device_entry(add, hint, NBLK, 32 * WARPS, (ST, U, R), NW, sdt, zdt, wait=not PF)
     # interleaved decode and dot: 8 channels per warp spill registers without it; the nf4 table
     # decoder gains a little; int codes with 4 channels gain nothing, so they keep the decoded
     # vectors of all rows
@@ -177,6 +178,15 @@ def body(plan, hint, add, e):
 
     def cload(step):
         return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
+
+    if PF:                                    # the first PF steps of this warp's rows into L2, then the wait
+        add(f"    for s in T.unroll({PF}):")
+        add(f"        for u in T.unroll({U}):")
+        add(f"            for r in T.unroll({R}):")
+        for ln in e["pf_lines"]("                ", nr, cload("s")):
+            add(ln)
+        if hint.pdl:
+            add("    T.ptx.griddepcontrol.wait()")
 
     def load(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")

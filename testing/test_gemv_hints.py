@@ -25,7 +25,7 @@ def _fields(cls):
 
 def test_each_kernel_has_its_own_fields():
     common = {"rows_per_warp", "vec_bytes", "min_blocks", "pdl"}
-    assert _fields(GEMVRowsHint) == common | {"warps", "unroll", "stages", "act_smem"}
+    assert _fields(GEMVRowsHint) == common | {"warps", "unroll", "stages", "act_smem", "l2_prefetch"}
     assert _fields(GEMVKSplitHint) == common | {"k_warps", "grid"}
     assert _fields(GEMVMmaHint) == common | {"k_warps", "unroll", "stages", "chunk_loop"}
     assert _fields(GEMVWgmmaHint) == common | {"k_warps", "stages"}

@@ -135,7 +135,7 @@ GEMV_HINTS = (GEMVRowsHint, GEMVKSplitHint, GEMVMmaHint, GEMVWgmmaHint)
 # The one hint's fields, in its order, with their defaults (positional arguments follow this order).
 LEGACY_FIELDS = (("rows_per_warp", 2), ("warps", 4), ("unroll", 4), ("vec_bytes", 0), ("k_warps", 0),
                  ("grid", 0), ("stages", 2), ("mma", False), ("min_blocks", 0), ("pdl", False),
-                 ("chunk_loop", False), ("wgmma", False), ("act_smem", False))
+                 ("chunk_loop", False), ("wgmma", False), ("act_smem", False), ("l2_prefetch", 0))
 _FLAGS = ("mma", "wgmma", "act_smem", "chunk_loop")
 
 

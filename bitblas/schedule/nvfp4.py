@@ -57,7 +57,7 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import arch_of, as_arch
-from .gemv.emit import LDS4, e4m3x2_lines, load_helpers, pdl_trigger, split_steps, step_loop
+from .gemv.emit import LDS4, PF_L2, e4m3x2_lines, load_helpers, pdl_trigger, split_steps, step_loop
 from .target import TIRX_PIPELINE_ATTR
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
@@ -203,11 +203,7 @@ def cuda_helpers(sm=None) -> dict:
     None: unknown, taken as sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
     h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
-    h["bb_pf_l2"] = r"""
-__device__ __forceinline__ void bb_pf_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-"""
+    h["bb_pf_l2"] = PF_L2
     h["bb_nv_ldsc"] = r"""
 __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
   unsigned short x;

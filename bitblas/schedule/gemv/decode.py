@@ -130,7 +130,13 @@ def _e2m1_lut_consts():
     got slower: ncu (bit placement) has it neither issue- nor ALU-bound (63% of the issue slots,
     57% of the ALU pipe; the stalls split between memory waits and math-pipe throttle / not
     selected). In the tensor-core GEMV (16 rows) it measured 4% slower (one sample), so the
-    tensor-core kernels keep the bit placement."""
+    tensor-core kernels keep the bit placement.
+
+    Later (H200, the generated kernel with hand edits timed in one call): its time follows the
+    instruction count, not the ALU pipe's load. ptxas splits ``q & mag_mask`` into a low and a
+    high mask (2 ``lop3`` + 1 ``shf`` per word); taking the high selector by ``__umulhi(q, 65536)``
+    (``imad.hi``) cut the ALU ops by 7% at the same count and was 1.6% slower, while the block
+    dots' 5% fewer instructions (emit.py, ``block_dot_helpers``) gave 6%."""
     hb = [_act_bits(float(v), "float16") for v in E2M1_TABLE[:8]]
     assert all(h & 0xFF == 0 and h < 0x8000 for h in hb)
     tab = tuple(sum((hb[4 * r + i] >> 8) << (8 * i) for i in range(4)) for r in range(2))

@@ -17,7 +17,7 @@ import torch
 
 from ..plan import Plan
 from ..quantization.quantize import TORCH_DTYPES
-from .checks import SCALE_ALIGN, check_tensor, why_not
+from .checks import base_align, check_tensor, why_not
 
 __all__ = ["BoundMatmul", "UnboundCall"]
 
@@ -58,10 +58,8 @@ class BoundMatmul:
                 part.append(op._const(spec.name, plan0, device))
                 continue
             t = check_tensor(spec.name, t, spec, 1, device)
-            if kind == "cuda" and spec.name == "W" and t.data_ptr() % 16:
-                t = t.clone()               # GEMV: 16-byte vector loads; wgmma: 16-byte aligned TMA bases
-            elif kind == "cuda" and spec.name == "scale" and t.data_ptr() % SCALE_ALIGN:
-                t = t.clone()               # float8 block scales: read in pairs (2-byte loads)
+            if kind == "cuda" and t.data_ptr() % base_align(spec.name, t.dtype):
+                t = t.clone()               # W: 16-byte vector loads, TMA bases; 1-byte scales: read in pairs
             part.append(t)
         self.op, self.device, self.kind = op, device, kind
         self._given = tensors

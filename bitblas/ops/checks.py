@@ -8,7 +8,7 @@ import torch
 from ..plan import ArgSpec
 from ..quantization.quantize import TORCH_DTYPES
 
-__all__ = ["check_tensor", "why_not", "SCALE_ALIGN"]
+__all__ = ["check_tensor", "why_not", "base_align"]
 
 
 def why_not(name: str) -> str:
@@ -18,10 +18,17 @@ def why_not(name: str) -> str:
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
-# the CUDA kernels read a weight vector's two float8 block scales in one 2-byte load (schedule/gemv/
-# emit.py, block_scale_helpers): a scale view whose base is off that boundary (only 1-byte scales can
-# be) is realigned by a copy (ops/matmul.py's call paths, ops/bound.py at bind)
-SCALE_ALIGN = 2
+
+
+def base_align(name: str, dtype: torch.dtype) -> int:
+    """Bytes the CUDA kernels need the base of tensor argument ``name`` (of ``dtype``) aligned to:
+    16 for A and W (the GEMV's 16-byte vector loads, TMA bases), 2 for 1-byte scales (a weight
+    vector's two float8 block scales in one 2-byte load, schedule/gemv/emit.py's
+    block_scale_helpers), else 1 (any view of its elements). The call paths realign a view off
+    that boundary by a copy (ops/matmul.py; ops/bound.py at bind)."""
+    if name in ("A", "W"):
+        return 16
+    return 2 if name == "scale" and dtype.itemsize == 1 else 1
 
 
 def check_tensor(name: str, t, spec: ArgSpec, rows: int, device, lead=None) -> torch.Tensor:

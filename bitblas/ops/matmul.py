@@ -18,7 +18,7 @@ from ..plan import M_VAR, Plan, make_plan
 from ..quantization.quantize import TORCH_DTYPES, pack_weight
 from ..kernels import KernelChoice
 from ..kernels.select import DEQUANT_GEMM, kernel_rows, select
-from .checks import SCALE_ALIGN, check_tensor, why_not
+from .checks import base_align, check_tensor, why_not
 from .compat import BitBLASOperatorAPI, kernel_config, runs_as_given
 
 __all__ = ["Matmul", "MatmulConfig", "bias_for"]
@@ -208,7 +208,7 @@ class Matmul(BitBLASOperatorAPI):
                 out = None
                 for spec, want, bits_view, has_m, _tail, _shape in self._checks_for(plan):
                     if spec.role == "table":
-                        specs.append((-1, None, None, None, False, self._const(spec.name, plan, device)))
+                        specs.append((-1, None, None, None, False, self._const(spec.name, plan, device), 0))
                         continue
                     if spec.role == "output":
                         out = (want, (*lead, c.N), (rows, c.N) if len(lead) != 1 else None,
@@ -219,7 +219,8 @@ class Matmul(BitBLASOperatorAPI):
                     shape = (*lead, *spec.shape[1:]) if has_m else tuple(spec.shape)
                     view = (rows, *spec.shape[1:]) if has_m and len(lead) != 1 else None
                     const = self._const(spec.name, plan, device) if spec.optional else None
-                    specs.append((idx, want, torch.Size(shape), view, bits_view, const))
+                    align = base_align(spec.name, want) if kind == "cuda" else 1     # 1: nothing to check
+                    specs.append((idx, want, torch.Size(shape), view, bits_view, const, align if align > 1 else 0))
                 if out is not None:
                     taken = {"scale": c.with_scaling, "zeros": c.with_zeros, "bias": c.with_bias,
                              "a_scale": c.with_act_scaling, "output": True}
@@ -234,7 +235,7 @@ class Matmul(BitBLASOperatorAPI):
                     if (_checks_args(fn) and out[2] is None and out[3] is not None
                             and all(s[3] is None and not s[4] for s in specs)):
                         direct = [None]
-                        direct[0] = _direct_calls(fn, tuple((s[0], s[5]) for s in specs), rejected, slots,
+                        direct[0] = _direct_calls(fn, tuple((s[0], s[5], s[6]) for s in specs), rejected, slots,
                                                   out[3], kind == "cuda", direct)
                     entry = (fn, rejected, tuple(specs), out, dev_index, kind == "cuda", slots, device, direct)
         if len(self._calls) >= 4096:
@@ -448,7 +449,7 @@ class Matmul(BitBLASOperatorAPI):
         out = given["output"]
         flat = len(lead) == 1
         call = []
-        iw = isc = 0
+        realign = []                          # (index in call, bytes) of the user tensors (base_align)
         dev_index = A.get_device()
         for spec, want, bits_view, has_m, tail, shape in self._checks_for(plan):
             name = spec.name
@@ -464,14 +465,7 @@ class Matmul(BitBLASOperatorAPI):
                     check_tensor("output", out, spec, rows, device, lead=lead)
                 call.append(out if flat else out.view(rows, c.N))
                 continue
-            if name == "A":
-                t = A
-            elif name == "W":
-                t, iw = W, len(call)
-            else:
-                t = given.get(name)
-                if name == "scale":
-                    isc = len(call)
+            t = A if name == "A" else W if name == "W" else given.get(name)
             if t is None:
                 if spec.optional:
                     call.append(self._const(name, plan, device))
@@ -489,17 +483,16 @@ class Matmul(BitBLASOperatorAPI):
             else:
                 t = check_tensor(name, t, spec, rows, device,
                                   lead=lead if spec.per_row else None)
+            realign.append((len(call), base_align(name, want)))
             call.append(t)
         if rows == 0:
             return out
         if kind == "cuda":
-            # GEMV kernels read A and W in 16-byte vectors, TMA (wgmma) needs 16-byte aligned bases:
-            # realign odd views (rare) by a copy
-            for i in (0, iw):
-                if call[i].data_ptr() % 16:
+            # GEMV kernels read A and W in 16-byte vectors, TMA (wgmma) needs 16-byte aligned bases,
+            # 1-byte scales are read in pairs: realign odd views (rare) by a copy
+            for i, a in realign:
+                if call[i].data_ptr() % a:
                     call[i] = call[i].clone()
-            if isc and call[isc].data_ptr() % SCALE_ALIGN:
-                call[isc] = call[isc].clone()        # float8 block scales: read in pairs (2-byte loads)
             if call[-1].data_ptr() % 16:
                 # an output view off a 16-byte boundary (wgmma stores column pairs as 32-bit words):
                 # compute into a fresh buffer and copy
@@ -698,7 +691,6 @@ def _checks_args(fn) -> bool:
 # the unbound call's tensors by position in _fast_call's ``vals`` (A and W first, then the keywords)
 _CALL_SLOTS = ("A", "W", "scale", "zeros", "bias", "a_scale", "global_scale", "a_global_scale")
 _NAMES = _CALL_SLOTS + ("output",)       # _fast_call's vals, by name
-_SCALE_SLOT = _CALL_SLOTS.index("scale")
 
 
 def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.Tensor, cuda: bool,
@@ -712,8 +704,8 @@ def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.T
 
     The kernel's own argument checks (tvm's packed-function prologue: type, ndim, dtype, device type
     and id, shape, compact strides, byte offset, non-NULL data) run before anything is launched;
-    only the 16-byte alignment of A, W and the output (GEMV vector loads, TMA bases) is checked
-    here. A call the kernel refuses empties ``cell`` (the entry's), so this call and the entry's
+    only the base alignments (:func:`~.checks.base_align`: A, W, 1-byte scales; the output's 16
+    bytes) are checked here. A call the kernel refuses empties ``cell`` (the entry's), so this call and the entry's
     later ones take the checks of :func:`_fast_call` (a mismatch there: the general path, which
     converts or raises naming the argument): no exception per call for a caller that passes, say,
     float16 scales."""
@@ -721,8 +713,8 @@ def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.T
     body = []
     for i in rejected:                         # tensors this config takes none of
         body.append(f"if {_NAMES[i]} is not None: return None")
-    args = []
-    for j, (idx, const) in enumerate(picks):
+    args, aligned = [], []
+    for j, (idx, const, align) in enumerate(picks):
         if const is not None:
             ns[f"_c{j}"] = const
         if idx < 0:
@@ -734,12 +726,12 @@ def _direct_calls(fn, picks: tuple, rejected: tuple, slots: tuple, tmpl: torch.T
         else:
             body.append(f"if {name} is None: {name} = _c{j}")
         args.append(name)
+        if align:
+            aligned.append(f"{name}.data_ptr() % {align}")
     body += ["try:",
              "    if output is None: output = _empty_like(_tmpl)"]
     if cuda:
-        body.append("    if A.data_ptr() % 16 or W.data_ptr() % 16 or output.data_ptr() % 16: return None")
-        if "scale" in args:
-            body.append(f"    if scale.data_ptr() % {SCALE_ALIGN}: return None")
+        body.append(f"    if {' or '.join(aligned + ['output.data_ptr() % 16'])}: return None")
     body += [f"    _fn({', '.join(args + ['output'])})",
              "    return output",
              "except Exception:",
@@ -765,7 +757,7 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
         if vals[i] is not None:
             return None
     call = []
-    for idx, want, shape, view, bits_view, const in specs:
+    for idx, want, shape, view, bits_view, const, align in specs:
         if idx < 0:
             call.append(const)
             continue
@@ -785,7 +777,7 @@ def _fast_call(entry: tuple, vals: list) -> Optional[torch.Tensor]:
             t = t.view(view)
         if bits_view:
             t = t.view(torch.int8)
-        if cuda and (t.data_ptr() % 16 if idx < 2 else idx == _SCALE_SLOT and t.data_ptr() % SCALE_ALIGN):
+        if align and t.data_ptr() % align:
             return None
         call.append(t)
     output = vals[8]

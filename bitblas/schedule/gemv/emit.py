@@ -144,7 +144,7 @@ def block_scale_helpers(tag: str, act: str, pairs, V: int, G: int) -> dict:
     # one 2-byte load (two byte loads cost a load and a merge more per vector: the float16 nvfp4 rows
     # kernel 3% slower on the H200): the pair starts at an even offset of the scale row (V == 2 G and
     # the vector divides K, so a row holds an even number of scales), and the call paths realign a
-    # scale view whose base is off a 2-byte boundary (ops/matmul.py, ops/bound.py: SCALE_ALIGN)
+    # scale view whose base is off a 2-byte boundary (ops/checks.py: base_align)
     ld = [f"__device__ __forceinline__ unsigned bb_ldsb_{tag}(const void* p) {{",
           "  return (unsigned)__ldg(reinterpret_cast<const unsigned short*>(p));", "}"]
     assert V == 2 * G

@@ -57,7 +57,8 @@ from typing import Optional
 
 from .._tvm import tvm
 from ..arch import arch_of, as_arch
-from .gemv.emit import LDS4, PF_L2, e4m3x2_lines, load_helpers, pdl_trigger, split_steps, step_loop
+from .gemv.emit import (LDS4, e4m3x2_lines, l2_prefetch, l2_prefetch_unsupported, load_helpers, pdl_trigger,
+                        split_steps, step_loop)
 from .target import TIRX_PIPELINE_ATTR
 
 __all__ = ["NVFP4GemvHint", "NVFP4CPUHint", "MAG2_TABLE", "SIGN_FLIP", "NVFP4_GEMV_MAX_ROWS", "gemv_script",
@@ -163,9 +164,8 @@ def nvfp4_gemv_unsupported(plan, hint: NVFP4GemvHint, sm=None) -> Optional[str]:
         v = getattr(hint, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             return f"{name}={v!r} must be a positive int"
-    v = hint.l2_prefetch
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        return f"l2_prefetch={v!r} must be an int >= 0"
+    if l2_prefetch_unsupported(hint.l2_prefetch):
+        return l2_prefetch_unsupported(hint.l2_prefetch)
     if hint.warps > 32:
         return f"warps={hint.warps}: at most 32 warps per block"
     if hint.min_blocks < 0:
@@ -203,7 +203,6 @@ def cuda_helpers(sm=None) -> dict:
     None: unknown, taken as sm_89+). ``bb_nv_mag``,
     ``bb_nv_dot`` and ``bb_nv_act8`` are straight-line code of one statement per line."""
     h = {"bb_ldw4": load_helpers(4)["bb_ldw4"], "bb_lds4": LDS4}
-    h["bb_pf_l2"] = PF_L2
     h["bb_nv_ldsc"] = r"""
 __device__ __forceinline__ unsigned bb_nv_ldsc(const void* p) {
   unsigned short x;
@@ -351,25 +350,21 @@ def gemv_script(plan, hint: NVFP4GemvHint, sm=None) -> str:
     def cexpr(step):
         return f"((({step}) * {U} + u) * 32 + lane)"
 
-    if PF:      # the first PF steps of this warp's rows into L2, then the PDL wait
-        cl = f"T.min({cexpr('s')}, {NV - 1})" if NV % 32 else cexpr("s")
-        nr = f"T.min(n0 + r, {N - 1})"
-        add(f"    for s in T.unroll({PF}):")
-        add(f"        for u in T.unroll({U}):")
-        add(f"            for r in T.unroll({R}):")
-        add("                " + call("bb_pf_l2", f"W_f.ptr_to([lb * sW0 + {nr} * sW1 + {cl} * 16])"))
-        add("                " + call("bb_pf_l2", f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])"))
-        if hint.pdl:
-            add("    T.ptx.griddepcontrol.wait()")
-
-    def load(ind, step, slot):
+    def vec_ptrs(step):
+        """Pointers to this lane's weight vector of row ``n0 + r`` at ``step`` and to its two scales."""
         cl = cexpr(step) if NV % 32 == 0 else f"T.min({cexpr(step)}, {NV - 1})"
         nr = f"T.min(n0 + r, {N - 1})"
+        return [f"W_f.ptr_to([lb * sW0 + {nr} * sW1 + {cl} * 16])",
+                f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])"]
+
+    if PF:
+        l2_prefetch(add, hint, PF, U, R, vec_ptrs)
+
+    def load(ind, step, slot):
+        wptr, sptr = vec_ptrs(step)
         add(f"{ind}for u in T.unroll({U}):")
         add(f"{ind}    for r in T.unroll({R}):")
-        add(f"{ind}        " + call("bb_ldw4", f"W_f.ptr_to([lb * sW0 + {nr} * sW1 + {cl} * 16])",
-                                    f"wq.ptr_to([{slot}, u, r, 0])"))
-        sptr = f"scale_f.ptr_to([lb * sS0 + {nr} * sS1 + {cl} * 2])"
+        add(f"{ind}        " + call("bb_ldw4", wptr, f"wq.ptr_to([{slot}, u, r, 0])"))
         add(f"{ind}        sr[{slot}, u, r] = " + call("bb_nv_ldsc", sptr, ret="uint32"))
 
     def act(ind, i, step):

@@ -570,6 +570,29 @@ __device__ __forceinline__ void bb_pf_l2(const void* p) {
 """
 
 
+def l2_prefetch_unsupported(steps) -> Optional[str]:
+    """Why a hint's ``l2_prefetch`` is refused (an int >= 0), else None."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        return f"l2_prefetch={steps!r}: the steps prefetched into L2 at entry, an int >= 0"
+    return None
+
+
+def l2_prefetch(add, hint, steps: int, U: int, R: int, ptrs):
+    """A rows kernel's ``l2_prefetch`` (the GEMV's rows kernel, the batched NVFP4 GEMV): the first
+    ``steps`` steps of each warp's ``R`` rows, ``U`` vectors a step, prefetched into L2
+    (``ptrs(step)``: the pointer texts of one vector and its scales, loop variables ``u`` and
+    ``r``), then the PDL wait, which :func:`device_entry` (``wait=False``) left to this. Nothing
+    is read before the wait, and a prefetch binds no value: the loads after it see what an
+    earlier kernel wrote."""
+    add(f"    for s in T.unroll({steps}):")
+    add(f"        for u in T.unroll({U}):")
+    add(f"            for r in T.unroll({R}):")
+    for p in ptrs("s"):
+        add(f"                T.cuda.func_call('bb_pf_l2', {p}, source_code={PF_L2!r})")
+    if hint.pdl:
+        add("    T.ptx.griddepcontrol.wait()")
+
+
 def pdl_trigger(add, hint):
     if hint.pdl:
         add("    T.ptx.griddepcontrol.launch_dependents()")

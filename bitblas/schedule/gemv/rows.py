@@ -19,7 +19,7 @@ measurements: docs/performance.md
 """
 from __future__ import annotations
 
-from .emit import LDS4, STS4, device_entry, keeps_act_sum, pdl_trigger, split_steps, step_loop
+from .emit import LDS4, STS4, device_entry, keeps_act_sum, l2_prefetch, pdl_trigger, split_steps, step_loop
 
 
 def _stage_acts(add, e, threads, il):
@@ -179,14 +179,8 @@ def body(plan, hint, add, e):
     def cload(step):
         return cexpr(step) if NC % 32 == 0 else f"T.min({cexpr(step)}, {NC - 1})"
 
-    if PF:                                    # the first PF steps of this warp's rows into L2, then the wait
-        add(f"    for s in T.unroll({PF}):")
-        add(f"        for u in T.unroll({U}):")
-        add(f"            for r in T.unroll({R}):")
-        for ln in e["pf_lines"]("                ", nr, cload("s")):
-            add(ln)
-        if hint.pdl:
-            add("    T.ptx.griddepcontrol.wait()")
+    if PF:
+        l2_prefetch(add, hint, PF, U, R, lambda step: e["vec_ptrs"](nr, cload(step)))
 
     def load(ind, step, slot):
         add(f"{ind}for u in T.unroll({U}):")

@@ -52,9 +52,9 @@ from ...arch import arch_of
 from ..target import TIRX_PIPELINE_ATTR, WGMMA_ARCH_ATTR
 from .decode import decoder, e4m3_consts, pair_codes
 from .hints import GEMVHint, GEMVKSplitHint, GEMVMmaHint, GEMVRowsHint, GEMVWgmmaHint
-from .emit import (F8_HALF_SHIFT, PF_L2, act_smem_bytes, block_dot_helpers, block_scale_helpers, e4m3_acts, f8_half_prep,
-                   f8_scales, fmt_float, format_helpers, half_acts, mma_decodable, prep_words, span_vectors,
-                   uses_f32_path, vec_blocks, vec_bytes)
+from .emit import (F8_HALF_SHIFT, act_smem_bytes, block_dot_helpers, block_scale_helpers, e4m3_acts, f8_half_prep,
+                   f8_scales, fmt_float, format_helpers, half_acts, l2_prefetch_unsupported, mma_decodable,
+                   prep_words, span_vectors, uses_f32_path, vec_blocks, vec_bytes)
 from .ksplit import body as ksplit_body
 from .mma import body as mma_body, mma_gemv_unsupported
 from .mma_int8 import body as mma_int8_body, mma_int8_unsupported
@@ -559,31 +559,32 @@ def kernel_script(plan, hint: GEMVHint, body=None):
                 f"{ind}    T.cuda.func_call('bb_lda', A.ptr_to([{i}, {cidx} * {V} + v * {AV}]), "
                 f"{arbuf}.ptr_to([v * 4]), source_code={src('bb_lda')})"]
 
+    def w_ptr(nr, cidx):
+        return f"W.ptr_to([{nr}, {cidx} * {VB}])"
+
+    def scale_col(cidx):
+        """The scale column of weight vector ``cidx``: its first block scale, or its group's."""
+        return f"{cidx} * {SB}" if SB > 1 else gidx(cidx)
+
     def ldw_line(ind, nr, cidx, dst):
-        return (f"{ind}T.cuda.func_call('bb_ldw{NW}', W.ptr_to([{nr}, {cidx} * {VB}]), {dst}, "
-                f"source_code={src(f'bb_ldw{NW}')})")
+        return f"{ind}T.cuda.func_call('bb_ldw{NW}', {w_ptr(nr, cidx)}, {dst}, source_code={src(f'bb_ldw{NW}')})"
 
     def load_lines(ind, nr, cidx, at, scales=True):
         """Weight vector ``cidx`` of row ``nr`` into slot ``at`` (index text) of ``wq``, its raw
         scale (``scales``) / zero element into ``sr`` / ``zr`` at the same index."""
         out = [ldw_line(ind, nr, cidx, f"wq.ptr_to([{at}, 0])")]
         if sdt and scales and SB > 1:
-            out.append(f"{ind}sr[{at}] = T.cuda.func_call('bb_ldsb_{tag}', scale.ptr_to([{nr}, {cidx} * {SB}]), "
+            out.append(f"{ind}sr[{at}] = T.cuda.func_call('bb_ldsb_{tag}', scale.ptr_to([{nr}, {scale_col(cidx)}]), "
                        f"source_code={src(f'bb_ldsb_{tag}')}, return_type='uint32')")
         elif sdt and scales:
-            out.append(f"{ind}sr[{at}] = scale[{nr}, {gidx(cidx)}]")
+            out.append(f"{ind}sr[{at}] = scale[{nr}, {scale_col(cidx)}]")
         if zdt:
             out.append(f"{ind}zr[{at}] = {zsrc(nr, cidx)}")
         return out
 
-    def pf_lines(ind, nr, cidx):
-        """L2 prefetches of weight vector ``cidx`` of row ``nr`` and of its scale bytes (the rows
-        kernel's ``l2_prefetch``, before the PDL wait: a prefetch binds no value)."""
-        out = [f"{ind}T.cuda.func_call('bb_pf_l2', W.ptr_to([{nr}, {cidx} * {VB}]), source_code={PF_L2!r})"]
-        if sdt:
-            at = f"{cidx} * {SB}" if SB > 1 else gidx(cidx)
-            out.append(f"{ind}T.cuda.func_call('bb_pf_l2', scale.ptr_to([{nr}, {at}]), source_code={PF_L2!r})")
-        return out
+    def vec_ptrs(nr, cidx):
+        """Pointers to weight vector ``cidx`` of row ``nr`` and to its scales (emit.l2_prefetch)."""
+        return [w_ptr(nr, cidx)] + ([f"scale.ptr_to([{nr}, {scale_col(cidx)}])"] if sdt else [])
 
     def dec_line(ind, wsrc, off, dst):
         if i8:                                 # no offset: signed codes are centred through the dp4a chain
@@ -664,10 +665,8 @@ def gemv_hint_unsupported(plan, hint: GEMVHint) -> Optional[str]:
                     f"(GEMVRowsHint or GEMVMmaHint; got {hint})")
         if hint.k_warps < 1:
             return f"k_warps={hint.k_warps}: the k-split kernel needs at least one warp splitting K"
-    if isinstance(hint, GEMVRowsHint):
-        v = hint.l2_prefetch
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            return f"l2_prefetch={v!r}: the steps prefetched into L2 at entry, an int >= 0"
+    if isinstance(hint, GEMVRowsHint) and l2_prefetch_unsupported(hint.l2_prefetch):
+        return l2_prefetch_unsupported(hint.l2_prefetch)
     if isinstance(hint, GEMVRowsHint) and hint.act_smem:
         why = _act_smem_unsupported(plan, hint)
         if why:

@@ -185,6 +185,39 @@ def test_decode_exact_in_float16():
     assert torch.equal(v16.to(torch.float32), v32) and float(v32.abs().max()) == 6 * 448
 
 
+def test_decode_kernel_word_rule():
+    """The decode kernel's sm_89+ rule (bb_nv_dec32), on its own constants: per word of 8 codes the
+    even / odd codes' nibbles spread to bytes, each byte -> an e4m3 byte whose value is the code's
+    times 2**E4M3_SHIFT (every one of the 16 codes, both signs), the two prmt selectors put the
+    bytes back in code order (low byte of each pair first), and the block scale times
+    2**-E4M3_SHIFT (UNSHIFT_H2) restores the value: exactly nvfp4_decode's float16 values."""
+    from bitblas.schedule.gemv.decode import _emu_prmt
+    from bitblas.schedule.nvfp4 import DEC_PAIR_SEL, E4M3_SHIFT, UNSHIFT_H2, e4m3_code_bytes
+
+    def e4m3(byte_values):
+        return torch.tensor(byte_values, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+
+    # one code per byte: all 16 codes
+    got = e4m3([e4m3_code_bytes(c) & 0xFF for c in range(16)]) * 2.0 ** -E4M3_SHIFT
+    assert torch.equal(got, torch.tensor(E2M1_TABLE, dtype=torch.float32))
+    half_unshift = torch.tensor([UNSHIFT_H2 & 0xFFFF, UNSHIFT_H2 >> 16], dtype=torch.int16).view(torch.float16)
+    assert half_unshift.tolist() == [2.0 ** -E4M3_SHIFT] * 2
+    rng = random.Random(5)
+    words = [rng.getrandbits(32) for _ in range(300)] + [0, 0xFFFFFFFF, 0x76543210, 0xFEDCBA98]
+    for q in words:
+        el = e4m3_code_bytes(q & 0x0F0F0F0F)
+        eh = e4m3_code_bytes((q >> 4) & 0x0F0F0F0F)
+        out = []
+        for sel in DEC_PAIR_SEL:
+            w = _emu_prmt(el, eh, sel)
+            out += [(w >> (8 * i)) & 0xFF for i in range(4)]
+        codes = torch.tensor([q.to_bytes(4, "little")[i] for i in range(4)], dtype=torch.uint8).view(1, 4)
+        scale = torch.tensor([[0x7E]], dtype=torch.uint8).view(torch.float8_e4m3fn)   # 448: the largest
+        want = nvfp4_decode(torch.cat([codes, codes], 1), scale, dtype=torch.float16)[0, :8]
+        v = (e4m3(out).to(torch.float16) * half_unshift[0]) * torch.tensor(448.0, dtype=torch.float16)
+        assert torch.equal(v, want), hex(q)
+
+
 # -- reference ------------------------------------------------------------------------------------
 def test_reference_nvfp4_gemv():
     """The reference against a float64 loop over the issue's definition."""

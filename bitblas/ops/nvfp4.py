@@ -199,18 +199,18 @@ class NVFP4Matmul:
         gemm = self._gemm_kernel(rows, gemm_dtype)
         dec = self._decode_kernel()
         dev = A3.device
-        wa = torch.empty(1, rows, c.K, dtype=torch.float16, device=dev)
-        ww = torch.empty(1, c.N, c.K, dtype=torch.float16, device=dev)
+        wa = torch.empty(rows, c.K, dtype=torch.float16, device=dev)
+        ww = torch.empty(c.N, c.K, dtype=torch.float16, device=dev)
         direct = (not scaled and O3[0].is_contiguous() and O3.data_ptr() % 16 == 0
                   and O3.stride(0) * O3.element_size() % 16 == 0)
         tmp = None if direct else torch.empty(rows, c.N, dtype=TORCH_DTYPES[gemm_dtype], device=dev)
         for lb in range(L):
-            dec(A3[lb:lb + 1], B3[lb:lb + 1], wa)
-            dec(W3[lb:lb + 1], S3[lb:lb + 1], ww)
+            dec(A3[lb], B3[lb], wa)
+            dec(W3[lb], S3[lb], ww)
             if direct:
-                gemm(wa[0], ww[0], O3[lb])
+                gemm(wa, ww, O3[lb])
                 continue
-            gemm(wa[0], ww[0], tmp)
+            gemm(wa, ww, tmp)
             v = tmp
             for g in (gw, ga):
                 if g is not None:

@@ -42,13 +42,26 @@ with 1 or 2 rows per warp 20.69 / 19.71, launch bounds of 2 blocks per SM with 2
 flight 21.27 / 19.34, 1 row x 2 vectors per step 19.15, 4 rows under 2 blocks per SM 19.12,
 4-warp blocks 19.08. At (7168, 2048, 4) 1 row x 2 vectors per step took 9.96 against the
 default's 10.38 (one run; the default there came from two), so the default stays until a repeat.
+Also refuted (H200, ``benchmark.nvfp4`` with a sweep, two runs in one call): several consecutive
+row tiles per block walked as one stream of steps (the ring of loads running on from one tile into
+the next, the activation row staged once per block), expected to take (7168, 2048, 4) from 10.3
+to ~9 µs by amortizing each block's start over more rows. It was slower at every tile count and
+ring depth: (7168, 2048, 4) 10.28 / 10.33 default, 10.71 .. 12.61 with 2, 4 or 7 tiles per block;
+(7168, 16384, 1) 17.6 -> 21.6 .. 43.3; (4096, 7168, 8) 30.5 -> 33.4 .. 42.6. Fewer, longer-lived
+blocks keep fewer bytes in flight per SM than the many short blocks that all fit at once.
 
 The CPU kernel (``NVFP4CPUHint``, LLVM): the same arithmetic (integer block dot products of
 doubled values, one float32 multiply-add per block), parallel over (batch, row tiles).
 
-The decode kernel (:func:`decode_script`, CUDA): codes and block scales -> float16 values
-[L, rows, K], exact (an e2m1 x e4m3 product has at most 6 significant bits and |v| <= 2688): the
-operands of the decode-then-GEMM path for many rows (bitblas/ops/nvfp4.py).
+The decode kernel (:func:`decode_script`, CUDA): codes and block scales of one batch index ->
+float16 values [rows, K], exact (an e2m1 x e4m3 product has at most 6 significant bits and |v| <=
+2688): the operands of the decode-then-GEMM path for many rows (bitblas/ops/nvfp4.py). On sm_89+
+each code becomes the float8_e4m3 byte of its value times 2**-6 by integer arithmetic on four
+codes at once (:func:`e4m3_code_bytes`), pairs convert by ``cvt.rn.f16x2.e4m3x2``, and one
+``mul.f16x2`` by the block scale times 2**6 restores the value (all exact). Each lane loads four
+code words, a warp's 32 apart, before it decodes and stores them (coalesced 512-byte warp stores).
+H200, 8192 x 8192 codes: 44.6 µs (3.85 TB/s of codes, scales and values) against 63.9-69.7 µs for
+the earlier kernel (one word per thread, per-code float arithmetic); 4096 rows 23.6 against 36.
 """
 from __future__ import annotations
 
@@ -472,51 +485,105 @@ def _e4m3_text(b: str) -> str:
     return f"T.if_then_else(({u} & 128) != 0, T.float32(0) - {v}, {v})"
 
 
+# e2m1 code -> float8_e4m3 byte of its value times 2**-6, four codes per word (one per byte, each
+# byte's code in its low nibble): byte = 4 * c + 12 * (c & 8). The sign bit goes to bit 7 and the
+# three magnitude bits (e1 e0 m) to bits 4..2: exponent field e, mantissa 4 * m, so a normal code is
+# 2**(e - 7) * (1 + m / 2) and a subnormal one (e = 0) m / 2 * 2**-6, each its e2m1 value times
+# 2**-6. No byte carries into the next (at most 4 * 15 + 96 = 156).
+E4M3_SIGN_MASK = 0x08080808
+E4M3_SIGN_MUL = 12
+E4M3_SHIFT = -6                          # the byte's value is the code's times 2**E4M3_SHIFT
+DEC_PAIR_SEL = (0x5140, 0x7362)          # prmt(even codes' bytes, odd codes' bytes): codes 0..3, 4..7
+UNSHIFT_H2 = ((15 - E4M3_SHIFT) << 10) * 0x10001   # float16 pair (2**6, 2**6): the block scales times it
+
+
+def e4m3_code_bytes(nib4: int) -> int:
+    """The decode kernel's word rule on one word of four code nibbles (one per byte, low nibble):
+    their float8_e4m3 bytes (testing/test_nvfp4.py checks it against torch's e4m3 values)."""
+    return (nib4 * 4 + (nib4 & E4M3_SIGN_MASK) * E4M3_SIGN_MUL) & 0xFFFFFFFF
+
+
+def _dec8_source(sm) -> str:
+    """``bb_nv_dec8(q, sb, dst)``: one word of 8 codes and its block scale byte -> 8 float16 values
+    (one 16-byte store). sm_89+: the even and odd codes' nibbles spread to bytes,
+    :func:`e4m3_code_bytes` (each value times 2**E4M3_SHIFT), two ``prmt`` back into code order,
+    ``cvt.rn.f16x2.e4m3x2`` per pair, times the block scale times 2**-E4M3_SHIFT (a power of two:
+    exact) in one ``mul.f16x2``; without the float8 conversion, per code in float32."""
+    L_ = ["", "__device__ __forceinline__ void bb_nv_dec8(unsigned q, unsigned sb, void* dst) {", "  unsigned h[4];"]
+    if as_arch(sm).fp8_cvt:
+        L_ += ["  unsigned sc;",
+               "  asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(sc) : \"h\"((unsigned short)(sb * 0x101u)));",
+               f"  asm(\"mul.rn.f16x2 %0, %1, %2;\" : \"=r\"(sc) : \"r\"(sc), \"r\"(0x{UNSHIFT_H2:08x}u));",
+               "  const unsigned lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;",
+               f"  const unsigned el = lo * 4u + (lo & 0x{E4M3_SIGN_MASK:08x}u) * {E4M3_SIGN_MUL}u;",
+               f"  const unsigned eh = hi * 4u + (hi & 0x{E4M3_SIGN_MASK:08x}u) * {E4M3_SIGN_MUL}u;",
+               f"  const unsigned b0 = __byte_perm(el, eh, 0x{DEC_PAIR_SEL[0]:04x}), "
+               f"b1 = __byte_perm(el, eh, 0x{DEC_PAIR_SEL[1]:04x});",
+               "  const unsigned short p[4] = {(unsigned short)(b0 & 0xFFFFu), (unsigned short)(b0 >> 16), "
+               "(unsigned short)(b1 & 0xFFFFu), (unsigned short)(b1 >> 16)};",
+               "  for (int t = 0; t < 4; ++t) {",
+               "    unsigned v;",
+               "    asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(v) : \"h\"(p[t]));",
+               "    asm(\"mul.rn.f16x2 %0, %1, %2;\" : \"=r\"(h[t]) : \"r\"(v), \"r\"(sc));",
+               "  }"]
+    else:
+        L_ += ["  float s[2];", *e4m3x2_lines("sb", lambda t: f"s[{t}]", False),
+               "  for (int t = 0; t < 8; t += 2) {",
+               "    float v[2];",
+               "    for (int e = 0; e < 2; ++e) {",
+               "      const unsigned c = (q >> (4 * (t + e))) & 15u;",
+               "      v[e] = (float)((0xC8643210u >> ((c & 7u) * 4)) & 15u) * ((c & 8u) ? -0.5f : 0.5f) * s[0];",
+               "    }",
+               "    unsigned short a_, b_;",
+               "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(a_) : \"f\"(v[0]));",
+               "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(b_) : \"f\"(v[1]));",
+               "    h[t / 2] = (unsigned)a_ | ((unsigned)b_ << 16);",
+               "  }"]
+    L_ += ["  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);", "}", ""]
+    return "\n".join(L_)
+
+
+DEC_WORDS = 4            # code words per thread of the decode kernel, a warp's 32 apart
+
+
 def decode_script(K: int, sm=None, threads: int = 256) -> str:
-    """The decode kernel: codes [L, R, K/2] and block scales [L, R, K/16] (strided, R and L at run
-    time) -> float16 values [L, R, K] (compact). One thread per 8 codes (a 4-byte load, a 16-byte
-    store)."""
+    """The decode kernel of one batch index: codes [R, K/2] and block scales [R, K/16] (row strides
+    and R at run time) -> float16 values [R, K] (compact). A warp takes 32 * DEC_WORDS consecutive
+    words of 8 codes (word e: row e // (K/8), the output's 8 values at 8 * e), each lane every
+    32nd: first all its 4-byte code and 1-byte scale loads (each a coalesced warp load), then per
+    word the decode (:func:`_dec8_source`) and one 16-byte store (a warp's: 512 contiguous
+    bytes)."""
     K2, KS, K8 = K // 2, K // 16, K // 8
-    body = "\n".join(["", "__device__ __forceinline__ void bb_nv_dec8(unsigned q, unsigned sb, void* dst) {",
-                      "  float s[2];", *e4m3x2_lines("sb", lambda t: f"s[{t}]", as_arch(sm).fp8_cvt),
-                      "  unsigned h[4];",
-                      "  for (int t = 0; t < 8; t += 2) {",
-                      "    float v[2];",
-                      "    for (int e = 0; e < 2; ++e) {",
-                      "      const unsigned c = (q >> (4 * (t + e))) & 15u;",
-                      "      v[e] = (float)((0xC8643210u >> ((c & 7u) * 4)) & 15u) * ((c & 8u) ? -0.5f : 0.5f) * s[0];",
-                      "    }",
-                      "    unsigned short a_, b_;",
-                      "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(a_) : \"f\"(v[0]));",
-                      "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(b_) : \"f\"(v[1]));",
-                      "    h[t / 2] = (unsigned)a_ | ((unsigned)b_ << 16);",
-                      "  }",
-                      "  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);",
-                      "}", ""])
+    W = DEC_WORDS
+    body = _dec8_source(sm)
     L_ = []
     add = L_.append
     add("@T.prim_func")
     add("def main(codes_ptr: T.handle, scales_ptr: T.handle, out_ptr: T.handle):")
-    for v in ("L", "R", "sC0", "sC1", "sS0", "sS1"):
+    for v in ("R", "sC", "sS"):
         add(f"    {v} = T.int32()")
-    add(f"    codes = T.match_buffer(codes_ptr, (L, R, {K2}), 'int8', strides=(sC0, sC1, 1))")
-    add(f"    scales = T.match_buffer(scales_ptr, (L, R, {KS}), 'int8', strides=(sS0, sS1, 1))")
-    add(f"    out = T.match_buffer(out_ptr, (L, R, {K}), 'float16', align=16)")
+    add(f"    codes = T.match_buffer(codes_ptr, (R, {K2}), 'int8', strides=(sC, 1))")
+    add(f"    scales = T.match_buffer(scales_ptr, (R, {KS}), 'int8', strides=(sS, 1))")
+    add(f"    out = T.match_buffer(out_ptr, (R, {K}), 'float16', align=16)")
     add("    T.device_entry()")
     add("    codes_f = T.decl_buffer((1,), 'int8', data=codes.data)")
     add("    scales_f = T.decl_buffer((1,), 'int8', data=scales.data)")
     add("    out_f = T.decl_buffer((1,), 'float16', data=out.data)")
-    add(f"    bx = T.cta_id([T.ceildiv(L * R * {K8}, {threads})])")
+    add(f"    bx = T.cta_id([T.ceildiv(R * {K8}, {threads * W})])")
     add(f"    tx = T.thread_id([{threads}])")
-    add(f"    e = T.meta_var(bx * {threads} + tx)")
-    add(f"    row = T.meta_var(e // {K8} % R)")
-    add(f"    lb = T.meta_var(e // {K8} // R)")
-    add(f"    k8 = T.meta_var(e % {K8})")
-    add(f"    if e < L * R * {K8}:")
-    word = f"T.cuda.func_call('bb_nv_ldw1', codes_f.ptr_to([lb * sC0 + row * sC1 + k8 * 4]), source_code={_LDW1!r}, " \
-           "return_type='uint32')"
-    sbyte = "T.Cast('uint32', T.Cast('int32', scales_f[lb * sS0 + row * sS1 + k8 // 2]) & 255)"
-    add(f"        T.cuda.func_call('bb_nv_dec8', {word}, {sbyte}, out_f.ptr_to([e * 8]), source_code={body!r})")
+    add(f"    q = T.alloc_local(({W},), 'uint32')")
+    add(f"    sb = T.alloc_local(({W},), 'uint32')")
+    add(f"    e0 = T.meta_var((bx * {threads // 32} + tx // 32) * {32 * W} + tx % 32)")
+    add(f"    for i in T.unroll({W}):")
+    add("        e = T.meta_var(e0 + i * 32)")
+    add(f"        if e < R * {K8}:")
+    add(f"            q[i] = T.cuda.func_call('bb_nv_ldw1', codes_f.ptr_to([e // {K8} * sC + e % {K8} * 4]), "
+        f"source_code={_LDW1!r}, return_type='uint32')")
+    add(f"            sb[i] = T.Cast('uint32', T.Cast('int32', scales_f[e // {K8} * sS + e % {K8} // 2]) & 255)")
+    add(f"    for i in T.unroll({W}):")
+    add("        e = T.meta_var(e0 + i * 32)")
+    add(f"        if e < R * {K8}:")
+    add(f"            T.cuda.func_call('bb_nv_dec8', q[i], sb[i], out_f.ptr_to([e * 8]), source_code={body!r})")
     return "\n".join(L_) + "\n"
 
 

@@ -51,7 +51,7 @@ from bitblas.plan import make_plan
 from bitblas.quantization.quantize import TORCH_DTYPES, decode_values, dequantize, unpack_zeros
 from bitblas.quantization.utils import unpack_codes
 from bitblas.reference import random_inputs
-from bitblas.schedule.cuda_dequant import (build_dequant, dequant_args, dequant_source, dequant_unsupported,
+from bitblas.schedule.cuda_dequant import (PER_THREAD, build_dequant, dequant_args, dequant_source, dequant_unsupported,
                                            emit_dequant)
 from kernel_helpers import TARGETS
 
@@ -401,17 +401,23 @@ def test_dequant_tail_store_guarded(w_dtype, a_dtype, nk, threads):
     sits under the same tail predicate as the decode (it once did not, and the idle threads wrote 16
     bytes each past W_decoded: GPU fuzz seeds 100121 and 100141 read corrupted activations after it)."""
     n, k = nk
-    if n * k // 8 % threads == 0:
-        pytest.skip(f"{n * k // 8} threads of work fill blocks of {threads}: no tail")
+    work, per_block = n * k // 8, threads * PER_THREAD
+    if work % per_block == 0:
+        pytest.skip(f"{work} vectors of work fill blocks of {per_block}: no tail")
     kw = {} if w_dtype == "int1" else dict(with_scaling=True, group_size=8)
     cfg = MatmulConfig(M=None, N=n, K=k, A_dtype=a_dtype, W_dtype=w_dtype, out_dtype="float16", **kw)
     src = dequant_source(make_plan(cfg, "cuda"), TARGETS["sm_90"], threads=threads)
     lines = [ln.strip() for ln in src[src.index("__global__ void"):].splitlines() if ln.strip()]
     stores = [i for i, ln in enumerate(lines) if ln.startswith(("*(uint4*)(W_decoded_ptr", "*(int2*)(W_decoded_ptr"))]
-    assert stores, "no vector store of the decoded weights"
-    for i in stores:
+    # one per vector of a thread, but for the trailing ones no thread has (dropped by the compiler)
+    assert 1 <= len(stores) <= PER_THREAD, f"{len(stores)} vector stores of the decoded weights"
+    assert len(stores) == min(PER_THREAD, -(-work // threads)), (len(stores), work)
+    last = (-(-work // per_block) - 1) * per_block      # the first vector of the last block
+    for j, i in enumerate(stores):                       # the thread's j-th vector: last + j * threads + tx there
+        if last + (j + 1) * threads <= work:
+            continue                                     # every thread of every block has it: no guard needed
         assert lines[i - 1].startswith("if (") and "threadIdx.x" in lines[i - 1], \
-            f"unguarded store ({n * k // 8} threads of work, blocks of {threads}): {lines[i - 1]!r} / {lines[i]!r}"
+            f"unguarded store ({work} vectors of work, blocks of {per_block}): {lines[i - 1]!r} / {lines[i]!r}"
     if find_nvcc() is not None and threads == 256:
         assert nvcc_compile(src, "sm_90")[:4] == b"\x7fELF"
 

@@ -33,10 +33,10 @@ nf4 table values rounded to ``A_dtype`` before the scale, float zeros (``v - z``
 (``v * s`` rounded, then cancelled against ``z``), the global scale's double rounding; the argument
 and the check are in ``testing/test_dequant.py``.
 
-CUDA schedule (:func:`schedule_cuda_dequant`): one thread per 8 consecutive K outputs of a row:
-it loads its packed bytes with one vector load (8 / codes-per-byte bytes), decodes 8 values into
-registers and writes them with one 16-byte store (``uint4``); the grid covers ``N * K / 8``
-threads, ``threads`` (128 or 256) per block, the tail predicated. The output is 2 bytes per
+CUDA schedule (:func:`schedule_cuda_dequant`): per 8 consecutive K outputs of a row one vector
+load of their packed bytes (8 / codes-per-byte bytes), 8 values decoded in registers, one 16-byte
+store (``uint4``); each thread does ``PER_THREAD`` of them, ``threads`` (128 or 256, the block)
+apart, the tail predicated. The output is 2 bytes per
 element against 0.125..1 byte read, so the vector store is what sets the speed. Lookup tables
 (``w_table``) are read through the L1 cache. Needs K % 8 == 0 (16-byte aligned rows) and
 N * K < 2**31 (32-bit indexing); :func:`dequant_unsupported` says so. The output buffer must be
@@ -140,11 +140,22 @@ def emit_dequant(plan: Plan) -> tirx.PrimFunc:
     return te.create_prim_func([ph[n] for n in names] + [out])
 
 
-def schedule_cuda_dequant(func: tirx.PrimFunc, plan: Plan, threads: int = 256) -> "tvm.IRModule":
-    """One thread per 8 consecutive K outputs: a vector load of its packed W bytes, 8 decodes in
-    registers, one 16-byte store; ``threads`` (128 or 256) per block over N * K / 8 threads."""
+PER_THREAD = 2        # vectors per thread (H200, 8192 x 8192 unless named, µs for 1 / 2 / 4 / 8: uint4 g128
+                      # 44.6 / 43.5 / 44.1 / 45.4, with zeros 45.7 / 43.8 / 45.3 / 46.2, 28672 x 8192 151.1 /
+                      # 147.3 / 149.2 / 153.5, nf4 49.8 / 44.2 / 44.7 / 45.9, uint2 41.8 / 40.1 / 40.9 / 42.5,
+                      # int8 52.1 / 50.7 / 51.8 / 52.6)
+
+
+def schedule_cuda_dequant(func: tirx.PrimFunc, plan: Plan, threads: int = 256,
+                          per_thread: int = PER_THREAD) -> "tvm.IRModule":
+    """8 consecutive K outputs at a time: a vector load of their packed W bytes, 8 decodes in
+    registers, one 16-byte store; ``threads`` (128 or 256) per block. ``per_thread``: vectors per
+    thread, ``threads`` apart (each one a coalesced block-wide store), unrolled, so that a thread
+    has more than one load in flight."""
     if threads not in (128, 256):
         raise ValueError(f"threads={threads!r} is invalid; accepted: 128, 256")
+    if per_thread not in (1, 2, 4, 8):
+        raise ValueError(f"per_thread={per_thread!r} is invalid; accepted: 1, 2, 4, 8")
     _check(plan)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     blk = sch.get_sblock(BLOCK_NAME)
@@ -155,14 +166,16 @@ def schedule_cuda_dequant(func: tirx.PrimFunc, plan: Plan, threads: int = 256) -
     store = sch.cache_write(blk, 0, "local")
     n, k = sch.get_loops(store)
     ko, ki = sch.split(k, [None, VEC])
-    bx, tx = sch.split(sch.fuse(n, ko), [None, threads])
+    bx, it, tx = sch.split(sch.fuse(n, ko), [None, per_thread, threads])
+    sch.reorder(tx, it)
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    sch.compute_at(blk, tx)
+    sch.unroll(it)
+    sch.compute_at(blk, it)
     sch.vectorize(ki)
     # the thread's packed bytes (8 codes) with one vector load
     load = sch.cache_read(blk, "W", "local")
-    sch.compute_at(load, tx)
+    sch.compute_at(load, it)
     inner = sch.get_loops(load)[-1]
     if plan.w.codes_per_byte < VEC:       # one byte (1-bit codes) needs no vector
         sch.vectorize(inner)

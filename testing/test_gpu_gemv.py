@@ -230,11 +230,16 @@ STAGED_HINTS = [STAGED, GEMVHint(8, 4, 1, stages=2, min_blocks=4, act_smem=True)
                 GEMVHint(4, 8, 1, stages=3, min_blocks=2, act_smem=True),
                 GEMVHint(4, 16, 1, stages=2, min_blocks=1, act_smem=True),
                 GEMVRowsHint(rows_per_warp=2, warps=8, unroll=1, stages=3, min_blocks=4, pdl=True, act_smem=True,
-                             l2_prefetch=2)]
+                             l2_prefetch=2),
+                # the nvfp4 x float16 wave tiles (gemv/template.py _nvfp4_wave_tile)
+                GEMVRowsHint(rows_per_warp=2, warps=32, unroll=1, stages=3, min_blocks=1, pdl=True, act_smem=True,
+                             l2_prefetch=1),
+                GEMVRowsHint(rows_per_warp=1, warps=16, unroll=2, stages=3, min_blocks=2, pdl=True, act_smem=True,
+                             l2_prefetch=1)]
 
 
 @pytest.mark.parametrize("hint", STAGED_HINTS, ids=["r2w8s3", "r8w4s2", "r3w2u2", "r4w4s4", "r4w8s3b2", "r4w16s2b1",
-                                                    "r2w8s3p2"])
+                                                    "r2w8s3p2", "r2w32s3b1p1", "r1w16u2s3b2p1"])
 @pytest.mark.parametrize("fmt", list(STAGED_FORMATS))
 @gpu
 def test_gemv_staged_row(fmt, hint):

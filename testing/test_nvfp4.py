@@ -114,6 +114,31 @@ def test_existing_configs_unchanged(name):
         assert hashlib.sha256(cuda_source(p, t).encode()).hexdigest()[:16] == src_hash
 
 
+def test_wonly_wave_tiles():
+    """nvfp4 x float16 at one row on sm_90 (gemv/template.py _nvfp4_wave_tile): 64-channel blocks
+    where they fill 70..100% of one wave of 132 SMs, 16-channel blocks of single-channel warps where
+    they fill 90..100% of two per SM, else the 16-channel staged default; each with the L2 prefetch
+    when its blocks fit one wave; bfloat16 and other formats keep the default."""
+    from bitblas.build import cuda_target
+    from bitblas.kernels import default_hint
+    from bitblas.schedule.gemv import GEMVRowsHint
+    t = cuda_target("sm_90")
+
+    def tile(N, K, A="float16", W="nvfp4"):
+        kw = dict(group_size=16) if W == "nvfp4" else dict(group_size=128)
+        h = default_hint(make_plan(MatmulConfig(M=1, N=N, K=K, A_dtype=A, W_dtype=W, with_scaling=True, **kw),
+                                   "cuda", 1), t)
+        assert isinstance(h, GEMVRowsHint) and h.act_smem and h.pdl
+        return (h.rows_per_warp, h.warps, h.unroll, h.min_blocks, h.l2_prefetch)
+    for N in (6144, 8192):
+        assert tile(N, 4096) == tile(N, 8192) == (2, 32, 1, 1, 1)
+    assert tile(4096, 4096) == tile(4096, 14336) == (1, 16, 2, 2, 1)
+    assert tile(5120, 5120) == tile(3072, 4096) == (2, 8, 1, 4, 1)       # 0.61 / 0.73 of a wave: the default
+    assert tile(10240, 8192) == tile(28672, 8192) == (2, 8, 1, 4, 0)     # more than a wave
+    assert tile(8192, 8192, A="bfloat16") == (2, 8, 1, 4, 0)
+    assert tile(8192, 8192, W="uint4") == (2, 8, 1, 4, 0)
+
+
 # -- quantizer ------------------------------------------------------------------------------------
 def test_e2m1_round_to_nearest_even():
     x = torch.tensor([0.0, 0.24, 0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.01, 6.0, 7.0, 1e9, 0.5, 2.9,
@@ -448,7 +473,8 @@ def test_gemv_l2_prefetch_before_the_wait():
     assert short.count("bb_pf_l2(") == 1 + 2 * 2 * 1     # K=1024: one step of 32 vectors per row
     assert "l2_prefetch=-1" in nvfp4_gemv_unsupported(p, NVFP4GemvHint(l2_prefetch=-1), 90)
     d = {K: NVFP4GemvHint.default(make_plan(cfg(N=64, K=K), "cuda", 1), t) for K in (2048, 7168, 16384)}
-    assert d[2048] == NVFP4GemvHint(pdl=True)
+    assert d[2048] == NVFP4GemvHint(rows_per_warp=1, unroll=2, stages=2, pdl=True)
+    assert NVFP4GemvHint.default(make_plan(cfg(N=64, K=2048), "cuda", 4), t) == NVFP4GemvHint(pdl=True)
     assert d[7168] == NVFP4GemvHint(stages=4, pdl=True, l2_prefetch=1)
     assert d[16384] == NVFP4GemvHint(pdl=True, l2_prefetch=2)
     assert NVFP4GemvHint.default(make_plan(cfg(N=64, K=16384), "cuda", 1), cuda_target("sm_80")).l2_prefetch == 0

@@ -108,9 +108,10 @@ class NVFP4GemvHint:
     @classmethod
     def default(cls, plan, target=None) -> "NVFP4GemvHint":
         """By the length of a row, as benchmark/nvfp4.py's sweep measured on the H200 (the issue's
-        three shapes, two runs each, one call; 16 rows per block throughout; µs default -> chosen):
-        2 rows per warp in 8-warp blocks; K <= 4096 2 steps in flight ((7168, 2048, 4): 4 rows per
-        warp in 4-warp blocks took 10.37 / 10.45, this 10.21 / 10.23); K <= 8192 3 steps in flight
+        three shapes, two runs each, one call): K <= 4096 and one activation row, one weight row
+        per warp in 8-warp blocks, two vectors per step, one step in flight ((7168, 2048, 4): 10.20 / 10.41 with the 2-row tile
+        below -> 9.95 / 9.93 in one call, 10.38 -> 9.96 in another; it took 6-20% more time on the
+        two longer rows); longer rows 2 rows per warp in 8-warp blocks; K <= 8192 3 steps in flight
         and the first step of each row prefetched into L2 before the PDL wait ((4096, 7168, 8):
         32.01 / 32.10 -> 31.51 / 31.93; 2 or 3 steps prefetched were slower); longer rows 2 steps
         in flight (3 took 9% more) and 2 steps prefetched ((7168, 16384, 1): 18.69 / 18.83 -> 17.45
@@ -120,7 +121,7 @@ class NVFP4GemvHint:
         pdl = arch_of(target).pdl
         K = plan.config.K
         if K <= 4096:
-            return cls(pdl=pdl)
+            return cls(rows_per_warp=1, unroll=2, stages=2, pdl=pdl) if plan.m == 1 else cls(pdl=pdl)
         if K <= 8192:
             return cls(stages=4, pdl=pdl, l2_prefetch=1 if pdl else 0)
         return cls(pdl=pdl, l2_prefetch=2 if pdl else 0)

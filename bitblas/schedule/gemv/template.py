@@ -75,7 +75,8 @@ WGMMA_GEMV_MIN_ROWS = 9     # the wgmma GEMV is a default from here (wgmma_tile)
 def default_gemv_hint(plan, target=None) -> "GEMVHint":
     """The default kernel shape (:func:`default_shape`); on sm_90+ targets with programmatic
     dependent launch (the launch and ramp of one kernel overlap the previous one's tail), and
-    there for nvfp4 x float16 in the staged rows kernel, where its blocks fit one wave, the first
+    there for nvfp4 x float16 in the staged rows kernel a tile whose blocks fill one wave where
+    one does (:func:`_nvfp4_wave_tile`) and, where its blocks fit one wave, the first
     step of each row prefetched into L2 before the PDL wait (``l2_prefetch=1``; H200, three runs
     of ``benchmark.matmul --formats nvfp4-f16 --shapes brief,llama3-8b --m 1``, µs without ->
     with: 8192^2 11.76 / 11.72 / 11.71 -> 11.57 / 11.60 / 11.59, 6144 x 4096 6.70 / 6.71 / 6.75
@@ -88,9 +89,34 @@ def default_gemv_hint(plan, target=None) -> "GEMVHint":
         return hint
     hint = dataclasses.replace(hint, pdl=True)
     if (isinstance(hint, GEMVRowsHint) and hint.act_smem and hint.min_blocks and f8_scales(plan)
-            and plan.config.A_dtype == "float16"
-            and -(-plan.config.N // (hint.rows_per_warp * hint.warps)) <= hint.min_blocks * arch.sm_count):
-        hint = dataclasses.replace(hint, l2_prefetch=1)
+            and plan.config.A_dtype == "float16"):
+        hint = _nvfp4_wave_tile(plan, hint, arch.sm_count)
+        if -(-plan.config.N // (hint.rows_per_warp * hint.warps)) <= hint.min_blocks * arch.sm_count:
+            hint = dataclasses.replace(hint, l2_prefetch=1)
+    return hint
+
+
+# nvfp4 x float16, one row, where one of them fills a wave (_nvfp4_wave_tile): 64 channels per block,
+# one block per SM; 16 channels (one per warp, two vectors per step) per block, two per SM
+_ROWS_NVFP4_64 = GEMVRowsHint(rows_per_warp=2, warps=32, unroll=1, stages=3, min_blocks=1, act_smem=True, pdl=True)
+_ROWS_NVFP4_16 = GEMVRowsHint(rows_per_warp=1, warps=16, unroll=2, stages=3, min_blocks=2, act_smem=True, pdl=True)
+
+
+def _nvfp4_wave_tile(plan, hint, sm_count: int) -> "GEMVHint":
+    """nvfp4 x float16 at one row (the staged rows kernel, PDL): the first of these tiles whose
+    blocks fill 70..100% (64-channel blocks, one per SM) or 90..100% (16-channel blocks, two per
+    SM) of one wave, else ``hint``. H200, ``benchmark.matmul --formats nvfp4-f16 --m 1`` with the
+    tiles as ``--hints`` (brief + llama3-8b twice, 12 more N x K once; time against the 16-channel
+    default): 64-channel blocks 0.90-0.91 at 8192^2, 0.91 at 8192 x 4096, 0.95 at 6144 x 4096,
+    0.98 at 6144 x 8192, but 1.10 at 5120^2 (0.61 of a wave), 1.22 at 4096 x 8192, 1.36 at 10240 x
+    8192 (two waves); 16-channel blocks of single-channel warps 0.82 at 4096 x 14336, 0.96-0.97
+    at 4096^2, 0.94 at 4096 x 8192, but 1.12 at 3072 x 4096 (0.73 of a wave), 1.08 at 5120^2 and
+    1.18-1.21 at 11008 / 14336 x 4096 (more than a wave)."""
+    N = plan.config.N
+    for tile, low in ((_ROWS_NVFP4_64, 0.7), (_ROWS_NVFP4_16, 0.9)):
+        slots = tile.min_blocks * sm_count
+        if low * slots <= -(-N // (tile.rows_per_warp * tile.warps)) <= slots and not gemv_hint_unsupported(plan, tile):
+            return tile
     return hint
 
 

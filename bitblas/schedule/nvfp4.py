@@ -109,15 +109,15 @@ class NVFP4GemvHint:
     def default(cls, plan, target=None) -> "NVFP4GemvHint":
         """By the length of a row, as benchmark/nvfp4.py's sweep measured on the H200 (the issue's
         three shapes, two runs each, one call): K <= 4096 and one activation row, one weight row
-        per warp in 8-warp blocks, two vectors per step, one step in flight ((7168, 2048, 4): 10.20 / 10.41 with the 2-row tile
-        below -> 9.95 / 9.93 in one call, 10.38 -> 9.96 in another; it took 6-20% more time on the
-        two longer rows); longer rows 2 rows per warp in 8-warp blocks; K <= 8192 3 steps in flight
-        and the first step of each row prefetched into L2 before the PDL wait ((4096, 7168, 8):
-        32.01 / 32.10 -> 31.51 / 31.93; 2 or 3 steps prefetched were slower); longer rows 2 steps
-        in flight (3 took 9% more) and 2 steps prefetched ((7168, 16384, 1): 18.69 / 18.83 -> 17.45
-        / 17.48; 1 step 17.47 / 17.53, 3 steps 17.60 / 17.63). The prefetch needs the PDL wait to
-        gain: the blocks that start while the previous kernel drains fetch their first weights
-        meanwhile. PDL on sm_90+."""
+        per warp in 8-warp blocks, two vectors per step, one step in flight ((7168, 2048, 4): 10.20
+        / 10.41 with the 2-row tile below -> 9.95 / 9.93 in one call, 10.38 -> 9.96 in another; it
+        took 6-20% more time on the two longer rows); longer rows 2 rows per warp in 8-warp blocks;
+        K <= 8192 3 steps in flight and the first step of each row prefetched into L2 before the
+        PDL wait ((4096, 7168, 8): 32.01 / 32.10 -> 31.51 / 31.93; 2 or 3 steps prefetched were
+        slower); longer rows 2 steps in flight (3 took 9% more) and 2 steps prefetched ((7168,
+        16384, 1): 18.69 / 18.83 -> 17.45 / 17.48; 1 step 17.47 / 17.53, 3 steps 17.60 / 17.63).
+        The prefetch needs the PDL wait to gain: the blocks that start while the previous kernel
+        drains fetch their first weights meanwhile. PDL on sm_90+."""
         pdl = arch_of(target).pdl
         K = plan.config.K
         if K <= 4096:

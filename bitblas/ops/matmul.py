@@ -449,7 +449,7 @@ class Matmul(BitBLASOperatorAPI):
         out = given["output"]
         flat = len(lead) == 1
         call = []
-        realign = []                          # (index in call, bytes) of the user tensors (base_align)
+        realign = []                          # (index in call, bytes > 1) of the user tensors (base_align)
         dev_index = A.get_device()
         for spec, want, bits_view, has_m, tail, shape in self._checks_for(plan):
             name = spec.name
@@ -483,7 +483,8 @@ class Matmul(BitBLASOperatorAPI):
             else:
                 t = check_tensor(name, t, spec, rows, device,
                                   lead=lead if spec.per_row else None)
-            realign.append((len(call), base_align(name, want)))
+            if (align := base_align(name, want)) > 1:
+                realign.append((len(call), align))
             call.append(t)
         if rows == 0:
             return out

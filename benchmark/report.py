@@ -192,7 +192,8 @@ def _nvfp4_section(runs, nv, floor_tbps: Optional[float], many: bool) -> List[st
     out = ["## nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)", "",
            "The batched GEMV (`bitblas.ops.nvfp4_gemv` on issue 25's permuted layouts; the torch baseline "
            "decodes both operands, then `torch.bmm`), the GEMM through `Matmul` (cuBLAS float16 on the same "
-           "shape), NVFP4 weights × float16 activations at one row.", ""]
+           "shape with randn operands, and where measured on our decoded operands: the tensor cores' clock "
+           "follows the data), NVFP4 weights × float16 activations at one row.", ""]
     head = ["row", "shape", "kernel", "µs", "torch baseline", "torch µs", "vs torch", "byte floor µs",
             "% floor"] + (["run"] if many else [])
     out.append("| " + " | ".join(head) + " |")
@@ -215,6 +216,10 @@ def _nvfp4_section(runs, nv, floor_tbps: Optional[float], many: bool) -> List[st
             floor = r["floor_us"] * HBM_TBPS / rate if r.get("floor_us") and rate else None
             base, base_us = (("decode + torch.bmm", r.get("torch_us")) if kind == "gemv" else
                              ("cublas-fp16", r.get("cublas_fp16_us")) if kind == "gemm" else ("", None))
+            if kind == "gemm" and r.get("cublas_same_data_us"):
+                # the tensor cores' clock follows the data: cuBLAS on the same decoded operands as ours too
+                same = r["cublas_same_data_us"]
+                base += f"; on our decoded operands {_us(same)} µs ({same / r['us']:.2f}×)"
             kernel = r.get("hint", "").replace("default ", "") if kind == "gemv" else r.get("path") or r.get("kernel")
             if kind == "gemv" and floor:
                 ratios.append(r["us"] / floor)

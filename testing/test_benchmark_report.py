@@ -187,6 +187,23 @@ def test_report_base_page_round_trip(cpu_run, tmp_path, capsys):
     assert three in page.splitlines() and three.rstrip().endswith("| 1 |")
 
 
+def test_report_nvfp4_gemm_same_data(tmp_path, capsys):
+    """The GEMM row names cuBLAS on our decoded operands beside the randn baseline where the run
+    measured it (benchmark.nvfp4's cublas_same_data_us), and a page written with it round-trips."""
+    a = tmp_path / "a.json"
+    d = json.loads(open(_nvfp4_json(a, "aaa", us=19.0)).read())
+    d["rows"][3]["cublas_same_data_us"] = 720.0
+    a.write_text(json.dumps(d))
+    assert report.main([str(a), "--floor-tbps", "4.25"]) == 0
+    page = capsys.readouterr().out
+    gemm = next(line for line in _table(page, "nvfp4 × nvfp4 (`python -m benchmark.nvfp4`)") if line.startswith("| gemm"))
+    assert "| 800.0 | cublas-fp16; on our decoded operands 720.0 µs (0.90×) | 780.0 | 0.97× |" in gemm
+    p = tmp_path / "page.md"
+    p.write_text(page)
+    assert report.main(["--base", str(p), "--floor-tbps", "4.25"]) == 0
+    assert capsys.readouterr().out == page
+
+
 def test_report_base_page_nvfp4_rows(tmp_path, capsys):
     """--base carries benchmark.nvfp4's table too (a later run's row of the same shape replaces the
     page's), and refuses a file that is not such a page."""

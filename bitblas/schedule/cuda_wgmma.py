@@ -45,6 +45,17 @@ in the same time. What that takes: few consumer instructions per k step (descrip
 k step kept it near 89%) and an epilogue that does not queue on the LSU (4-byte stores did; the
 tensor pipe idles while both warpgroups store). L2 traffic is not the bound: the pairs cut the
 L2 -> SM bytes by a fifth without changing the time. The tuner measures both.
+
+Group scales on 8-bit inputs (a float32 promotion every K tile) cost about half again the time
+(H200, 4096 x 8192 x 8192, int8: 634-661 µs against 445 per channel; float8 g128 616-627): ncu
+(one launch, default clocks) shows 4.2x the instructions of the per-channel kernel (303.6 M against
+72.7 M: ~220 more per consumer warp and K tile, the promotion), issue slots 55% busy against 21%, and
+the tensor (INT) pipe 48% busy against 77%. Not what bounds it (measured, local branch
+``exp/wgmma-dual-ahead``): the wait for each tile's own wgmma before promoting (two partial-sum sets,
+tile t's wgmma running while tile t-1's sums are promoted, in bodies of 8 tiles so that none is in
+flight across the loop's back edge, where ptxas serializes them, C7514: int8 634-661 µs against
+648-656 with one set; float8 617-627 against 616-623) and the group scales' L2 round trip per K tile
+in the stagers (4 tiles loaded ahead: int8 634-656, float8 616-617; 8 ahead: 729 and 627).
 """
 from __future__ import annotations
 

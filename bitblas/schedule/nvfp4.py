@@ -49,6 +49,17 @@ to ~9 µs by amortizing each block's start over more rows. It was slower at ever
 ring depth: (7168, 2048, 4) 10.28 / 10.33 default, 10.71 .. 12.61 with 2, 4 or 7 tiles per block;
 (7168, 16384, 1) 17.6 -> 21.6 .. 43.3; (4096, 7168, 8) 30.5 -> 33.4 .. 42.6. Fewer, longer-lived
 blocks keep fewer bytes in flight per SM than the many short blocks that all fit at once.
+Three more, each expected to take (7168, 2048, 4) from ~9.95 toward 9.0 µs (H200, two or three runs
+each): (a) the one-step row's weight loads issued before the activation staging (the ring clipped to
+one slot stages first, then loads after the barrier): 11.08-11.19 µs; (b) the PDL trigger right after
+the wait instead of after the main loop: 9.88-9.95, and (7168, 16384, 1) 17.5 -> 18.7; (c) each lane
+loading and decoding its own activation vectors in registers, no staging and no barrier (branch
+``exp/nvfp4-act-regs``, local): 14.4, and 24-32 / 40-56 µs on the other shapes: decoding the activation
+per warp rather than per block doubles the ALU work of a kernel whose issue slots are half busy.
+What a kernel that only reads these bytes reaches in the same harness (``benchmark.probe_floor``,
+triton): 8.50 µs for (7168, 2048, 4) with PDL in 8 KB blocks of 256 threads (9.00 without PDL),
+15.68 for (7168, 16384, 1), 29.96 for (4096, 7168, 8); this GEMV's 9.95 / 17.4 / 30.1-31.8 are 1.17x,
+1.11x and 1.00-1.06x of those.
 
 The CPU kernel (``NVFP4CPUHint``, LLVM): the same arithmetic (integer block dot products of
 doubled values, one float32 multiply-add per block), parallel over (batch, row tiles).

@@ -9,6 +9,7 @@ from typing import List
 
 from ..schedule import gemv as gemv_schedule
 from ..schedule.gemv import GEMVRowsHint
+from ..schedule.gemv.template import NVFP4_WAVE_TILES
 from ._gemv import GEMVTemplate, cost_inputs, space_plan
 from .base import Candidate
 from .costmodel import gemv_alu_s, gemv_stream, gemv_total
@@ -39,11 +40,8 @@ class GEMVRows(GEMVTemplate):
             for warps, stages, mb in ((8, 3, 2), (16, 2, 1)):
                 out.append(Candidate(bucket, GEMVRowsHint(rows_per_warp=4, warps=warps, unroll=1, stages=stages,
                                                           min_blocks=mb, act_smem=True)))
-            # blocks that fill one wave (gemv/template.py _nvfp4_wave_tile, nvfp4 x float16's defaults there):
-            # 64 channels per block alone on its SM, 16 single-channel warps with 2 vectors a step, 2 per SM
-            for R, warps, unroll, mb in ((2, 32, 1, 1), (1, 16, 2, 2)):
-                out.append(Candidate(bucket, GEMVRowsHint(rows_per_warp=R, warps=warps, unroll=unroll, stages=3,
-                                                          min_blocks=mb, act_smem=True)))
+            # blocks that fill one wave (nvfp4 x float16's defaults where they do)
+            out += [Candidate(bucket, tile) for tile in NVFP4_WAVE_TILES]
         # the kernel's own refusals (a staged row past shared memory)
         return self.with_pdl([c for c in out if gemv_schedule.gemv_hint_unsupported(p, c.hint) is None], arch)
 

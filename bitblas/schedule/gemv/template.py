@@ -91,15 +91,21 @@ def default_gemv_hint(plan, target=None) -> "GEMVHint":
     if (isinstance(hint, GEMVRowsHint) and hint.act_smem and hint.min_blocks and f8_scales(plan)
             and plan.config.A_dtype == "float16"):
         hint = _nvfp4_wave_tile(plan, hint, arch.sm_count)
-        if -(-plan.config.N // (hint.rows_per_warp * hint.warps)) <= hint.min_blocks * arch.sm_count:
+        if _rows_blocks(plan, hint) <= hint.min_blocks * arch.sm_count:
             hint = dataclasses.replace(hint, l2_prefetch=1)
     return hint
 
 
-# nvfp4 x float16, one row, where one of them fills a wave (_nvfp4_wave_tile): 64 channels per block,
-# one block per SM; 16 channels (one per warp, two vectors per step) per block, two per SM
-_ROWS_NVFP4_64 = GEMVRowsHint(rows_per_warp=2, warps=32, unroll=1, stages=3, min_blocks=1, act_smem=True, pdl=True)
-_ROWS_NVFP4_16 = GEMVRowsHint(rows_per_warp=1, warps=16, unroll=2, stages=3, min_blocks=2, act_smem=True, pdl=True)
+# nvfp4 x float16, one row, where one of them fills a wave (_nvfp4_wave_tile; the tuner's rows space has
+# them too): 64 channels per block, one block per SM; 16 channels (one per warp, two vectors per step)
+# per block, two per SM
+NVFP4_WAVE_TILES = (GEMVRowsHint(rows_per_warp=2, warps=32, unroll=1, stages=3, min_blocks=1, act_smem=True),
+                    GEMVRowsHint(rows_per_warp=1, warps=16, unroll=2, stages=3, min_blocks=2, act_smem=True))
+
+
+def _rows_blocks(plan, hint) -> int:
+    """Blocks of the rows kernel with ``hint`` over the plan's N channels."""
+    return -(-plan.config.N // (hint.rows_per_warp * hint.warps))
 
 
 def _nvfp4_wave_tile(plan, hint, sm_count: int) -> "GEMVHint":
@@ -112,10 +118,10 @@ def _nvfp4_wave_tile(plan, hint, sm_count: int) -> "GEMVHint":
     8192 (two waves); 16-channel blocks of single-channel warps 0.82 at 4096 x 14336, 0.96-0.97
     at 4096^2, 0.94 at 4096 x 8192, but 1.12 at 3072 x 4096 (0.73 of a wave), 1.08 at 5120^2 and
     1.18-1.21 at 11008 / 14336 x 4096 (more than a wave)."""
-    N = plan.config.N
-    for tile, low in ((_ROWS_NVFP4_64, 0.7), (_ROWS_NVFP4_16, 0.9)):
+    for tile, low in zip(NVFP4_WAVE_TILES, (0.7, 0.9)):
+        tile = dataclasses.replace(tile, pdl=hint.pdl)
         slots = tile.min_blocks * sm_count
-        if low * slots <= -(-N // (tile.rows_per_warp * tile.warps)) <= slots and not gemv_hint_unsupported(plan, tile):
+        if low * slots <= _rows_blocks(plan, tile) <= slots and not gemv_hint_unsupported(plan, tile):
             return tile
     return hint
 

@@ -211,7 +211,7 @@ def test_decode_exact_in_float16():
 
 
 def test_decode_kernel_word_rule():
-    """The decode kernel's sm_89+ rule (bb_nv_dec32), on its own constants: per word of 8 codes the
+    """The decode kernel's sm_89+ rule (bb_nv_dec8), on its own constants: per word of 8 codes the
     even / odd codes' nibbles spread to bytes, each byte -> an e4m3 byte whose value is the code's
     times 2**E4M3_SHIFT (every one of the 16 codes, both signs), the two prmt selectors put the
     bytes back in code order (low byte of each pair first), and the block scale times

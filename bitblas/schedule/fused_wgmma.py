@@ -64,6 +64,10 @@ CUPTI timeline of eager calls the permute kernel and the gap after it are ~10% o
 without PDL; under PDL this kernel starts early and the permute kernel beside it takes ~1.7x as
 long, the call ~7% shorter. Half the activation bytes per FLOP (128-channel blocks over half of K:
 N=16384, K=4096, the proxy of a K split over a CTA pair) gave no gain. (All with the permute pass.)
+On the H200 at 256 rows (ncu, one launch, the default split-K 256-row tiles: 128 blocks, 255
+registers, 2 warps per scheduler): 12.6 M instructions, 0.27 issued per scheduler cycle, 7.3 cycles
+per instruction (fixed-latency waits 1.8, the warpgroups' barrier 1.5, dispatch 0.9, long scoreboard
+0.75), 11% of the stall samples on the wgmma instructions, L2 68% and DRAM 12% busy: latency again.
 Left to try: the weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
@@ -96,6 +100,15 @@ expected to put twice the bytes in flight (5% and 7% faster at 1 and 64 rows, 1%
 and 4 warpgroups splitting K with 2 slots, expected to hide twice the latency (9% slower at 16
 rows, 10% faster at 64; W2A-fp8 slower): neither the loads in flight per lane nor the warps per
 SM is the limit, which is not found yet (4 warpgroups are not allowed: no gain).
+On the H200 (ncu, one launch each, default tiles, 8192^2): W4A-fp8 per channel at 1024 rows (128-row
+tiles, one warpgroup per block, 252 registers, 2 warps per scheduler) 75.1 M instructions against
+W4A8 per channel's 23.4 M (256-row tiles of two warpgroups, no promotion), of which the promotion's
+``fadd`` are 17.0 M (every output x every 128 K, fixed by the interval, not the tile) and the e4m3
+table decode's ``prmt`` 12.6 M; 0.42 issued per scheduler cycle, 4.5 cycles per instruction (fixed
+latency 1.0, long scoreboard 0.7, barrier 0.6): it waits, then issues ~286 instructions per warp and
+slab that one other warpgroup per SM cannot cover. Overlap would need a second set of sums and of A
+fragments (64 + 2 x 64 + 2 x 16 registers before the weight ring), past the 255 a thread has; at 64-row
+tiles the decode per FLOP doubles.
 
 Two changes that measured slower or no faster (H100, 8192^2, W4A16 g128 / W4A8 g128 / nvfp4 at
 128, 256 and 1024 rows, beside the defaults in one run). CTA pairs on adjacent channel blocks, each

@@ -117,7 +117,9 @@ def _nvfp4_wave_tile(plan, hint, sm_count: int) -> "GEMVHint":
     0.98 at 6144 x 8192, but 1.10 at 5120^2 (0.61 of a wave), 1.22 at 4096 x 8192, 1.36 at 10240 x
     8192 (two waves); 16-channel blocks of single-channel warps 0.82 at 4096 x 14336, 0.96-0.97
     at 4096^2, 0.94 at 4096 x 8192, but 1.12 at 3072 x 4096 (0.73 of a wave), 1.08 at 5120^2 and
-    1.18-1.21 at 11008 / 14336 x 4096 (more than a wave)."""
+    1.18-1.21 at 11008 / 14336 x 4096 (more than a wave). 63-channel blocks (3 rows x 21 warps: 131
+    blocks, every SM but one busy, 1.6% fewer rows per SM) at 8192^2 took 11.6 with 2 register
+    slots and 12.5 with 3 (spilling), against 10.47-10.54 µs for the 64-channel tile in the same call."""
     for tile, low in zip(NVFP4_WAVE_TILES, (0.7, 0.9)):
         tile = dataclasses.replace(tile, pdl=hint.pdl)
         slots = tile.min_blocks * sm_count

@@ -63,18 +63,20 @@ triton): 8.50 µs for (7168, 2048, 4) with PDL in 8 KB blocks of 256 threads (9.
 Where (7168, 2048, 4) loses the rest (ncu on the H200, one launch of the default, default clocks):
 32 registers, 8 blocks of 256 threads per SM, 78% of the warp slots occupied over 3.39 waves of 3584
 blocks, 18.9 cycles per issued instruction of which 5.2 wait on the weight loads (long scoreboard)
-and 3.8 at the staging barrier (the six warps that wait while two decode the activation row). Five
+and 3.8 at the staging barrier (the six warps that wait while two decode the activation row). Six
 more ways to shorten that wait, measured (two or three rounds each; default 9.92-9.99 µs): the
 weight loads issued before the staging with the registers held to 32 (launch bounds of 8 blocks;
 unbounded, the device's compiler gave it 40 registers and 6 blocks per SM) 10.77; the staging
 threads' activation loads first, then every warp's weight loads, then the staging decode and the
-barrier (all loads ``asm volatile``, in that order) 11.33-11.38, 11.0 at 32 registers: any weight
-load in flight across the barrier costs ~1 µs here (a CTA barrier orders the memory accesses its
-threads made before it, so it may wait for those loads; not profiled); the staging spread over four
-threads per vector, a code word each (a 4x shorter chain; every warp then stages) 10.77-10.79, and
-in 16-warp blocks of one row per warp 9.80-9.83 against 9.97-10.01 for that tile without it, the one
-gain (1.5%; the longer rows' tiles got slower with it: (7168, 16384, 1) 17.4 -> 17.7, (4096, 7168,
-8) 30.5 -> 34.5); two rows per warp held to 32 registers (8 blocks per SM, half the waves)
+barrier (all loads ``asm volatile``, in that order) 11.33-11.38, 11.0 at 32 registers; with no CTA
+barrier at all (which orders the memory accesses its threads made before it), one or two producer
+warps of their own staging the row and arriving on an mbarrier (release) while the row warps load at
+once and wait on it (acquire) took 11.2-12.2 µs (6 to 15 row warps): weight loads issued before the
+row is staged cost ~1 µs here in every arrangement tried (not understood); the staging spread over
+four threads per vector, a code word each (a 4x shorter chain; every warp then stages) 10.77-10.79,
+and in 16-warp blocks of one row per warp 9.80-9.83 against 9.97-10.01 for that tile without it, the
+one gain (1.5%; the longer rows' tiles got slower with it: (7168, 16384, 1) 17.4 -> 17.7, (4096,
+7168, 8) 30.5 -> 34.5); two rows per warp held to 32 registers (8 blocks per SM, half the waves)
 10.07-10.09, 32-row blocks 10.24-10.30.
 
 The CPU kernel (``NVFP4CPUHint``, LLVM): the same arithmetic (integer block dot products of

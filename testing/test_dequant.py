@@ -292,6 +292,29 @@ def test_dequant_int8_codes_cpu(a_dtype, w_dtype):
     assert torch.equal(got.to(torch.float64), ref.to(torch.float64))
 
 
+def test_e4m3_bits_every_value():
+    """``ir.matmul.e4m3_bits`` (the branch-free float32 route) gives torch's float8_e4m3fn bits of
+    every integer it is used for, -15..15, compiled for LLVM; and its CUDA text has no select chain
+    (one ``max``, no conditionals)."""
+    import numpy as np
+    import tvm
+    from tvm import te
+    from bitblas.ir.matmul import e4m3_bits
+    n = 31
+    X = te.placeholder((n,), "int32", name="X")
+    f = te.create_prim_func([X, te.compute((n,), lambda i: e4m3_bits(X[i]), name="Y")])
+    fn = tvm.compile(f, target="llvm")
+    x = np.arange(-15, 16, dtype=np.int32)
+    out = tvm.runtime.tensor(np.full(n, 99, np.int8), tvm.cpu())
+    fn(tvm.runtime.tensor(x, tvm.cpu()), out)
+    ref = torch.tensor(x, dtype=torch.float32).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert (out.numpy().view(np.uint8) == ref).all()
+    cfg = MatmulConfig(N=64, K=256, A_dtype="float8_e4m3", W_dtype="int4", with_scaling=True, with_act_scaling=True)
+    src = dequant_source(make_plan(cfg, "cuda"), TARGETS["sm_90"])
+    body = src[src.index('extern "C" __global__ void __launch_bounds__'):]
+    assert "condval" not in body and "? " not in body and body.count("max(") == 8 * PER_THREAD
+
+
 def test_dequant_args_checks():
     cfg = MatmulConfig(N=64, K=128, W_dtype="uint4", group_size=32, with_scaling=True)
     plan = make_plan(cfg, "cuda")

@@ -68,11 +68,19 @@ def decode_code(buf, row, k, fmt: Format, storage: str, order=None):
 
 def e4m3_bits(v):
     """The float8_e4m3 bit pattern (int8) of an int32 expression ``v`` with |v| < 16 (every such
-    integer is exact in e4m3: sign, exponent ``e + 7`` with 2**e <= |v|, 3 mantissa bits)."""
-    a = tirx.Select(v < 0, -v, v)
-    e = tirx.Select(a >= 8, 3, tirx.Select(a >= 4, 2, tirx.Select(a >= 2, 1, 0)))
-    mag = tirx.Select(a == 0, 0, ((e + 7) << 3) | ((a << (3 - e)) & 7))
-    return (mag | tirx.Select(v < 0, 0x80, 0)).astype("int8")
+    integer is exact in e4m3: sign, exponent ``e + 7`` with 2**e <= |v|, 3 mantissa bits).
+
+    By way of float32, without branches and with ``v`` evaluated once: the bits of ``v + 1.5 *
+    2**23`` as a float, minus that bias, are the float ``v`` (exact for |v| < 2**22); its exponent
+    byte and top 3 mantissa bits, ``(bits >> 20) & 0x7ff``, minus ``(127 - 7) << 3`` are the e4m3
+    exponent and mantissa (0 stays 0 by the max), and bit 31 the sign. ~8 instructions a value;
+    the select chain it replaces compiled to ~23 (PTX of the int4 -> e4m3 dequantize kernel, 476
+    instructions per 16 values against 110 for int4 -> int8), which made that memory-bound kernel
+    issue-bound."""
+    f = tirx.reinterpret("float32", v + 0x4B400000) - tirx.const(12582912.0, "float32")
+    b = tirx.reinterpret("int32", f)
+    mag = tirx.max(((b >> 20) & 0x7FF) - 960, 0)
+    return (mag | ((b >> 24) & 0x80)).astype("int8")
 
 
 def e4m3_codes(plan: Plan) -> bool:

@@ -142,16 +142,17 @@ def _e2m1_lut_consts():
     blocks of 16 channels each stage the whole activation row and start their own loads, 128
     blocks of 64 channels a quarter as often.
 
-    With those tiles (H200, ncu, one launch at 8192^2 beside W4A16 g128's rows kernel at 1.05x its
-    read-only floor): 6.5 M instructions against W4A16's 4.4 M; 67% of the issue slots; the largest
-    stall is math-pipe throttle (3.3 of 11.6 cycles per instruction; W4A16's: memory, 7.3 of 13.3).
-    Per word of 8 codes the kernel runs 6.3 ``lop3``, 6.1 ``prmt`` and 1 ``shf`` on the ALU pipe (2
-    masks, 2 lookups, 4 pair ``prmt``, 4 sign ``lop3``) and 3.1 ``imad`` (the sign shifts); the
-    uint4 decoder ~2.7 ALU ops. A sign inside the lookup needs a third op per 4 codes (a ``prmt`` in
-    sign mode yields 0x00 / 0xff, not the table byte with its top bit set), so this is the fewest
-    for a table decoder. Timed with it in one call: 10.54 / 10.54 µs. L2 prefetches of the step 2,
-    4 or 6 steps ahead of each load (no registers; emit.py ``l2_prefetch`` inside the loop) made it
-    12.1 / 11.55 / 11.6 (W4A16 9.34 -> 11.38): here more instructions cost more than DRAM waits."""
+    With those tiles (H200, ncu, one launch at 8192^2 beside W4A16 g128's rows kernel at 1.05x
+    its read-only floor): 6.5 M instructions against W4A16's 4.4 M; 67% of the issue slots; the
+    largest stall is math-pipe throttle (3.3 of 11.6 cycles per instruction; W4A16's: memory,
+    7.3 of 13.3). Per word of 8 codes the kernel runs 6.3 ``lop3``, 6.1 ``prmt`` and 1 ``shf``
+    on the ALU pipe (2 masks, 2 lookups, 4 pair ``prmt``, 4 sign ``lop3``) and 3.1 ``imad`` (the
+    sign shifts); the W4A16 kernel ~5.4 ALU ops per word. A sign inside the lookup needs a third
+    op per 4 codes (a ``prmt`` in sign mode yields 0x00 / 0xff, not the table byte with its top
+    bit set), so this is the fewest for a table decoder. Timed with it in one call: 10.54 /
+    10.54 µs. L2 prefetches of the step 2, 4 or 6 steps ahead of each load (no registers;
+    emit.py ``l2_prefetch`` inside the loop) made it 12.1 / 11.55 / 11.6 (W4A16 9.34 -> 11.38):
+    here more instructions cost more than DRAM waits."""
     hb = [_act_bits(float(v), "float16") for v in E2M1_TABLE[:8]]
     assert all(h & 0xFF == 0 and h < 0x8000 for h in hb)
     tab = tuple(sum((hb[4 * r + i] >> 8) << (8 * i) for i in range(4)) for r in range(2))

@@ -64,6 +64,23 @@ def test_rows_print_as_they_finish_and_are_saved(monkeypatch, tmp_path, capsys):
     assert text.count("w4a16-g128-zeros") >= 2 and "| format" in text
 
 
+def test_row_line_names_the_formats_baseline(monkeypatch, tmp_path, capsys):
+    """A format compared with another baseline than cuBLAS fp16 (w8a8: torch._int_mm) prints that
+    ratio on its line too, the one docs/performance.md shows; where _int_mm refuses (16 rows) and
+    for the float formats the line keeps the cuBLAS ratio only."""
+    bm = _fake_benches(monkeypatch)
+    bm.main(["--formats", "w8a8,w4a16-g128", "--shapes", "gemm4k", "--m", "16,64", "--json", str(tmp_path / "r.json"),
+             "--no-progress"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  w")]
+    w8 = {int(ln.split("m=")[1].split()[0]): ln for ln in lines if ln.lstrip().startswith("w8a8")}
+    import json
+    row = next(r for r in json.loads((tmp_path / "r.json").read_text())["rows"] if r["format"] == "w8a8" and r["m"] == 64)
+    assert row["vs_base"] == 30.0 / row["us"] and row["base"] == "torch-int_mm"
+    assert f"{row['vs_base']:.2f}x torch-int_mm" in w8[64] and f"{row['vs_cublas']:.2f}x cuBLAS" in w8[64]
+    assert "torch-int_mm" not in w8[16]
+    assert all("torch-" not in ln for ln in lines if ln.lstrip().startswith("w4a16"))
+
+
 def test_interrupted_run_keeps_finished_rows(monkeypatch, tmp_path, capsys):
     import json
     bm = _fake_benches(monkeypatch, interrupt_at=3)

@@ -564,9 +564,9 @@ def _row_line(r) -> str:
     if "error" in r:
         return f"  {r['format']} {r['layer']} m={r['m']} {r.get('kernel')}: ERROR {r['error']}"
     vs = f"  {r['vs_cublas']:.2f}x cuBLAS" if r.get("vs_cublas") else ""
-    # the format's own baseline where it is not cuBLAS fp16 (torch._int_mm, torch._scaled_mm, ...),
-    # the ratio docs/performance.md shows
-    if r.get("vs_base") and r.get("base") and r["base"] != "cublas-fp16":
+    # the format's own baseline where it is another one than the fp16 one (torch._int_mm,
+    # torch._scaled_mm, ...), the ratio docs/performance.md shows
+    if r.get("vs_base") and r.get("base") and r["vs_base"] != r.get("vs_cublas"):
         vs += f"  {r['vs_base']:.2f}x {r['base']}"
     err = f"  rel.err {r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
     return (f"  {r['format']:18s} {r['layer']:22s} m={r['m']:<4d} {str(r.get('kernel'))[:28]:28s} "

@@ -371,15 +371,21 @@ def test_fp8_default_tiles():
     space from one row; by default the GEMV serves up to 16 on sm_90: one row the rows kernel, then
     the m16n8k32 one), then the int8
     rules with two sets of sums (group or per-channel scales alike: 128-row tiles of one
-    warpgroup past 128 rows); decode-then-GEMM above 1024 rows."""
+    warpgroup past 128 rows); decode-then-GEMM above 1024 rows with group scales, above 384 with
+    per-channel ones (H200: the dense float8 GEMM after the decode is faster there)."""
     g128 = make_plan(_f8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
     chan = make_plan(_f8cfg("uint2", N=8192, K=8192), "cuda", None)
-    for p in (g128, chan):
+    chan4 = make_plan(_f8cfg("int4", N=28672, K=8192), "cuda", None)
+    for p in (g128, chan, chan4):
         assert fused_default(p, 1) == fused_default(p, 64) == \
             FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
         assert fused_default(p, 65) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
-        assert fused_default(p, 129) == fused_default(p, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
+        assert fused_default(p, 129) == fused_default(p, 384) == FusedWgmmaHint(row_tile=128, stages=4)
         assert fused_default(p, 1025) is None
+    assert fused_default(g128, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
+    assert fused_default(chan, 385) is None and fused_default(chan4, 385) is None
+    op = bitblas.Matmul(_f8cfg("int4", N=8192, K=8192), target=TARGETS["sm_90"])
+    assert op.choice("cuda", 384).template == "fused-wgmma" and op.choice("cuda", 385).template == "dequant-gemm"
     op = bitblas.Matmul(_f8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
     assert op.choice("cuda", 1).template == "gemv-rows"       # one row: the rows kernel, float16 pairs
     assert op.choice("cuda", 16).template == "gemv-mma"       # the m16n8k32 GEMV

@@ -457,6 +457,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
 
 
 BYTE_ACTS_DEFAULT_MAX_ROWS = 1024     # the most rows _byte_acts_default serves
+E4M3_CHANNEL_DEFAULT_MAX_ROWS = 384   # ... for float8 activations with per-channel weight scales
 
 
 def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
@@ -471,8 +472,22 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the same split-K
     tile up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
     above (at 4096 rows decode-then-GEMM's dense int8 GEMM was 2% faster than the best fused tile
-    for 4-bit codes and 8% slower for 2-bit ones: left to the tuner)."""
+    for 4-bit codes and 8% slower for 2-bit ones: left to the tuner).
+
+    float8 activations with per-channel scales (W4A-fp8 / W2A-fp8 without groups): the fused tile up
+    to 384 rows only, decode-then-GEMM above. H200, `benchmark.matmul` with the limit patched, µs
+    fused / decode-then-GEMM, after the e4m3 decode lost its select chain (``ir.matmul.e4m3_bits``):
+    int4 at 8192^2, 256 rows 59.0 / 72.2, 384 95.3 / 94.8, 512 110.9 / 94.5, 768 163.4 / 137.8, 1024
+    218.6 / 148.6; int2 at 8192^2 384 95.3 / 97.4, 512 101.4 / 96.9, 1024 197.7 / 148.3; 28672 x 8192
+    (int4 / int2) at 384 rows 277.9 / 296.1 and 260.0 / 300.4, at 768 523.2 / 442.5 and 486.0 /
+    443.8. The fused float8 tile runs 3.2x the instructions of the int8 one (the promotion's fadd
+    every 128 K, the e4m3 table decode), while the dense float8 GEMM after the decode runs at
+    1.0-1.1x torch._scaled_mm. With group scales the dense half is the slower group-scaled float8
+    GEMM: the fused tile stays the default up to 1024 rows (int4 g128 at 8192^2: 512 rows 101.7 /
+    116.6, 768 149.6 / 154.7, 1024 200.2 / 192.1; 28672 x 8192 at 768 rows 520.8 / 548.5)."""
     if rows > BYTE_ACTS_DEFAULT_MAX_ROWS:
+        return None
+    if e4m3_acts(plan) and plan.groups == 1 and rows > E4M3_CHANNEL_DEFAULT_MAX_ROWS:
         return None
     if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
                                      # 64 rows: 1.4-1.6x as fast as the 128-row tile

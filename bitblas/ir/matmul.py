@@ -75,9 +75,10 @@ def e4m3_bits(v):
     byte and top 3 mantissa bits, ``(bits >> 20) & 0x7ff``, minus ``(127 - 7) << 3`` are the e4m3
     exponent and mantissa (0 stays 0 by the max), and bit 31 the sign. ~8 instructions a value;
     the select chain it replaces compiled to ~23 (PTX of the int4 -> e4m3 dequantize kernel, 476
-    instructions per 16 values against 110 for int4 -> int8; now 272). Likely why W4A-fp8's
-    decode-then-GEMM at 4096 x 8192^2 spent ~77 µs beyond the dense fp8 GEMM where W4A8 spent ~28
-    (docs/performance.md runs 9 and 12); not profiled, and this form not yet timed on a GPU."""
+    instructions per 16 values against 110 for int4 -> int8; now 272). H200, W4A-fp8 per channel,
+    decode-then-GEMM at 4096 x 8192^2: 503.7 µs with the select chain (~77 beyond the dense fp8
+    GEMM), 475.8 and 468.8 with this form in two runs beside a dense fp8 GEMM of 443.1 (~26-33
+    beyond; W4A8's int8 decode ~28); `benchmark.matmul --formats w4afp8-chan,fp8 --m 4096`."""
     f = tirx.reinterpret("float32", v + 0x4B400000) - tirx.const(12582912.0, "float32")
     b = tirx.reinterpret("int32", f)
     mag = tirx.max(((b >> 20) & 0x7FF) - 960, 0)

@@ -56,6 +56,20 @@ tile t's wgmma running while tile t-1's sums are promoted, in bodies of 8 tiles 
 flight across the loop's back edge, where ptxas serializes them, C7514: int8 634-661 µs against
 648-656 with one set; float8 617-627 against 616-623) and the group scales' L2 round trip per K tile
 in the stagers (4 tiles loaded ahead: int8 634-656, float8 616-617; 8 ahead: 729 and 627).
+
+float8 g128 against per channel on the same 128-column tile (H200, 4096 x 8192 x 8192,
+`benchmark.matmul --hints`): 625-644 µs against 485 (the default 256-column per-channel tile: 438-443),
+so ~145 µs is the promotion and its scales, ~45 the narrower tile. ncu (one launch each): L1/TEX
+throughput 94% against 63%, 169 M instructions against 71 M, issue slots 36% busy, and 14.7 M of the
+19 M L2 sectors "excessive" (the stagers' per-column scale loads, one word of each sector). Refuted
+(local branch ``exp/wgmma-order``, correctness checked by the benchmark and the GPU tests of the
+group-scaled families): the two consumer warpgroups issuing their wgmma in turn through named
+barriers, after the other's issue or after its completion (float8 652 / 662 µs, int8 677 / 694,
+against 629 and 657 in the same run); each consumer thread's scales contiguous in shared memory
+(16-byte loads, half the wavefronts: float8 634-644, int8 639-644); and on top of that the
+stagers loading 4 K tiles' scales per load (8 columns x 4 groups a warp: excessive sectors 14.7 M ->
+2.1 M, L1/TEX 94% -> 89%; float8 631, int8 678). So neither shared-memory nor L1 traffic, nor the
+two warpgroups promoting at the same time, is what the promotion costs.
 """
 from __future__ import annotations
 

@@ -72,7 +72,13 @@ barrier (all loads ``asm volatile``, in that order) 11.33-11.38, 11.0 at 32 regi
 barrier at all (which orders the memory accesses its threads made before it), one or two producer
 warps of their own staging the row and arriving on an mbarrier (release) while the row warps load at
 once and wait on it (acquire) took 11.2-12.2 µs (6 to 15 row warps): weight loads issued before the
-row is staged cost ~1 µs here in every arrangement tried (not understood); the staging spread over
+row is staged cost ~1 µs here in every arrangement tried. Why, from the SASS (nvcc 13.0 for sm_90a
+and nvdisasm, of this default and of the first variant): ptxas already hoists every warp's weight
+loads above the barrier (they are ``.nc`` loads), so the six row warps issue theirs at once and the
+two staging warps issue theirs after the staging's stores; the variants change only the staging
+warps, whose activation load then queues behind their own weight loads, and the barrier, which every
+warp waits at, opens later. Moving loads cannot shorten the wait: only a shorter staging path
+(activation load, decode, store) can. The staging spread over
 four threads per vector, a code word each (a 4x shorter chain; every warp then stages) 10.77-10.79,
 and in 16-warp blocks of one row per warp 9.80-9.83 against 9.97-10.01 for that tile without it, the
 one gain (1.5%; the longer rows' tiles got slower with it: (7168, 16384, 1) 17.4 -> 17.7, (4096,

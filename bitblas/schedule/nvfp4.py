@@ -77,8 +77,9 @@ and nvdisasm, of this default and of the first variant): ptxas already hoists ev
 loads above the barrier (they are ``.nc`` loads), so the six row warps issue theirs at once and the
 two staging warps issue theirs after the staging's stores; the variants change only the staging
 warps, whose activation load then queues behind their own weight loads, and the barrier, which every
-warp waits at, opens later. Moving loads cannot shorten the wait: only a shorter staging path
-(activation load, decode, store) can. The staging spread over
+warp waits at, opens later (inferred from the instruction order; not profiled). So the row warps'
+loads are already early; what is left to shorten is the staging path (activation load, decode,
+store). The staging spread over
 four threads per vector, a code word each (a 4x shorter chain; every warp then stages) 10.77-10.79,
 and in 16-warp blocks of one row per warp 9.80-9.83 against 9.97-10.01 for that tile without it, the
 one gain (1.5%; the longer rows' tiles got slower with it: (7168, 16384, 1) 17.4 -> 17.7, (4096,

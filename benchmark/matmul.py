@@ -157,6 +157,8 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
         op(**shared, **first, output=out)
         kern = op._kernel(device, m)                      # (plan, fn) of the kernel that served the call
         fn = None
+    elif isinstance(hint, DequantGemmSpec):
+        fn = hint.build(plan, op.target)
     else:
         from bitblas.build import build_plan
         fn = build_plan(plan, target=op.target, hint=hint)
@@ -179,7 +181,9 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
                      if isinstance(dh, GEMVHint) else type(dh).__name__.replace("Hint", ""))
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
-        kname = f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}"
+        kname = ("Dequant+WGMMA" + ("" if hint.dense is None else str(tuple(hint.dense.__dict__.values())))
+                 if isinstance(hint, DequantGemmSpec) else
+                 f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}")
 
         def mk(c):
             args = [out if s.role == "output" else op._const(s.name, plan, out.device) if s.role == "table"
@@ -278,6 +282,32 @@ def bench_scaled_mm(N, K, m, graph_ms=None):
     return dict(kernel="torch-scaled_mm", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
+class DequantGemmSpec:
+    """``--hints 'DequantGemm(...)'``: the decode-then-GEMM path (``bitblas.dequant_gemm.DequantGemm``)
+    whatever the default picks for the row, its dense GEMM with ``WGMMAHint(...)`` of the given
+    fields (none given: the dense plan's default); to time it beside the fused kernel."""
+
+    def __init__(self, dense=None):
+        self.dense = dense
+
+    def __eq__(self, other):
+        return isinstance(other, DequantGemmSpec) and other.dense == self.dense
+
+    def __repr__(self):
+        return f"DequantGemm({'' if self.dense is None else self.dense})"
+
+    def build(self, plan, target):
+        """The callable (arguments in ``plan.args`` order); ValueError where the path does not take the plan."""
+        from bitblas.build import cuda_target
+        from bitblas.dequant_gemm import DequantGemm
+        from bitblas.kernels.select import dequant_gemm_reason
+        why = dequant_gemm_reason(plan, cuda_target(target))
+        if why:
+            raise ValueError(f"--hints {self!r}: decode-then-GEMM does not take {plan.config.W_dtype} x "
+                             f"{plan.config.A_dtype} here: {why}")
+        return DequantGemm(plan, target, hint=self.dense)
+
+
 def parse_hints(text):
     """'R,W,U,VB[,WK[,GRID]];...' -> GEMV hints (the one-hint GEMV's field order: GEMVHint(...) gives the
     rows kernel's hint, with WK > 0 the k-split kernel's)."""
@@ -293,8 +323,9 @@ def parse_hint_specs(text):
     out = []
     for part in filter(None, (x.strip() for x in text.split(";"))):
         mt = re.fullmatch(r"(\w+)\((.*)\)", part)
-        if not mt or mt.group(1) not in HINTS:
-            raise SystemExit(f"--hints: {part!r} is not Class(field=value,...) with Class in {sorted(HINTS)}")
+        if not mt or (mt.group(1) not in HINTS and mt.group(1) != "DequantGemm"):
+            raise SystemExit(f"--hints: {part!r} is not Class(field=value,...) with Class in "
+                             f"{sorted(HINTS) + ['DequantGemm']}")
         kw = {}
         for item in filter(None, mt.group(2).split(",")):
             k, _, v = item.partition("=")
@@ -302,7 +333,10 @@ def parse_hint_specs(text):
             kw[k.strip()] = {"true": True, "false": False}.get(v.lower(), None)
             if kw[k.strip()] is None:
                 kw[k.strip()] = int(v)
-        out.append(HINTS[mt.group(1)](**kw))
+        if mt.group(1) == "DequantGemm":     # the dense GEMM's WGMMAHint fields
+            out.append(DequantGemmSpec(HINTS["WGMMAHint"](**kw) if kw else None))
+        else:
+            out.append(HINTS[mt.group(1)](**kw))
     return out
 
 
@@ -320,7 +354,9 @@ def main(argv=None):
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (rows are still printed)")
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
-    ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'")
+    ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'; "
+                                                "'DequantGemm()' (or with WGMMAHint fields for its dense GEMM): "
+                                                "the decode-then-GEMM path")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda (default): CUDA-graph timing against cuBLAS / torch kernels; cpu: the LLVM CPU "
                          "kernels against torch's CPU F.linear (a smoke run: host-clock timing)")

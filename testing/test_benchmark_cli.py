@@ -19,6 +19,28 @@ def test_parse_hint_specs_rejects(bad):
         parse_hint_specs(bad)
 
 
+def test_dequant_gemm_spec():
+    """--hints 'DequantGemm(...)': the decode-then-GEMM path with the dense GEMM's default or the given
+    WGMMAHint; refused, naming the reason, where the path does not take the plan (sm_80: no wgmma;
+    unquantized weights: nothing to decode)."""
+    from benchmark.matmul import DequantGemmSpec
+    from bitblas import MatmulConfig
+    from bitblas.plan import make_plan
+    from choice_table import TARGETS
+    got = parse_hint_specs("DequantGemm(); DequantGemm(BN=128,stages=6)")
+    assert got == [DequantGemmSpec(), DequantGemmSpec(WGMMAHint(BN=128, stages=6))]
+    assert repr(got[0]) == "DequantGemm()" and "BN=128" in repr(got[1])
+    plan = make_plan(MatmulConfig(N=1024, K=1024, A_dtype="float16", W_dtype="uint4", group_size=128,
+                                  with_scaling=True), "cuda", 256)
+    with pytest.raises(ValueError, match="wgmma"):
+        got[0].build(plan, TARGETS["sm_80"])
+    fn = got[1].build(plan, TARGETS["sm_90a"])          # compiles both kernels (nvcc; no GPU needed)
+    assert type(fn).__name__ == "DequantGemm" and fn.hint == WGMMAHint(BN=128, stages=6)
+    fp16 = make_plan(MatmulConfig(N=1024, K=1024, A_dtype="float16", W_dtype="float16"), "cuda", 256)
+    with pytest.raises(ValueError, match="nothing to decode"):
+        got[0].build(fp16, TARGETS["sm_90a"])
+
+
 def test_parse_gemv_hints():
     assert parse_hints("4,1,4,16;32,4,2,16,4,0,2,1") == [GEMVHint(4, 1, 4, 16), GEMVHint(32, 4, 2, 16, 4, 0, 2, 1)]
 

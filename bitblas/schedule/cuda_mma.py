@@ -595,9 +595,13 @@ def schedule_cuda_mma(func, plan, hint: MMAHint, target=None):
     sch.bind(warp, "threadIdx.y")
 
     def coop(blk, vec, max_lanes=None):
-        """Spread a block's two innermost loops over all threads of the block, ``vec`` contiguous
-        elements per thread-step: vectorized ``max_lanes`` at a time, unrolled above that."""
-        fused = sch.fuse(*sch.get_loops(blk)[-2:])
+        """Spread a block's own loops below ``k0`` (its two innermost; one where the tile has a single
+        row, e.g. N=1 weights, whose loop of extent 1 TVM drops) over all threads of the block,
+        ``vec`` contiguous elements per thread-step: vectorized ``max_lanes`` at a time, unrolled above that."""
+        loops = sch.get_loops(blk)
+        k0_loop = sch.get(k0)
+        own = loops[next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(k0_loop)) + 1:]
+        fused = sch.fuse(*own[-2:]) if len(own) > 1 else own[0]
         _, ty, tx, v = sch.split(fused, [None, nw, _THREADS_PER_WARP, vec])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")

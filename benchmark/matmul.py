@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -181,8 +182,7 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
                      if isinstance(dh, GEMVHint) else type(dh).__name__.replace("Hint", ""))
         calls = [lambda c=c: op(**shared, **c, output=out) for c in copies]
     else:
-        kname = ("Dequant+WGMMA" + ("" if hint.dense is None else str(tuple(hint.dense.__dict__.values())))
-                 if isinstance(hint, DequantGemmSpec) else
+        kname = (hint.kernel_name if isinstance(hint, DequantGemmSpec) else
                  f"{type(hint).__name__.replace('Hint', '')}{tuple(hint.__dict__.values())}")
 
         def mk(c):
@@ -282,19 +282,20 @@ def bench_scaled_mm(N, K, m, graph_ms=None):
     return dict(kernel="torch-scaled_mm", us=us, tbps=nbytes / us / 1e6, tflops=2 * m * N * K / us / 1e6)
 
 
+@dataclass(frozen=True)
 class DequantGemmSpec:
     """``--hints 'DequantGemm(...)'``: the decode-then-GEMM path (``bitblas.dequant_gemm.DequantGemm``)
     whatever the default picks for the row, its dense GEMM with ``WGMMAHint(...)`` of the given
-    fields (none given: the dense plan's default); to time it beside the fused kernel."""
-
-    def __init__(self, dense=None):
-        self.dense = dense
-
-    def __eq__(self, other):
-        return isinstance(other, DequantGemmSpec) and other.dense == self.dense
+    fields (``dense`` None: the dense plan's default); to time it beside the fused kernel."""
+    dense: Optional[object] = None
 
     def __repr__(self):
         return f"DequantGemm({'' if self.dense is None else self.dense})"
+
+    @property
+    def kernel_name(self) -> str:
+        """The row's kernel column, as the default path's decode-then-GEMM rows name theirs."""
+        return "Dequant+WGMMA" + ("" if self.dense is None else str(tuple(self.dense.__dict__.values())))
 
     def build(self, plan, target):
         """The callable (arguments in ``plan.args`` order); ValueError where the path does not take the plan."""

@@ -485,9 +485,7 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     1.0-1.1x torch._scaled_mm. With group scales the dense half is the slower group-scaled float8
     GEMM: the fused tile stays the default up to 1024 rows (int4 g128 at 8192^2: 512 rows 101.7 /
     116.6, 768 149.6 / 154.7, 1024 200.2 / 192.1; 28672 x 8192 at 768 rows 520.8 / 548.5)."""
-    if rows > BYTE_ACTS_DEFAULT_MAX_ROWS:
-        return None
-    if e4m3_acts(plan) and plan.groups == 1 and rows > E4M3_CHANNEL_DEFAULT_MAX_ROWS:
+    if rows > (E4M3_CHANNEL_DEFAULT_MAX_ROWS if e4m3_acts(plan) and plan.groups == 1 else BYTE_ACTS_DEFAULT_MAX_ROWS):
         return None
     if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
                                      # 64 rows: 1.4-1.6x as fast as the 128-row tile

@@ -68,7 +68,21 @@ On the H200 at 256 rows (ncu, one launch, the default split-K 256-row tiles: 128
 registers, 2 warps per scheduler): 12.6 M instructions, 0.27 issued per scheduler cycle, 7.3 cycles
 per instruction (fixed-latency waits 1.8, the warpgroups' barrier 1.5, dispatch 0.9, long scoreboard
 0.75), 11% of the stall samples on the wgmma instructions, L2 68% and DRAM 12% busy: latency again.
-Left to try: the weights loaded by a producer of their own.
+At 128 rows on the H200 (ncu source counters, one launch of the default split-K natural-order tile,
+default clocks, 37.1 us): 2 warps per scheduler, 0.43 eligible, 5.8 cycles per issued instruction,
+L2 53% and DRAM 19% busy; of the stall samples 26% wait on fixed latencies, 21% on the long
+scoreboard, 18% issue, 9% at the warpgroup barrier. The two hottest lines (9% of the samples) are
+the first decode instruction of one weight slot in four: ptxas puts every global load of the loop on
+one scoreboard (nvcc 13.0), so the decode that waits for a slot's words also waits for the next
+slab's loads issued a few instructions before it. Issuing each step's loads after its slab's first
+activation box arrived instead (so the wait drains only loads a step old; branch ``exp/late-load``;
+speeds relative to the default in the same call, two rounds each) measured 0.93x at 128 rows (W4A16
+g128; W4A8 g128 0.92x, nvfp4 1.01x), 1.01-1.04x on the split-K 256-row tiles, 1.00-1.015x on the
+256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4 at 512-2048 rows, also 28672 x 8192) and
+0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not adopted. 6 or 8 register
+slots instead of 4 at 128 rows: 0.92-0.96x (W4A8 g128 with 6: 1.06x, within the ~10% spread of
+128-row samples between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try:
+the weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32

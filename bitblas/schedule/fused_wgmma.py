@@ -481,10 +481,10 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     1..16 rows on the m16n8k32 GEMV). Past that float8 takes the int8 rules
     with its two sets of sums (W4A-fp8 g128 at 128 and 256 rows: the default was the tuner's best
     or within 3%). int8 with group scales (W4A8 g128: 2.3x, 1.8x and 1.1x as fast at 128, 256 and
-    1024 rows) split-K 128-row tiles up to 128 rows (two warpgroups over 64 channels, 4 weight
+    1024 rows) split-K 128-row tiles up to 128 rows (two warpgroups over 64 channels, 6 weight
     slots, a ring of 4 boxes each), else 128-row tiles of one warpgroup; per-channel (W4A8 / W2A8:
-    2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the same split-K
-    tile up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
+    2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the split-K
+    tile with 4 weight slots up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
     above (at 4096 rows decode-then-GEMM's dense int8 GEMM was 2% faster than the best fused tile
     for 4-bit codes and 8% slower for 2-bit ones: left to the tuner).
 
@@ -504,8 +504,12 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
                                      # 64 rows: 1.4-1.6x as fast as the 128-row tile
         hint = FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
-    elif rows <= 128:
-        hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+    elif rows <= 128:                # int8 with group scales: 6 weight slots (H200, 8192^2 at 96 and 128
+                                     # rows and 28672 x 8192 at 128: 1.03-1.06x as fast as 4 in four
+                                     # measurements; float8 g128 1.08x at 128 rows but 0.94x at 80, float8
+                                     # per channel 0.92x, W4A8 per channel 1.00x: those keep 4)
+        hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, ring=4,
+                              stages=6 if _int8(plan) and plan.groups > 1 else 4)
     elif _sum_sets(plan) > 1:        # two sets of sums (group scales; float8 always): 128-row tiles
         hint = FusedWgmmaHint(row_tile=128, stages=4)
     else:
@@ -516,13 +520,13 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
 def fused_space(plan) -> list:
     """Every tile of the fused GEMM that takes ``plan`` (the tuner's space): 64-, 128- or 256-row
     tiles; 1 or 2 channel tiles per warpgroup; one warpgroup, two side by side in N, or two splitting
-    K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
+    K; 1, 2, 4 or 6 weight register slots; with and without ``overlap``; the largest activation ring
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
     (``permute=False``). The defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
-                                                            (1, 2, 4), (False, True)):
+                                                            (1, 2, 4, 6), (False, True)):
         base = FusedWgmmaHint(row_tile=rt, channel_tiles=r, warpgroups=wg, split_k=split, stages=stages, overlap=ov)
         for hint in (base, replace(base, ring=4)) if split else (base,):
             if hint.ring and hint.ring == ring_slots(plan, base):

@@ -134,15 +134,25 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
+def row_plan(op, device: str, m: int):
+    """The plan a row's kernels are built on: the operator's own where it is symbolic in M (a dynamic-M
+    operator's bucket kernels past the GEMV), so that a ``--hints`` row times the same kind of kernel
+    as the default row beside it (a kernel built for exactly m rows can differ by several percent:
+    W4A8 g128's fused tile with 6 weight slots at 128 rows, H200, 1.05x faster static, 0.94x
+    symbolic); else the plan for exactly ``m`` rows (the GEMV's rows, a static-M operator)."""
+    from bitblas.plan import make_plan
+    own = op.plan(device, m)
+    return own if own.m is None else make_plan(op.config, device, m)
+
+
 def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, hint=None, device: str = "cuda",
               graph_ms=None):
     import bitblas
-    from bitblas.plan import make_plan
     from bitblas.quantization.quantize import TORCH_DTYPES
     kw = FORMATS[fmt]
     cfg = bitblas.MatmulConfig(N=N, K=K, **kw)
     op = bitblas.Matmul(cfg)
-    plan = make_plan(cfg, device, m)
+    plan = row_plan(op, device, m)
     weight_names = {"W", "scale", "zeros", "bias"}
     inputs = [s for s in plan.args if s.role == "input"]
     shared = {s.name: _rand_arg(s, m, None, device) for s in inputs if s.name not in weight_names}

@@ -41,6 +41,22 @@ def test_dequant_gemm_spec():
         got[0].build(fp16, TARGETS["sm_90a"])
 
 
+def test_row_plan_is_the_operators():
+    """A --hints row is built on the plan of the kernel that serves the row by default: symbolic in M
+    for a dynamic-M operator's rows past the GEMV, exactly m rows for the GEMV's rows and a static-M
+    operator."""
+    import bitblas
+    from benchmark.matmul import row_plan
+    from bitblas import MatmulConfig
+    from choice_table import TARGETS
+    w4 = dict(N=1024, K=1024, A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True)
+    dyn = bitblas.Matmul(MatmulConfig(**w4), target=TARGETS["sm_90a"])
+    assert row_plan(dyn, "cuda", 128).m is None and row_plan(dyn, "cuda", 4096).m is None
+    assert row_plan(dyn, "cuda", 4).m == 4
+    static = bitblas.Matmul(MatmulConfig(M=128, **w4), target=TARGETS["sm_90a"])
+    assert row_plan(static, "cuda", 128).m == 128
+
+
 def test_parse_gemv_hints():
     assert parse_hints("4,1,4,16;32,4,2,16,4,0,2,1") == [GEMVHint(4, 1, 4, 16), GEMVHint(32, 4, 2, 16, 4, 0, 2, 1)]
 

@@ -76,13 +76,15 @@ the first decode instruction of one weight slot in four: ptxas puts every global
 one scoreboard (nvcc 13.0), so the decode that waits for a slot's words also waits for the next
 slab's loads issued a few instructions before it. Issuing each step's loads after its slab's first
 activation box arrived instead (so the wait drains only loads a step old; branch ``exp/late-load``;
-speeds relative to the default in the same call, two rounds each) measured 0.93x at 128 rows (W4A16
-g128; W4A8 g128 0.92x, nvfp4 1.01x), 1.01-1.04x on the split-K 256-row tiles, 1.00-1.015x on the
-256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4 at 512-2048 rows, also 28672 x 8192) and
-0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not adopted. 6 or 8 register
-slots instead of 4 at 128 rows: 0.92-0.96x (W4A8 g128 with 6: 1.06x, within the ~10% spread of
-128-row samples between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try:
-the weights loaded by a producer of their own.
+speeds relative to the default in the same call, two rounds each, all on static-M kernels: the
+kernel a hint gets in benchmark.matmul before it built the operator's own plan) measured 0.93x at
+128 rows (W4A16 g128; W4A8 g128 0.92x, nvfp4 1.01x), 1.01-1.04x on the split-K 256-row tiles,
+1.00-1.015x on the 256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4 at 512-2048 rows, also
+28672 x 8192) and 0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not
+adopted. 6 or 8 register slots instead of 4 at 128 rows: 0.92-0.96x (W4A8 g128 with 6: 1.03-1.06x
+over four pairs, but 0.94x on the symbolic-M kernel Matmul runs, where 128-row samples also spread
+~10% between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try: the weights
+loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
@@ -481,10 +483,10 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     1..16 rows on the m16n8k32 GEMV). Past that float8 takes the int8 rules
     with its two sets of sums (W4A-fp8 g128 at 128 and 256 rows: the default was the tuner's best
     or within 3%). int8 with group scales (W4A8 g128: 2.3x, 1.8x and 1.1x as fast at 128, 256 and
-    1024 rows) split-K 128-row tiles up to 128 rows (two warpgroups over 64 channels, 6 weight
+    1024 rows) split-K 128-row tiles up to 128 rows (two warpgroups over 64 channels, 4 weight
     slots, a ring of 4 boxes each), else 128-row tiles of one warpgroup; per-channel (W4A8 / W2A8:
-    2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the split-K
-    tile with 4 weight slots up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
+    2.1x / 2.6x as fast at 128 rows, 1.5x / 1.7x at 256, 1.13x / 1.22x at 1024) the same split-K
+    tile up to 128 rows, 128-row tiles of two warpgroups side by side up to 256, 256-row ones
     above (at 4096 rows decode-then-GEMM's dense int8 GEMM was 2% faster than the best fused tile
     for 4-bit codes and 8% slower for 2-bit ones: left to the tuner).
 
@@ -504,12 +506,11 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
     if rows <= 64:                   # float8 (int8: the GEMV's rows): H100, W4A-fp8 8192^2 at 1 / 16 /
                                      # 64 rows: 1.4-1.6x as fast as the 128-row tile
         hint = FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
-    elif rows <= 128:                # int8 with group scales: 6 weight slots (H200, 8192^2 at 96 and 128
-                                     # rows and 28672 x 8192 at 128: 1.03-1.06x as fast as 4 in four
-                                     # measurements; float8 g128 1.08x at 128 rows but 0.94x at 80, float8
-                                     # per channel 0.92x, W4A8 per channel 1.00x: those keep 4)
-        hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, ring=4,
-                              stages=6 if _int8(plan) and plan.groups > 1 else 4)
+    elif rows <= 128:                # 4 weight slots: 6 measured 1.03-1.06x as fast for W4A8 g128 on the
+                                     # static-M kernel (H200, 8192^2 at 96 / 128 rows, 28672 x 8192 at
+                                     # 128) but 0.94x / 0.98x on the symbolic-M one that Matmul's buckets
+                                     # run; float8 g128 0.94x at 80 rows, per channel 0.92x (static M)
+        hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
     elif _sum_sets(plan) > 1:        # two sets of sums (group scales; float8 always): 128-row tiles
         hint = FusedWgmmaHint(row_tile=128, stages=4)
     else:

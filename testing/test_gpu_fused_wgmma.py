@@ -178,8 +178,6 @@ I8_HINTS = {
     "t128": FusedWgmmaHint(row_tile=128, stages=4),
     "t128w2": FusedWgmmaHint(row_tile=128, warpgroups=2),
     "t128w2k": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4),
-    # 6 weight slots (in the tuner's space; the step loop's ring of 6)
-    "t128w2k6": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=6, ring=4),
     "t64c2w2k": FusedWgmmaHint(row_tile=64, channel_tiles=2, warpgroups=2, split_k=True, stages=2),
     # per-channel scales only (one set of sums through the loop)
     "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),

@@ -521,13 +521,13 @@ def _byte_acts_default(plan, rows: int) -> Optional[FusedWgmmaHint]:
 def fused_space(plan) -> list:
     """Every tile of the fused GEMM that takes ``plan`` (the tuner's space): 64-, 128- or 256-row
     tiles; 1 or 2 channel tiles per warpgroup; one warpgroup, two side by side in N, or two splitting
-    K; 1, 2, 4 or 6 weight register slots; with and without ``overlap``; the largest activation ring
+    K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
     (``permute=False``). The defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
-                                                            (1, 2, 4, 6), (False, True)):
+                                                            (1, 2, 4), (False, True)):
         base = FusedWgmmaHint(row_tile=rt, channel_tiles=r, warpgroups=wg, split_k=split, stages=stages, overlap=ov)
         for hint in (base, replace(base, ring=4)) if split else (base,):
             if hint.ring and hint.ring == ring_slots(plan, base):

@@ -367,7 +367,8 @@ def main(argv=None):
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
     ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'; "
                                                 "'DequantGemm()' (or with WGMMAHint fields for its dense GEMM): "
-                                                "the decode-then-GEMM path")
+                                                "the decode-then-GEMM path; each built on the plan the default row "
+                                                "runs (symbolic M past the GEMV: row_plan)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda (default): CUDA-graph timing against cuBLAS / torch kernels; cpu: the LLVM CPU "
                          "kernels against torch's CPU F.linear (a smoke run: host-clock timing)")

@@ -75,16 +75,15 @@ scoreboard, 18% issue, 9% at the warpgroup barrier. The two hottest lines (9% of
 the first decode instruction of one weight slot in four: ptxas puts every global load of the loop on
 one scoreboard (nvcc 13.0), so the decode that waits for a slot's words also waits for the next
 slab's loads issued a few instructions before it. Issuing each step's loads after its slab's first
-activation box arrived instead (so the wait drains only loads a step old; branch ``exp/late-load``;
-speeds relative to the default in the same call, two rounds each, all on static-M kernels: the
-kernel a hint gets in benchmark.matmul before it built the operator's own plan) measured 0.93x at
-128 rows (W4A16 g128; W4A8 g128 0.92x, nvfp4 1.01x), 1.01-1.04x on the split-K 256-row tiles,
-1.00-1.015x on the 256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4 at 512-2048 rows, also
-28672 x 8192) and 0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not
+activation box arrived instead (so the wait drains only loads a step old; speeds relative to the
+default in the same call, two rounds each, on kernels built for exactly that many rows) measured
+0.93x at 128 rows (W4A16 g128; W4A8 g128 0.92x, nvfp4 1.01x), 1.01-1.05x on the split-K 256-row
+tiles, 1.00-1.015x on the 256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4 at 512-2048 rows,
+also 28672 x 8192) and 0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not
 adopted. 6 or 8 register slots instead of 4 at 128 rows: 0.92-0.96x (W4A8 g128 with 6: 1.03-1.06x
-over four pairs, but 0.94x on the symbolic-M kernel Matmul runs, where 128-row samples also spread
-~10% between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try: the weights
-loaded by a producer of their own.
+over four pairs, but 0.94x on the symbolic-M kernel of Matmul's buckets, where 128-row samples also
+spread ~10% between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try: the
+weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32

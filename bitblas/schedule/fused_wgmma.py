@@ -172,6 +172,7 @@ __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "ring_slots", "register_words"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
+W_SMEM_MAX = 224 * 1024            # w_smem: both rings (sm_90 gives a block 227 KB)
 OVERLAP_STEPS = 8                  # overlap=True: slabs per unrolled loop body (all but its first overlap)
 
 
@@ -190,6 +191,8 @@ class FusedWgmmaHint:
                                    # wgmma of slab s run (wait_group 1); needs a ring of 2 slabs
     permute: bool = True           # False: no permute kernel (no temporary); the activations in natural K
                                    # order, the codes moved in registers instead (natural_dec_helper)
+    w_smem: bool = False           # weight vectors staged by cp.async in a shared-memory ring (one commit group
+                                   # per step, cp.async.wait_group before the decode) instead of registers
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
@@ -201,6 +204,39 @@ class FusedWgmmaHint:
                                            # float8: two sets of sums, at most 128-row tiles of 64 channels)
             return cls(row_tile=128, stages=4)
         return cls(row_tile=256, warpgroups=2)
+
+
+def _cp_helpers(stages: int) -> dict:
+    """CUDA helpers of ``w_smem`` (name -> source): a 16-byte ``cp.async`` into shared memory, the
+    commit, the waits (``bb_cpwait{n}``: at most n groups pending, n = 0 and stages - 1) and a
+    16-byte shared read."""
+    src = {"bb_cpw16": r"""
+__device__ __forceinline__ void bb_cpw16(void* s, const void* g) {
+  unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sa), "l"(g) : "memory");
+}
+""", "bb_cpcommit": r"""
+__device__ __forceinline__ void bb_cpcommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+""", "bb_lds4": r"""
+__device__ __forceinline__ void bb_lds4(const void* s, unsigned* d) {
+  uint4 v = *reinterpret_cast<const uint4*>(s);
+  d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+}
+"""}
+    for n in sorted({0, max(0, stages - 1)}):
+        src[f"bb_cpwait{n}"] = (f"\n__device__ __forceinline__ void bb_cpwait{n}() {{ asm volatile("
+                                f"\"cp.async.wait_group {n};\" ::: \"memory\"); }}\n")
+    return src
+
+
+def w_smem_words(hint: FusedWgmmaHint) -> int:
+    """4-byte words of the ``w_smem`` weight ring: per thread ``stages`` x ``channel_tiles`` x 2
+    vectors of 16 bytes."""
+    if not hint.w_smem:
+        return 0
+    kw = hint.warpgroups if hint.split_k else 1
+    cw = 1 if hint.split_k else hint.warpgroups
+    return 128 * cw * kw * max(1, hint.stages) * hint.channel_tiles * 2 * 4
 
 
 def ring_slots(plan, hint: FusedWgmmaHint) -> int:
@@ -396,6 +432,9 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
     slots = ring_slots(plan, hint)
     box = box_bytes(hint)
     need = ups * (2 if hint.overlap else 1)
+    if hint.w_smem and kw * slots * box + 4 * w_smem_words(hint) > W_SMEM_MAX:
+        return (f"w_smem=True: the activation ring ({kw * slots * box} bytes) and the weight ring "
+                f"({4 * w_smem_words(hint)} bytes) exceed {W_SMEM_MAX} bytes of shared memory")
     if slots < need or kw * slots * box > FUSED_SMEM_MAX:
         return (f"ring={hint.ring}, row_tile={hint.row_tile}: the activation ring needs {need}..."
                 f"{FUSED_SMEM_MAX // box // kw} slots of {box} bytes ({need // ups} slab(s) of {slab_codes(w.bits)} "
@@ -601,7 +640,9 @@ def _body(plan, hint: FusedWgmmaHint):
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
                      None if at_store else e["sdt"], e["zdt"], wait=False)
         # the rings; after the main loop the K warpgroups' sums (``red``) reuse them
-        slab_locals(add, max(KW * STG * SW, (KW - 1) * R * NACC * 128), KW * STG, R, NA, NACC,
+        AW = max(KW * STG * SW, (KW - 1) * R * NACC * 128)     # words before the weight ring (w_smem)
+        TT = 128 * CW * KW                                     # threads
+        slab_locals(add, AW + w_smem_words(hint), KW * STG, R, NA, NACC,
                     empty=STG if CW > 1 else 0, side_by_side=True, dq_buffers=2 if OV else 1)
         # grouped raster: GR row tiles (the last group may have fewer) x every channel block, the
         # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
@@ -647,8 +688,37 @@ def _body(plan, hint: FusedWgmmaHint):
             for u in range(min(STG, NU)):
                 tma("        ", str(u))
 
+        cps = _cp_helpers(STW)
+
+        def wsm(ws):
+            """This thread's 16-byte slot of vector (r, h) of weight slot ``ws`` in the ring."""
+            return f"Sm.ptr_to([{AW} + ((({ws}) * {R} + r) * 2 + h) * {TT * 4} + tx * 4])"
+
         def load(ind, step, ws):
-            load_vectors(add, plan, e, ind, R, cidx(step), ws)
+            if not hint.w_smem:
+                load_vectors(add, plan, e, ind, R, cidx(step), ws)
+                return
+            from .gemv.wgmma import _channel
+            ch = _channel(plan, e)
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            lines = e["load_lines"](ind + "    ", ch, cidx(step), f"{ws}, r, h", not scales_at_store(plan, e))
+            add(f"{ind}    T.cuda.func_call('bb_cpw16', {wsm(ws)}, {e['vec_ptrs'](ch, cidx(step))[0]}, source_code={cps['bb_cpw16']!r})")
+            for ln in lines[1:]:                  # the scales / zeros as before (registers)
+                add(ln)
+            add(f"{ind}T.cuda.func_call('bb_cpcommit', source_code={cps['bb_cpcommit']!r})")
+
+        def stage_in(ind, step, ws):
+            """w_smem: wait for step ``step``'s commit group (the groups of the STW - 1 later steps may
+            still be pending; at the last steps fewer were issued: wait for all) and read the slot."""
+            if STW > 1:
+                add(f"{ind}if ({step}) + {STW - 1} < {NS}:")
+                add(f"{ind}    T.cuda.func_call('bb_cpwait{STW - 1}', source_code={cps[f'bb_cpwait{STW - 1}']!r})")
+                add(f"{ind}else:")
+                add(f"{ind}    T.cuda.func_call('bb_cpwait0', source_code={cps['bb_cpwait0']!r})")
+            else:
+                add(f"{ind}T.cuda.func_call('bb_cpwait0', source_code={cps['bb_cpwait0']!r})")
+            add(f"{ind}for r, h in T.grid({R}, 2):")
+            add(f"{ind}    T.cuda.func_call('bb_lds4', {wsm(ws)}, wq.ptr_to([{ws}, r, h, 0]), source_code={cps['bb_lds4']!r})")
 
         def process(ind, step, ws, j=0):
             # this warpgroup's wgmma of slab step - LAG are done (with overlap, those of the previous
@@ -673,6 +743,8 @@ def _body(plan, hint: FusedWgmmaHint):
                 if CW > 1:
                     add(f"{ind}            T.cuda.mbarrier_wait(empty.ptr_to([({u}) % {STG}]), (({u}) // {STG} + 1) % 2)")
                 tma(ind + "            ", u)
+            if hint.w_smem:
+                stage_in(ind, step, ws)
             if B8:
                 decode_bytes(ind, ws, dq)
             else:

@@ -114,6 +114,26 @@ def test_fused_codegen(name, m, tile):
     _compiles_clean(src)
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,m,tile", [
+    ("u4-g128", None, (128, 1, 2, "split_k", "overlap", "s4r4")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
+    ("nvfp4", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 1)),
+])
+def test_fused_w_smem_codegen(name, m, tile):
+    """``w_smem``: the weight vectors (and 2-byte scales) staged by cp.async, one commit group per
+    step, a partial wait before each decode; compiles clean (N=1000, K=1536)."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *flags = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
+                          overlap="overlap" in flags, w_smem=True,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
+    src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
+    assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
+    assert "cp.async.wait_group" in src and "ld.global.nc.L1::no_allocate.v4" not in src.split("main_kernel(")[-1]
+    _compiles_clean(src)
+
+
 I8_CASES = [("int4", 128, None, (128, 1, 2, "split_k")), ("uint4", 128, 257, (128, 1, 1)),
             ("int4", -1, None, (64, 2, 2)), ("int2", -1, None, (128, 1, 2)), ("uint2", -1, 100, (64, 1, 2, "split_k")),
             ("int4", 256, None, (128, 1, 2, "split_k", "s4r4")),

@@ -208,8 +208,9 @@ class FusedWgmmaHint:
 
 def _cp_helpers(stages: int) -> dict:
     """CUDA helpers of ``w_smem`` (name -> source): a 16-byte ``cp.async`` into shared memory, the
-    commit, the waits (``bb_cpwait{n}``: at most n groups pending, n = 0 and stages - 1) and a
-    16-byte shared read."""
+    commit, the waits (``bb_cpwait{n}``: at most n groups pending, n = 0 and stages - 1), a 16-byte
+    shared read; a 2-byte scale (or nvfp4's pair of float8 block scales) staged as the 4-byte word
+    that holds it (``bb_cps4``, the address rounded down) and read back at its half (``bb_ldsh``)."""
     src = {"bb_cpw16": r"""
 __device__ __forceinline__ void bb_cpw16(void* s, const void* g) {
   unsigned sa = (unsigned)__cvta_generic_to_shared(s);
@@ -217,6 +218,18 @@ __device__ __forceinline__ void bb_cpw16(void* s, const void* g) {
 }
 """, "bb_cpcommit": r"""
 __device__ __forceinline__ void bb_cpcommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+""", "bb_cps4": r"""
+__device__ __forceinline__ void bb_cps4(void* s, const void* g) {
+  unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+  const void* ga = (const void*)((unsigned long long)g & ~3ull);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(sa), "l"(ga) : "memory");
+}
+""", "bb_ldsh": r"""
+__device__ __forceinline__ unsigned short bb_ldsh(const void* s, const void* g) {
+  return *reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(s) + ((unsigned long long)g & 2ull));
+}
+""", "bb_ldsw": r"""
+__device__ __forceinline__ unsigned bb_ldsw(const void* s) { return *reinterpret_cast<const unsigned*>(s); }
 """, "bb_lds4": r"""
 __device__ __forceinline__ void bb_lds4(const void* s, unsigned* d) {
   uint4 v = *reinterpret_cast<const uint4*>(s);
@@ -231,12 +244,12 @@ __device__ __forceinline__ void bb_lds4(const void* s, unsigned* d) {
 
 def w_smem_words(hint: FusedWgmmaHint) -> int:
     """4-byte words of the ``w_smem`` weight ring: per thread ``stages`` x ``channel_tiles`` x 2
-    vectors of 16 bytes."""
+    vectors of 16 bytes and their scale words."""
     if not hint.w_smem:
         return 0
     kw = hint.warpgroups if hint.split_k else 1
     cw = 1 if hint.split_k else hint.warpgroups
-    return 128 * cw * kw * max(1, hint.stages) * hint.channel_tiles * 2 * 4
+    return 128 * cw * kw * max(1, hint.stages) * hint.channel_tiles * 2 * 5
 
 
 def ring_slots(plan, hint: FusedWgmmaHint) -> int:
@@ -694,6 +707,14 @@ def _body(plan, hint: FusedWgmmaHint):
             """This thread's 16-byte slot of vector (r, h) of weight slot ``ws`` in the ring."""
             return f"Sm.ptr_to([{AW} + ((({ws}) * {R} + r) * 2 + h) * {TT * 4} + tx * 4])"
 
+        def ssm(ws):
+            """This thread's scale word of vector (r, h) of weight slot ``ws`` (after the vectors)."""
+            return f"Sm.ptr_to([{AW + STW * R * 2 * TT * 4} + ((({ws}) * {R} + r) * 2 + h) * {TT} + tx])"
+
+        SRAW = bool(e["sdt"]) and not scales_at_store(plan, e)    # raw scales per vector (registers sr)
+        # bytes of a vector's raw scale: nvfp4's two float8 block scales, else the scale dtype's
+        SBYTES = 2 if e["SB"] > 1 else (tvm.DataType(plan.arg("scale").dtype).bits // 8 if SRAW else 0)
+
         def load(ind, step, ws):
             if not hint.w_smem:
                 load_vectors(add, plan, e, ind, R, cidx(step), ws)
@@ -701,9 +722,12 @@ def _body(plan, hint: FusedWgmmaHint):
             from .gemv.wgmma import _channel
             ch = _channel(plan, e)
             add(f"{ind}for r, h in T.grid({R}, 2):")
-            lines = e["load_lines"](ind + "    ", ch, cidx(step), f"{ws}, r, h", not scales_at_store(plan, e))
-            add(f"{ind}    T.cuda.func_call('bb_cpw16', {wsm(ws)}, {e['vec_ptrs'](ch, cidx(step))[0]}, source_code={cps['bb_cpw16']!r})")
-            for ln in lines[1:]:                  # the scales / zeros as before (registers)
+            lines = e["load_lines"](ind + "    ", ch, cidx(step), f"{ws}, r, h", False)
+            ptrs = e["vec_ptrs"](ch, cidx(step))
+            add(f"{ind}    T.cuda.func_call('bb_cpw16', {wsm(ws)}, {ptrs[0]}, source_code={cps['bb_cpw16']!r})")
+            if SRAW:
+                add(f"{ind}    T.cuda.func_call('bb_cps4', {ssm(ws)}, {ptrs[1]}, source_code={cps['bb_cps4']!r})")
+            for ln in lines[1:]:                  # zeros as before (registers)
                 add(ln)
             add(f"{ind}T.cuda.func_call('bb_cpcommit', source_code={cps['bb_cpcommit']!r})")
 
@@ -719,6 +743,17 @@ def _body(plan, hint: FusedWgmmaHint):
                 add(f"{ind}T.cuda.func_call('bb_cpwait0', source_code={cps['bb_cpwait0']!r})")
             add(f"{ind}for r, h in T.grid({R}, 2):")
             add(f"{ind}    T.cuda.func_call('bb_lds4', {wsm(ws)}, wq.ptr_to([{ws}, r, h, 0]), source_code={cps['bb_lds4']!r})")
+            if SRAW:
+                from .gemv.wgmma import _channel
+                if SBYTES == 4:                   # float32 scales (int8 activations): the word itself
+                    val = (f"T.reinterpret({e['sdt']!r}, T.cuda.func_call('bb_ldsw', {ssm(ws)}, "
+                           f"source_code={cps['bb_ldsw']!r}, return_type='uint32'))")
+                else:
+                    half = (f"T.cuda.func_call('bb_ldsh', {ssm(ws)}, {e['vec_ptrs'](_channel(plan, e), cidx(step))[1]}, "
+                            f"source_code={cps['bb_ldsh']!r}, return_type='uint16')")
+                    val = (f"T.Cast('uint32', {half})" if e["sdt"] == "uint32" else
+                           f"T.reinterpret({e['sdt']!r}, {half})")
+                add(f"{ind}    sr[{ws}, r, h] = {val}")
 
         def process(ind, step, ws, j=0):
             # this warpgroup's wgmma of slab step - LAG are done (with overlap, those of the previous

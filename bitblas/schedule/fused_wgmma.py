@@ -255,14 +255,15 @@ def w_smem_words(hint: FusedWgmmaHint) -> int:
 def ring_slots(plan, hint: FusedWgmmaHint) -> int:
     """Activation box slots of the ring: ``hint.ring``, or as many as fit in FUSED_SMEM_MAX per
     warpgroup over 2 (one-warpgroup blocks: two per SM, so that one decodes while the other's wgmma
-    run), at most 8, at least one slab's boxes."""
+    run), less the ``w_smem`` weight ring, at most 8, at least one slab's boxes."""
     if hint.ring:
         return hint.ring
     box = box_bytes(hint)
     ups = boxes_per_slab(plan)
+    room = min(FUSED_SMEM_MAX, W_SMEM_MAX - 4 * w_smem_words(hint))   # w_smem: the weight ring's room
     if hint.split_k:                          # a ring per warpgroup, one block per SM
-        return max(ups, min(8, FUSED_SMEM_MAX // hint.warpgroups // box))
-    return max(ups, min(8, FUSED_SMEM_MAX * hint.warpgroups // 2 // box))
+        return max(ups, min(8, room // hint.warpgroups // box))
+    return max(ups, min(8, room * hint.warpgroups // 2 // box))
 
 
 def box_bytes(hint: FusedWgmmaHint) -> int:

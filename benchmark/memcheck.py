@@ -79,7 +79,14 @@ FAMILIES = {
                      lambda p, t: FusedWgmmaHint(row_tile=256, warpgroups=2)),
                     (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="int8", with_scaling=True,
                        out_dtype="bfloat16"), 100,
-                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True))],
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)),
+                    # w_smem: weight vectors and raw 2-byte / 4-byte scales staged by cp.async (the scale
+                    # word read at its 4-byte-aligned address)
+                    (C(M=None, N=1000, K=1536, W_dtype="int2", group_size=G, with_scaling=True), 100,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True)),
+                    (C(M=None, N=1000, K=1536, W_dtype="int4", group_size=G, **S8), 130,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4,
+                                                 w_smem=True))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

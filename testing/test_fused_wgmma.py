@@ -348,14 +348,16 @@ def test_fused_default_tiles():
     against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
     busy); 256-row tiles side by side where there are many. The split-K tiles read the activations
     as given where the natural-order decoder takes the plan (4-bit int / uint codes, groups of whole
-    slabs), else after the permute pass."""
+    slabs), else after the permute pass; those without overlap stage their weights in shared memory
+    (w_smem, 4 weight slots)."""
     def cfg(N, **kw):
         return MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype="uint4", **{"group_size": 128,
                                                                                         "with_scaling": True, **kw})
     big, small = make_plan(cfg(8192), "cuda", None), make_plan(cfg(4096), "cuda", None)
     split128 = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, overlap=True, permute=False)
     assert fused_default(big, 128) == fused_default(small, 128) == split128
-    assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, permute=False)
+    assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, permute=False,
+                                                     w_smem=True)
     g64 = make_plan(cfg(8192, group_size=64), "cuda", None)          # groups inside a slab: permuted
     assert fused_default(g64, 128) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4,
                                                      overlap=True)
@@ -363,7 +365,8 @@ def test_fused_default_tiles():
     assert fused_default(small, 256) == split128
     u2 = make_plan(MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
                                 with_scaling=True), "cuda", None)
-    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)   # uint2: measured slower
+    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4,
+                                                    w_smem=True)   # uint2: 256-row tiles measured slower
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
 
@@ -371,10 +374,11 @@ def test_fused_default_tiles():
 def test_int8_default_tiles():
     """int8 activations: split-K 128-row tiles up to 128 rows; then 128-row tiles of one warpgroup
     (group scales) or, per-channel, two side by side (up to 256 rows) and 256-row ones; decode-then-
-    GEMM above 1024 rows, and the selector of a dynamic-M operator on sm_90 takes them past the GEMV."""
+    GEMM above 1024 rows, and the selector of a dynamic-M operator on sm_90 takes them past the GEMV.
+    The split-K tiles stage their weights in shared memory (w_smem)."""
     g128 = make_plan(_i8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
     chan = make_plan(_i8cfg("int2", N=8192, K=8192), "cuda", None)
-    split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+    split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, w_smem=True)
     assert fused_default(g128, 65) == split and fused_default(chan, 128) == split
     assert fused_default(g128, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
     assert fused_default(chan, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, stages=4)
@@ -392,14 +396,16 @@ def test_fp8_default_tiles():
     the m16n8k32 one), then the int8
     rules with two sets of sums (group or per-channel scales alike: 128-row tiles of one
     warpgroup past 128 rows); decode-then-GEMM above 1024 rows with group scales, above 384 with
-    per-channel ones (H200: the dense float8 GEMM after the decode is faster there)."""
+    per-channel ones (H200: the dense float8 GEMM after the decode is faster there). The 128-row
+    split-K tile stages its weights in shared memory (w_smem), the 64-row one does not."""
     g128 = make_plan(_f8cfg("int4", N=8192, K=8192, group_size=128), "cuda", None)
     chan = make_plan(_f8cfg("uint2", N=8192, K=8192), "cuda", None)
     chan4 = make_plan(_f8cfg("int4", N=28672, K=8192), "cuda", None)
     for p in (g128, chan, chan4):
         assert fused_default(p, 1) == fused_default(p, 64) == \
             FusedWgmmaHint(row_tile=64, warpgroups=2, split_k=True, stages=4, ring=4)
-        assert fused_default(p, 65) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4)
+        assert fused_default(p, 65) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4,
+                                                      w_smem=True)
         assert fused_default(p, 129) == fused_default(p, 384) == FusedWgmmaHint(row_tile=128, stages=4)
         assert fused_default(p, 1025) is None
     assert fused_default(g128, 1024) == FusedWgmmaHint(row_tile=128, stages=4)

@@ -2,7 +2,8 @@
 sm_90 GPU: uint4 g128 (with and without float zeros), int4 g128, uint2 g128 and uint8 g128 weights
 x rows {65, 100, 128, 257, 1024} (off the row tile, one symbolic kernel per tile) x N=1000, K=1536
 (N off the channel tile), each tile shape (row tiles 64 / 128 / 256, 1 / 2 channel tiles, 1 / 2
-warpgroups side by side in N or splitting K); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
+warpgroups side by side in N or splitting K, weights in registers or staged in shared
+memory); N = K = 8192 at 128 rows; K off the slab (N=8192, K=1000): refused, and a Matmul told
 to use it falls back to its default kernel, still correct; a dynamic-M Matmul with the hint forced
 for rows past the GEMV; the table formats (nf4, fp4_e2m1, float8_e4m3 / e5m2, nvfp4) in the default tiles
 at 128, 300 and 1024 rows, and through a default Matmul across the GEMV / fused boundary; int8 activations
@@ -49,6 +50,9 @@ HINTS = {
     "t256w2-ov": FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True),
     "t128w2k-ov": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True),
     "t128w2k-ov4": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4),
+    # w_smem: weight vectors and raw scales staged by cp.async in a shared-memory ring (split-K defaults)
+    "t128w2k-ws": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True),
+    "t256w2k-ws": FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, w_smem=True),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -91,7 +95,7 @@ def _forced(cfg, hint):
 # n256; and its slab of 4 boxes leaves no room for the 2 slabs overlap=True keeps in the ring of t128 and
 # t128w2k (refused: test_fused_wgmma.py)
 REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov"), ("u2-g128", "t256w2-ov"),
-           ("u2-g128", "t128w2k-ov4")}
+           ("u2-g128", "t128w2k-ov4"), ("u2-g128", "t256w2k-ws")}
 CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) not in REFUSED]
 
 
@@ -105,7 +109,7 @@ def test_fused_formats(name, hk):
 
 @pytest.mark.parametrize("name,hk", [(name, hk) for name in FORMATS
                                      for hk in ("t128", "t256w2", "t128w2k", "t256w2-ov", "t128w2k-ov",
-                                                "t128w2k-ov4")
+                                                "t128w2k-ov4", "t128w2k-ws", "t256w2k-ws")
                                      if (name, hk) not in REFUSED])
 @gpu
 def test_fused_8192(name, hk):
@@ -123,7 +127,10 @@ TABLE_CASES = [(name, "t128w2k" if i % 2 else "t256w2") for i, name in enumerate
                if "nvfp4" not in name] + [
     ("nf4-g128", "t128w2k"), ("bf16-nf4-chan-bias", "t256w2"),
     # nvfp4 in the default tiles of 4-bit codes (overlap=True) and one without overlap
-    ("nvfp4", "t128w2k-ov4"), ("bf16-nvfp4-bias", "t256w2-ov"), ("nvfp4", "t256w2")]
+    ("nvfp4", "t128w2k-ov4"), ("bf16-nvfp4-bias", "t256w2-ov"), ("nvfp4", "t256w2"),
+    # w_smem (the split-K defaults without overlap): nvfp4's pair of float8 block scales, 1-byte
+    # float8 codes, float32 output
+    ("nvfp4", "t256w2k-ws"), ("bf16-e4m3-g128", "t128w2k-ws"), ("bf16-fp4-noscale-f32", "t128w2k-ws")]
 
 
 @pytest.mark.parametrize("name,hk", TABLE_CASES)
@@ -182,6 +189,8 @@ I8_HINTS = {
     # per-channel scales only (one set of sums through the loop)
     "t256w2": FusedWgmmaHint(row_tile=256, warpgroups=2),
     "t128c2w2k": FusedWgmmaHint(row_tile=128, channel_tiles=2, warpgroups=2, split_k=True),
+    # the split-K default up to 128 rows: weights staged by cp.async (w_smem), a ring of 4 boxes
+    "t128w2k-ws": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, w_smem=True),
 }
 I8_PER_CHANNEL_ONLY = {"t256w2", "t128c2w2k"}
 
@@ -200,7 +209,7 @@ def test_fused_int8(name, hk):
     assert not errors, errors
 
 
-@pytest.mark.parametrize("hk", ["t128", "t128w2k"])
+@pytest.mark.parametrize("hk", ["t128", "t128w2k", "t128w2k-ws"])
 @gpu
 def test_fused_int8_8192(hk):
     """W4A8 g128, N = K = 8192 at 128 and 4096 rows."""
@@ -232,7 +241,7 @@ F8_FORMATS = {
     "w2afp8-chan": dict(W_dtype="int2"),
     "w2afp8-u2-g256-f32": dict(W_dtype="uint2", group_size=256, out_dtype="float32"),
 }
-F8_HINTS = {k: I8_HINTS[k] for k in ("t128", "t128w2", "t128w2k", "t64c2w2k")}
+F8_HINTS = {k: I8_HINTS[k] for k in ("t128", "t128w2", "t128w2k", "t64c2w2k", "t128w2k-ws")}
 
 
 def _f8cfg(name, N, K, **kw):

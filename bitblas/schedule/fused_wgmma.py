@@ -499,7 +499,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     tiles); else 256-row tiles with two warpgroups side by side."""
     N = plan.config.N
     if _byte_acts(plan):
-        return _byte_acts_default(plan, rows)
+        return _staged(plan, _byte_acts_default(plan, rows))
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
@@ -520,8 +520,25 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
                 # split over K: the activations as given where the natural-order decoder takes the
                 # plan (measured: the module docstring); the tiles side by side keep the permute
                 nat = replace(h, permute=False)
-                return nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None else h
+                return _staged(plan, nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None else h)
     return None
+
+
+def _staged(plan, hint: Optional[FusedWgmmaHint]) -> Optional[FusedWgmmaHint]:
+    """``hint`` with its weights staged in shared memory (``w_smem``, 4 weight slots) where it splits
+    K over 128- or 256-row tiles without ``overlap`` and the rings fit. H200, 8192^2, the symbolic-M
+    kernels Matmul's buckets run, against the same tile without (speed-ups): W4A8 g128 1.12 / 1.09 at
+    96 / 128 rows (28672 x 8192: 1.06), W4A8 per channel 1.27 / 1.26 at 80 / 128, W2A8 per channel
+    1.25, W4A-fp8 g128 1.09, per channel 1.21, W2A-fp8 per channel 1.54 (128 rows); W2A16 g128 1.26 /
+    1.09 at 128 / 256 (0.97 at 80), uint2 with zeros 1.13; int8 per channel 1.45 (128), float8 weights
+    per channel 1.30 (256); the 4-bit 256-row split-K tile (ring of 2 boxes) W4A16 g128 1.04, nvfp4
+    1.06. Refuted: with ``overlap`` (W4A16 g128 at 128 rows 0.92, with zeros 0.95, nvfp4 1.035), tiles
+    side by side (W4A16 at 512 / 1024 rows 0.97 / 0.98, W4A8 g128 one warpgroup at 256 / 1024 rows
+    0.78 / 0.77), float8 activations' 64-row tile (W4A-fp8 g128 at 48 rows 0.63)."""
+    if hint is None or not hint.split_k or hint.overlap or hint.row_tile < 128:
+        return hint
+    staged = replace(hint, w_smem=True, stages=4)
+    return staged if fused_wgmma_unsupported(plan, staged) is None else hint
 
 
 BYTE_ACTS_DEFAULT_MAX_ROWS = 1024     # the most rows _byte_acts_default serves
@@ -576,7 +593,8 @@ def fused_space(plan) -> list:
     K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
-    (``permute=False``). The defaults of :func:`fused_default` are among them."""
+    (``permute=False``); split-K tiles without overlap with 2 or 4 slots also with ``w_smem``. The
+    defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
                                                             (1, 2, 4), (False, True)):
@@ -585,8 +603,10 @@ def fused_space(plan) -> list:
             if hint.ring and hint.ring == ring_slots(plan, base):
                 continue                  # the same ring as the largest that fits
             for h in (hint, replace(hint, permute=False)):
-                if fused_wgmma_unsupported(plan, h) is None:
-                    out.append(h)
+                # split over K without overlap: also with the weights staged in shared memory
+                for hh in (h, replace(h, w_smem=True)) if split and not ov and stages > 1 else (h,):
+                    if fused_wgmma_unsupported(plan, hh) is None:
+                        out.append(hh)
     return out
 
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 from ..plan import make_plan
 from ..schedule.fused_wgmma import (FusedWgmmaHint, box_bytes, fused_default, fused_space, fused_wgmma_unsupported,
-                                    register_words, ring_slots, schedule_fused_wgmma)
+                                    register_words, ring_slots, schedule_fused_wgmma, w_smem_words)
 from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
 from ._common import cuda_reason, need_spec
 from .base import Candidate
@@ -70,8 +70,10 @@ class FusedWgmma:
 _TILE_S = 1.0e-6          # per tile: the accumulator epilogue (scales, bias, stores) and the ring's fill
 # what the model above does not see, from H100 sweeps at 8192^2 and Llama shapes (the defaults'
 # choices, fused_default): decoding slab s + 1 during slab s's wgmma is faster for 4- and 2-bit codes,
-# and 4 weight slots beat 2 by 5-10% on split-K tiles; one slot leaves each slab's loads exposed
-_NO_OVERLAP, _ONE_SLOT, _FEW_SLOTS_SPLIT = 1.05, 1.05, 1.05
+# and 4 weight slots beat 2 by 5-10% on split-K tiles; one slot leaves each slab's loads exposed;
+# split-K tiles without overlap with their weights staged in shared memory (w_smem): 1.04-1.54x as fast
+# as with them in registers (H200, 8192^2, 80..256 rows, schedule.fused_wgmma._staged)
+_NO_OVERLAP, _ONE_SLOT, _FEW_SLOTS_SPLIT, _W_SMEM_SPLIT = 1.05, 1.05, 1.05, 0.9
 
 
 def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
@@ -79,7 +81,7 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     candidates (the tuner measures the top ones):
 
     * occupancy: blocks per SM from threads, registers (``register_words`` plus ~40 of addresses
-      and indices) and the activation ring's shared memory; whole waves of blocks;
+      and indices) and the rings' shared memory; whole waves of blocks;
     * tensor: per SM, the wgmma its blocks issue (``K / 16`` per 64-channel tile and row tile; int8
       activations ``K / 32`` of k32, at the same rate) at
       ``44 + 0.83 * row_tile`` cycles each (the wgmma GEMV's fit, costmodel.py), shared by the
@@ -89,8 +91,9 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     * memory: the weights once and the activations three times (the permute pass reads and writes
       them, the kernel reads them; once with ``permute=False``) at the DRAM rate;
     plus the per-tile epilogue and two launches (one with ``permute=False``). The knobs the model
-    does not see (``overlap``, weight slots) scale the tensor time by the factors above, so that of
-    two tiles of one shape the tuner's top-k keeps the variants the H100 sweeps favoured."""
+    does not see (``overlap``, weight slots, ``w_smem``) scale the tensor time by the factors
+    above, so that of two tiles of one shape the tuner's top-k keeps the variants the H100 and H200
+    sweeps favoured."""
     c, w = plan.config, plan.w
     if fused_wgmma_unsupported(make_plan(c, "cuda", None), hint) is not None:
         return math.inf
@@ -99,7 +102,7 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     CW = 1 if hint.split_k else hint.warpgroups
     threads = 128 * hint.warpgroups
     regs = 8 * math.ceil((register_words(plan, hint) + 40) / 8)
-    smem = KW * ring_slots(plan, hint) * box_bytes(hint)
+    smem = KW * ring_slots(plan, hint) * box_bytes(hint) + 4 * w_smem_words(hint)
     bps = min(spec.max_blocks_per_sm, spec.max_threads_per_sm // threads, spec.regs_per_sm // (min(255, regs) * threads),
               spec.smem_per_sm // max(1, smem))
     if bps < 1:
@@ -118,7 +121,8 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))
     t_dram = (w_bytes + (3 if hint.permute else 1) * a_bytes + rows * c.N * 2) / spec.dram_bandwidth
     knobs = ((_NO_OVERLAP if w.bits < 8 and not hint.overlap else 1.0) * (_ONE_SLOT if hint.stages == 1 else 1.0)
-             * (_FEW_SLOTS_SPLIT if hint.split_k and hint.stages < 4 else 1.0))
+             * (_FEW_SLOTS_SPLIT if hint.split_k and hint.stages < 4 else 1.0)
+             * (_W_SMEM_SPLIT if hint.w_smem and hint.split_k else 1.0))
     return max(t_tensor * knobs, t_chain, t_dram) + per_sm * _TILE_S + (2 if hint.permute else 1) * LAUNCH_S
 
 

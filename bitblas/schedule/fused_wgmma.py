@@ -169,7 +169,8 @@ from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs
                          wgmma_wait)
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
-           "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "ring_slots", "register_words"]
+           "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "W_SMEM_MAX", "ring_slots", "register_words",
+           "w_smem_words"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
 W_SMEM_MAX = 224 * 1024            # w_smem: both rings (sm_90 gives a block 227 KB)

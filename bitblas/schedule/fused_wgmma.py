@@ -82,8 +82,21 @@ tiles, 1.00-1.015x on the 256-row tiles with ``overlap`` (W4A16, nf4, fp4, nvfp4
 also 28672 x 8192) and 0.85-0.95x on those without it (uint2, 8-bit codes, int8 per channel): not
 adopted. 6 or 8 register slots instead of 4 at 128 rows: 0.92-0.96x (W4A8 g128 with 6: 1.03-1.06x
 over four pairs, but 0.94x on the symbolic-M kernel of Matmul's buckets, where 128-row samples also
-spread ~10% between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x. Left to try: the
-weights loaded by a producer of their own.
+spread ~10% between rounds); 6 activation boxes per warpgroup instead of 4: 0.97x.
+Weights staged in shared memory (``w_smem``): each step's weight vectors (16 bytes a lane,
+``cp.async.cg``) and raw scales (the 4-byte word holding a 2-byte scale, ``cp.async.ca``) go into a
+ring of ``stages`` slots after the activation ring, one commit group per step, and the decode first
+waits with ``cp.async.wait_group stages - 1`` (0 at the last steps), then reads its slot with one
+16-byte ``ld.shared``: no global load left in the loop (local SASS: ``LDGSTS`` + ``DEPBAR.LE SB0,
+0x3``, 190 registers instead of 222-231 for the W4A16 128-row tile), so a decode waits only for its
+own step's bytes. Expected at 128 rows: the 9% of samples above gone, 5-10% faster. Measured (H200,
+8192^2, symbolic-M kernels against the same tile with register weights, two rounds): W4A16 g128 at
+128 rows (split-K with ``overlap``) 0.92x, with zeros 0.95x, nvfp4 1.035x; staged and without
+``overlap`` 0.86x of the default, where register weights without ``overlap`` are 0.88x: the miss is
+not profiled. Without ``overlap`` it pays on every split-K tile
+measured: the 8-bit-activation and 2-bit defaults 1.09-1.54x (:func:`_staged`), the 4-bit 256-row
+split-K tile 1.04-1.06x; the tiles side by side lose (0.77-0.98x). So the defaults take it on the
+split-K tiles without ``overlap``. Left to try: the weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
@@ -211,7 +224,11 @@ def _cp_helpers(stages: int) -> dict:
     """CUDA helpers of ``w_smem`` (name -> source): a 16-byte ``cp.async`` into shared memory, the
     commit, the waits (``bb_cpwait{n}``: at most n groups pending, n = 0 and stages - 1), a 16-byte
     shared read; a 2-byte scale (or nvfp4's pair of float8 block scales) staged as the 4-byte word
-    that holds it (``bb_cps4``, the address rounded down) and read back at its half (``bb_ldsh``)."""
+    that holds it (``bb_cps4``, the address rounded down) and read back at its half (``bb_ldsh``).
+    The word may hold a neighbour outside the scale tensor's view, never outside its allocation
+    where that starts and ends on 4-byte boundaries (CUDA allocations are 256-byte aligned, torch's
+    caching allocator rounds sizes to 512 bytes); compute-sanitizer memcheck is clean on it
+    (``benchmark/memcheck.py``, family ``fused_wgmma``)."""
     src = {"bb_cpw16": r"""
 __device__ __forceinline__ void bb_cpw16(void* s, const void* g) {
   unsigned sa = (unsigned)__cvta_generic_to_shared(s);

@@ -96,7 +96,11 @@ own step's bytes. Expected at 128 rows: the 9% of samples above gone, 5-10% fast
 not profiled. Without ``overlap`` it pays on every split-K tile
 measured: the 8-bit-activation and 2-bit defaults 1.09-1.54x (:func:`_staged`), the 4-bit 256-row
 split-K tile 1.04-1.06x; the tiles side by side lose (0.77-0.98x). So the defaults take it on the
-split-K tiles without ``overlap``. Left to try: the weights loaded by a producer of their own.
+split-K tiles without ``overlap``. In the same 128-row profile the group scales' 2-byte loads
+request 27% of the kernel's L2 sectors (8 per warp instruction where its 64 bytes need 2: a warp's
+scales are those of several channels, 128 bytes apart in the [N, K / group] layout); a scale layout of the
+operator's own, a warp's scales for a step adjacent, would cut that (not built; L2 was 53% busy).
+Left to try: the weights loaded by a producer of their own.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32

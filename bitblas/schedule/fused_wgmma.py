@@ -182,8 +182,8 @@ from .cuda_wgmma import QUAD_TRANSPOSE
 from .gemv.decode import ACT, decoder
 from .gemv.emit import LUT_FIELD, e4m3_acts
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
-                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, wgmma_helper, wgmma_slot,
-                         wgmma_wait)
+                         scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, vector_channel,
+                         wgmma_helper, wgmma_slot, wgmma_wait)
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "W_SMEM_MAX", "ring_slots", "register_words",
@@ -762,8 +762,7 @@ def _body(plan, hint: FusedWgmmaHint):
             if not hint.w_smem:
                 load_vectors(add, plan, e, ind, R, cidx(step), ws)
                 return
-            from .gemv.wgmma import _channel
-            ch = _channel(plan, e)
+            ch = vector_channel(plan, e)
             add(f"{ind}for r, h in T.grid({R}, 2):")
             lines = e["load_lines"](ind + "    ", ch, cidx(step), f"{ws}, r, h", False)
             ptrs = e["vec_ptrs"](ch, cidx(step))
@@ -787,12 +786,11 @@ def _body(plan, hint: FusedWgmmaHint):
             add(f"{ind}for r, h in T.grid({R}, 2):")
             add(f"{ind}    T.cuda.func_call('bb_lds4', {wsm(ws)}, wq.ptr_to([{ws}, r, h, 0]), source_code={cps['bb_lds4']!r})")
             if SRAW:
-                from .gemv.wgmma import _channel
                 if SBYTES == 4:                   # float32 scales (int8 activations): the word itself
                     val = (f"T.reinterpret({e['sdt']!r}, T.cuda.func_call('bb_ldsw', {ssm(ws)}, "
                            f"source_code={cps['bb_ldsw']!r}, return_type='uint32'))")
                 else:
-                    half = (f"T.cuda.func_call('bb_ldsh', {ssm(ws)}, {e['vec_ptrs'](_channel(plan, e), cidx(step))[1]}, "
+                    half = (f"T.cuda.func_call('bb_ldsh', {ssm(ws)}, {e['vec_ptrs'](vector_channel(plan, e), cidx(step))[1]}, "
                             f"source_code={cps['bb_ldsh']!r}, return_type='uint16')")
                     val = (f"T.Cast('uint32', {half})" if e["sdt"] == "uint32" else
                            f"T.reinterpret({e['sdt']!r}, {half})")

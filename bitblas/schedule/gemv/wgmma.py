@@ -52,7 +52,7 @@ __all__ = ["TMA_2D", "BOX", "slab_permutation", "slab_permutation_i8", "act_byte
            "weights_unsupported", "wgmma_gemv_unsupported",
            "wgmma_rows", "permute_script", "WgmmaGemvFn",
            "wgmma_helper", "scales_at_store", "acc_loops", "for_accs", "tensor_map", "slab_locals", "init_accs_barriers",
-           "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
+           "vector_channel", "load_vectors", "decode_vectors", "wgmma_wait", "wgmma_slot", "reduce_warpgroups", "store_accs"]
 
 TMA_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 BOX = 64                                # activation values per TMA box row (128 bytes, 128-byte swizzle)
@@ -376,7 +376,7 @@ def init_accs_barriers(add, R: int, NACC: int, full: int, empty: int = 0, arriva
     add("    T.cuda.cta_sync()")
 
 
-def _channel(plan, e) -> str:
+def vector_channel(plan, e) -> str:
     """The output channel of weight vector ``h`` of tile ``r`` in the lane, clamped to N."""
     return f"T.min(n0 + r * 64 + wp * 16 + h * 8 + g, {e['N'] - 1})"
 
@@ -385,7 +385,7 @@ def load_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str):
     """Load the lane's 2 * ``R`` weight vectors ``cidx`` (channels g, g + 8 of each tile) and their
     raw scales / zeros into register slot ``ws``."""
     add(f"{ind}for r, h in T.grid({R}, 2):")
-    for ln in e["load_lines"](ind + "    ", _channel(plan, e), cidx, f"{ws}, r, h", not scales_at_store(plan, e)):
+    for ln in e["load_lines"](ind + "    ", vector_channel(plan, e), cidx, f"{ws}, r, h", not scales_at_store(plan, e)):
         add(ln)
 
 

@@ -554,9 +554,9 @@ def _staged(plan, hint: Optional[FusedWgmmaHint]) -> Optional[FusedWgmmaHint]:
     1.25, W4A-fp8 g128 1.09, per channel 1.21, W2A-fp8 per channel 1.54 (128 rows); W2A16 g128 1.26 /
     1.09 at 128 / 256 (0.97 at 80), uint2 with zeros 1.13; int8 per channel 1.45 (128), float8 weights
     per channel 1.30 (256); the 4-bit 256-row split-K tile (ring of 2 boxes) W4A16 g128 1.04, nvfp4
-    1.06. Refuted: with ``overlap`` (W4A16 g128 at 128 rows 0.92, with zeros 0.95, nvfp4 1.035), tiles
-    side by side (W4A16 at 512 / 1024 rows 0.97 / 0.98, W4A8 g128 one warpgroup at 256 / 1024 rows
-    0.78 / 0.77), float8 activations' 64-row tile (W4A-fp8 g128 at 48 rows 0.63)."""
+    1.06. Not taken: tiles with ``overlap`` (W4A16 g128 at 128 rows 0.92, with zeros 0.95; nvfp4
+    1.035), tiles side by side (W4A16 at 512 / 1024 rows 0.97 / 0.98, W4A8 g128 one warpgroup at 256 /
+    1024 rows 0.78 / 0.77), float8 activations' 64-row tile (W4A-fp8 g128 at 48 rows 0.63)."""
     if hint is None or not hint.split_k or hint.overlap or hint.row_tile < 128:
         return hint
     staged = replace(hint, w_smem=True, stages=4)

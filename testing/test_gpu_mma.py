@@ -73,6 +73,22 @@ def test_hint_check():
         MMAHint(stages=1).check()
 
 
+@pytest.mark.parametrize("kw,K", [(dict(), 64), (dict(), 16), (dict(A_dtype="int8", W_dtype="int8"), 64),
+                                  (dict(W_dtype="uint4", group_size=32, with_scaling=True), 64)])
+def test_short_k_stages(kw, K):
+    """K of at most a few BK tiles (codegen fuzz seed 2784: N=138, K=56 on sm_80 / sm_89): the
+    default tile keeps no more stages than K tiles + 1 (the ring's prologue loads stages - 1 tiles;
+    with fewer, TVM left cp.async.wait_group a run-time operand and CUDA codegen failed), and
+    copy_plan refuses such a tile for the tuner's space; the default lowers to CUDA."""
+    from bitblas.schedule.cuda_mma import copy_plan
+    plan = _plan(C(M=None, N=138, K=K, **kw))
+    target = cuda_target(TARGETS["sm_80"])
+    hint = default_hint(plan, target)
+    assert isinstance(hint, MMAHint) and hint.stages - 1 <= -(-K // hint.BK), hint
+    assert copy_plan(plan, MMAHint(BM=128, BN=128, WM=64, WN=64, BK=64, stages=3)) is None
+    assert "mma.sync" in cuda_source(plan, target, hint)
+
+
 # -- codegen through nvcc (no GPU) ---------------------------------------------------------------
 CODEGEN = {
     "f16-dyn-N1000": C(M=None, N=1000, K=512, with_bias=True),

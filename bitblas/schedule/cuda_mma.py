@@ -138,6 +138,8 @@ class MMAHint:
         tiles += [(64, 128, 32, 64, 32, 4), (64, 128, 32, 64, 32, 3), (32, 128, 32, 32, 32, 4),
                   (32, 128, 32, 32, 32, 3), (32, 64, 32, 32, 32, 3), (32, 64, 32, 32, 32, 2)]
         for bm, bn, wm, wn, bk, stages in tiles:
+            # short K: no more stages than its K tiles fill (copy_plan)
+            stages = max(2, min(stages, -(-plan.config.K // bk) + 1))
             hint = cls(BM=bm, BN=bn, WM=wm, WN=wn, BK=bk, stages=stages, vec_decode=8)
             if copy_plan(plan, hint) is None:
                 continue
@@ -513,6 +515,10 @@ def copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     t = hint.threads
     eb = _elem_bytes(plan)
     if hint.BK % _k_tile(plan):
+        return None
+    # the cp.async ring's prologue loads stages - 1 K tiles: with fewer tiles than that TVM's pipeline
+    # leaves cp.async.wait_group a run-time operand and codegen fails (K <= 64 at BK=64, 3 stages)
+    if hint.stages - 1 > -(-c.K // hint.BK):
         return None
     # int8 / float8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
     # codegen breaks on a 16 x int8 zero vector; such tiles are loaded synchronously, 4 bytes a step

@@ -138,8 +138,7 @@ class MMAHint:
         tiles += [(64, 128, 32, 64, 32, 4), (64, 128, 32, 64, 32, 3), (32, 128, 32, 32, 32, 4),
                   (32, 128, 32, 32, 32, 3), (32, 64, 32, 32, 32, 3), (32, 64, 32, 32, 32, 2)]
         for bm, bn, wm, wn, bk, stages in tiles:
-            # short K: no more stages than its K tiles fill (copy_plan)
-            stages = max(2, min(stages, -(-plan.config.K // bk) + 1))
+            stages = max(2, min(stages, _max_stages(plan.config.K, bk)))     # short K (copy_plan)
             hint = cls(BM=bm, BN=bn, WM=wm, WN=wn, BK=bk, stages=stages, vec_decode=8)
             if copy_plan(plan, hint) is None:
                 continue
@@ -509,6 +508,13 @@ def _vec(row_elems: int, stride_elems: int, rows: int, elem_bytes: float, thread
     return None
 
 
+def _max_stages(K: int, BK: int) -> int:
+    """The deepest cp.async ring K fills: its prologue loads stages - 1 K tiles, and with fewer
+    tiles than that TVM's pipeline leaves cp.async.wait_group a run-time operand and CUDA codegen
+    fails (K <= 64 at BK=64 with 3 stages: codegen fuzz seed 2784)."""
+    return -(-K // BK) + 1
+
+
 def copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     """Vector widths of the block's copies, or None when the geometry does not fit the hint."""
     c, w = plan.config, plan.w
@@ -516,9 +522,7 @@ def copy_plan(plan, hint: MMAHint) -> Optional[dict]:
     eb = _elem_bytes(plan)
     if hint.BK % _k_tile(plan):
         return None
-    # the cp.async ring's prologue loads stages - 1 K tiles: with fewer tiles than that TVM's pipeline
-    # leaves cp.async.wait_group a run-time operand and codegen fails (K <= 64 at BK=64, 3 stages)
-    if hint.stages - 1 > -(-c.K // hint.BK):
+    if hint.stages > _max_stages(c.K, hint.BK):
         return None
     # int8 / float8 rows past M: TVM 0.27 turns only float zero-fills into predicated cp.async, and its CUDA
     # codegen breaks on a 16 x int8 zero vector; such tiles are loaded synchronously, 4 bytes a step

@@ -40,6 +40,20 @@ FORMATS = {
 }
 
 
+def _leave(failed: bool):
+    """End a worker without the process group's teardown: destroy_process_group() hung over NCCL
+    (H200 x2, torch 2.11) and gloo's teardown aborted a rank (SIGABRT, "terminate called without an
+    active exception"; twice in clean-clone CI, once after a barrier) after every check had passed,
+    and a failed step can leave a collective pending. The traceback if ``failed``, the output
+    flushed, exit code 1 / 0 (mp.spawn turns 1 into the test failure)."""
+    if failed:
+        import traceback
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if failed else 0)
+
+
 def _worker(rank, world, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -82,18 +96,8 @@ def _worker(rank, world, init_file):
         # both ranks done with their collectives before either leaves
         dist.barrier()
     except BaseException:
-        # report and leave (a pending collective can hang the teardown; mp.spawn turns the exit
-        # code into the test failure)
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    # gloo's teardown aborted a rank in two clean-clone CI runs after every check had passed
-    # ("terminate called without an active exception", SIGABRT; once with destroy_process_group
-    # after a barrier): leave without it, as the NCCL worker does (exit code 0 = success)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        _leave(failed=True)
+    _leave(failed=False)
 
 
 def test_tensor_parallel_two_processes_gloo(tmp_path):
@@ -170,18 +174,10 @@ def _nccl_worker(rank, world, init_file):
         torch.cuda.synchronize()
         assert rel_err(out, mlp(x)) <= 1e-3 and rel_err(out, eager) > 1e-2      # replay used the new input
     except BaseException:
-        # a failed step can leave a collective pending, and destroy_process_group then hangs: report
-        # and leave (mp.spawn turns the exit code into the test failure)
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    # destroy_process_group() hung (H200 x2, torch 2.11) after this worker's checks had all passed,
-    # with the graph-captured collectives done: leave without it (exit code 0 = success for mp.spawn)
+        _leave(failed=True)
     del graph
     torch.cuda.synchronize()
-    sys.stdout.flush()
-    os._exit(0)
+    _leave(failed=False)
 
 
 @pytest.mark.gpu

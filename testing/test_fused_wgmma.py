@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -132,6 +133,24 @@ def test_fused_w_smem_codegen(name, m, tile):
     assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
     assert "cp.async.wait_group" in src and "ld.global.nc.L1::no_allocate.v4" not in src.split("main_kernel(")[-1]
     _compiles_clean(src)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,permute", [("u4-g128", False), ("u2-g128", True)])
+def test_fused_tail_box_codegen(name, permute):
+    """``tail_box`` (the default): a second activation map whose boxes hold the last row tile's rows,
+    used (with that many bytes expected) where the tile runs past the rows; ``tail_box=False`` has
+    one map. Both compile clean."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    plan = make_plan(_cfg(name), "cuda", None)
+    hint = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, permute=permute)
+    assert hint.tail_box and fused_wgmma_unsupported(plan, hint) is None
+    for h, n in ((hint, 2), (replace(hint, tail_box=False), 1)):
+        src = cuda_source(plan, SM90, h)
+        kernel = src.split("main_kernel(")[-1]
+        assert ("A_tail" in kernel) == (n == 2) and "A_map" in kernel
+        _compiles_clean(src)
 
 
 I8_CASES = [("int4", 128, None, (128, 1, 2, "split_k")), ("uint4", 128, 257, (128, 1, 1)),

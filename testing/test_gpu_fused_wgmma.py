@@ -53,6 +53,11 @@ HINTS = {
     # w_smem: weight vectors and raw scales staged by cp.async in a shared-memory ring (split-K defaults)
     "t128w2k-ws": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True),
     "t256w2k-ws": FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, w_smem=True),
+    # every tile above takes the last row tile's boxes from a map of just its rows (tail_box, the
+    # default); these, boxes partly out of bounds (zeros read past the rows)
+    "t128w2k-ov4-notail": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4,
+                                         tail_box=False),
+    "t256w2-notail": FusedWgmmaHint(row_tile=256, warpgroups=2, tail_box=False),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -95,7 +100,8 @@ def _forced(cfg, hint):
 # n256; and its slab of 4 boxes leaves no room for the 2 slabs overlap=True keeps in the ring of t128 and
 # t128w2k (refused: test_fused_wgmma.py)
 REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov"), ("u2-g128", "t256w2-ov"),
-           ("u2-g128", "t128w2k-ov4"), ("u2-g128", "t256w2k-ws")}
+           ("u2-g128", "t128w2k-ov4"), ("u2-g128", "t256w2k-ws"),
+           ("u2-g128", "t128w2k-ov4-notail")}
 CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) not in REFUSED]
 
 
@@ -318,7 +324,7 @@ NAT_FORMATS = {
     "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=256, with_scaling=True, with_zeros=True,
                            zeros_mode="quantized", out_dtype="bfloat16"),
 }
-NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov")
+NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov", "t128w2k-ov4-notail")
 
 
 @pytest.mark.parametrize("name,hk", [(n, h) for n in NAT_FORMATS for h in NAT_HINTS])

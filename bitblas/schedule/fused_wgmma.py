@@ -101,6 +101,15 @@ request 27% of the kernel's L2 sectors (8 per warp instruction where its 64 byte
 scales are those of several channels, 128 bytes apart in the [N, K / group] layout); a scale layout of the
 operator's own, a warp's scales for a step adjacent, would cut that (not built; L2 was 53% busy).
 Left to try: the weights loaded by a producer of their own.
+Rows short of the row tile (``tail_box``, the default): the last row tile's TMA boxes come from a
+second map whose boxes hold just its rows (``(mv - 1) % row_tile + 1``; the barrier expects that
+many bytes), instead of boxes running past the rows with the TMA unit filling zeros; the ring's rows
+past them keep stale values that feed only rows not stored. H200, symbolic-M kernels against the
+same tile with boxes partly out of bounds, 8192^2, two rounds: W4A16 g128 at 96 rows 48.7 -> 36.7
+us (1.33x; 128 rows, no partial box: 1.01x), 300 rows 142.1 -> 102.6 (1.38x), W2A16 g128 at 80 rows
+1.64x, W4A8 per channel at 80 rows 1.32x. Padding the permute pass's temporary to whole row tiles
+instead (a map over the padded rows) measured about the same (1.45x / 1.70x / 1.31x) and needs the
+permute pass: not kept.
 Measured times: docs/performance.md.
 
 int8 activations (W4A8 / W2A8; ``A_dtype="int8"``, per-token scales): ``wgmma m64nNk32
@@ -211,6 +220,8 @@ class FusedWgmmaHint:
                                    # order, the codes moved in registers instead (natural_dec_helper)
     w_smem: bool = False           # weight vectors staged by cp.async in a shared-memory ring (one commit group
                                    # per step, cp.async.wait_group before the decode) instead of registers
+    tail_box: bool = True          # the last row tile's boxes from a second map whose boxes hold just its
+                                   # rows (no box partly out of bounds); False: the boxes run past the rows
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
@@ -693,6 +704,8 @@ def _body(plan, hint: FusedWgmmaHint):
             e = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
                                                              f"{off}, {dst}, source_code={nsrc!r})")
         tensor_map(add, plan.arg("A").dtype, K, RT)
+        if hint.tail_box:                       # boxes of the last tile's rows: (mv - 1) % RT + 1
+            tensor_map(add, plan.arg("A").dtype, K, RT, name="A_tail", box_rows=f"(mv - 1) % {RT} + 1")
         device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
                      None if at_store else e["sdt"], e["zdt"], wait=False)
         # the rings; after the main loop the K warpgroups' sums (``red``) reuse them
@@ -730,6 +743,14 @@ def _body(plan, hint: FusedWgmmaHint):
         def tma(ind, u):
             """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
             sl = slot(u)
+            if hint.tail_box:             # the last tile short of RT rows: its own boxes, its bytes
+                add(f"{ind}if r0 + {RT} > mv:")
+                add(f"{ind}    T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), "
+                    f"T.Cast('uint32', (mv - r0) * {BOXB // RT}))")
+                add(f"{ind}    T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_tail), "
+                    f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")
+                add(f"{ind}else:")
+                ind += "    "
             add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
             add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
                 f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")

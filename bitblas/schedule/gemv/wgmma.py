@@ -320,13 +320,15 @@ def for_accs(add, ind: str, stmt: str, R: int, NACC: int, unroll: bool = False):
     add(inner + stmt)
 
 
-def tensor_map(add, act: str, K: int, rows: int):
+def tensor_map(add, act: str, K: int, rows: int, name: str = "A_map", box_rows=None):
     """Host: the TMA descriptor ``A_map`` of the permuted activations (dims K x mv, boxes of 128
     bytes (:func:`box_values`) x ``rows``, 128-byte swizzle, L2 promotion 128 B, out-of-bounds rows
-    read as zeros); ``act``: the dtype the kernel sees (``plan.arg("A").dtype``: float8 as int8 bits)."""
-    add("    A_map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
-    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', A_map, {act!r}, 2, A.data, "
-        f"{K}, mv, {K * act_bytes(act)}, {box_values(act)}, {rows}, 1, 1, 0, 3, 2, 0)")
+    read as zeros); ``act``: the dtype the kernel sees (``plan.arg("A").dtype``: float8 as int8 bits).
+    ``name``, ``box_rows``: another map of the same rows with boxes of that many rows (an expression).
+    """
+    add(f"    {name}: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)")
+    add(f"    T.call_packed('runtime.cuTensorMapEncodeTiled', {name}, {act!r}, 2, A.data, "
+        f"{K}, mv, {K * act_bytes(act)}, {box_values(act)}, {box_rows or rows}, 1, 1, 0, 3, 2, 0)")
 
 
 def slab_locals(add, words: int, full: int, R: int, NA: int, NACC: int, empty: int = 0, side_by_side: bool = False,

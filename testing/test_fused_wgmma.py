@@ -153,6 +153,40 @@ def test_fused_tail_box_codegen(name, permute):
         _compiles_clean(src)
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name,tile", [("u4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("u4-g128-zeros", (128, 1, 1)), ("nvfp4", (128, 1, 2, "split_k", "w_smem")),
+                                       ("u2-g128", (128, 1, 2))])
+def test_fused_k_ctas_codegen(name, tile):
+    """``k_ctas=2``: a 2-CTA cluster per tile splitting K (N=1000, K=2048): a cluster launch
+    (``clusterCtaIdx.x`` among the launch parameters, beside PDL's), the second CTA's sums stored
+    into the first's shared memory between two cluster barriers; compiles clean."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    RT, R, CW, *flags = tile
+    hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
+                          overlap="overlap" in flags, w_smem="w_smem" in flags, k_ctas=2,
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else dict(stages=4) if "w_smem" in flags else {}))
+    plan = make_plan(_cfg(name, K=2048), "cuda", None)
+    assert fused_wgmma_unsupported(plan, hint) is None
+    tags = [str(t) for t in schedule_fused_wgmma(None, plan, hint, SM90)["main"].attrs["tirx.kernel_launch_params"]]
+    assert tags[0] == "clusterCtaIdx.x" and "tirx.use_programtic_dependent_launch" in tags, tags
+    src = cuda_source(plan, SM90, hint)
+    assert "mapa.shared::cluster" in src and src.count("bb_cluster_sync();") == 2
+    _compiles_clean(src)
+
+
+def test_fused_k_ctas_refusals():
+    """k_ctas other than 1 / 2, or K without a slab per warpgroup of both CTAs, named."""
+    plan = make_plan(_cfg("u2-g128", K=1536), "cuda", None)          # slabs of 256 K
+    why = fused_wgmma_unsupported(plan, FusedWgmmaHint(k_ctas=3))
+    assert why and "k_ctas=3" in why
+    split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
+    assert fused_wgmma_unsupported(plan, split) is None
+    why = fused_wgmma_unsupported(plan, replace(split, k_ctas=2))
+    assert why and "K=1536" in why and "multiple of 1024" in why and "k_ctas=2" in why, why
+
+
 I8_CASES = [("int4", 128, None, (128, 1, 2, "split_k")), ("uint4", 128, 257, (128, 1, 1)),
             ("int4", -1, None, (64, 2, 2)), ("int2", -1, None, (128, 1, 2)), ("uint2", -1, 100, (64, 1, 2, "split_k")),
             ("int4", 256, None, (128, 1, 2, "split_k", "s4r4")),
@@ -368,13 +402,17 @@ def test_fused_default_tiles():
     busy); 256-row tiles side by side where there are many. The split-K tiles read the activations
     as given where the natural-order decoder takes the plan (4-bit int / uint codes, groups of whole
     slabs), else after the permute pass; those without overlap stage their weights in shared memory
-    (w_smem, 4 weight slots)."""
+    (w_smem, 4 weight slots); split-K tiles filling at most half the SMs run as 2-CTA clusters
+    splitting K (k_ctas=2)."""
     def cfg(N, **kw):
         return MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype="uint4", **{"group_size": 128,
                                                                                         "with_scaling": True, **kw})
     big, small = make_plan(cfg(8192), "cuda", None), make_plan(cfg(4096), "cuda", None)
     split128 = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, overlap=True, permute=False)
-    assert fused_default(big, 128) == fused_default(small, 128) == split128
+    assert fused_default(big, 128) == split128
+    # 4096 channels: 64 split-K tiles at 128 rows, at most half of 132 SMs: a 2-CTA cluster each
+    assert fused_default(small, 128) == replace(split128, k_ctas=2) == fused_default(small, 65, sms=128)
+    assert fused_default(small, 128, sms=127) == split128                   # 128 CTAs would not fit
     assert fused_default(big, 256) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4, permute=False,
                                                      w_smem=True)
     g64 = make_plan(cfg(8192, group_size=64), "cuda", None)          # groups inside a slab: permuted
@@ -388,6 +426,11 @@ def test_fused_default_tiles():
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
+    # 2-bit codes, w_smem tile: clustered where the tiles fit too; int8 activations never (measured slower)
+    u2s = make_plan(MatmulConfig(M=None, N=1024, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
+                                 with_scaling=True), "cuda", None)
+    assert fused_default(u2s, 100).k_ctas == 2
+    assert fused_default(make_plan(_i8cfg("int4", N=1024, K=8192, group_size=128), "cuda", None), 128).k_ctas == 1
 
 
 def test_int8_default_tiles():

@@ -58,6 +58,12 @@ HINTS = {
     "t128w2k-ov4-notail": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4,
                                          tail_box=False),
     "t256w2-notail": FusedWgmmaHint(row_tile=256, warpgroups=2, tail_box=False),
+    # k_ctas=2: a 2-CTA cluster per tile splitting K, the sums met through distributed shared memory
+    "t128w2k-ov4-kc2": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4, ring=4,
+                                      k_ctas=2),
+    "t128w2k-ws-kc2": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True, k_ctas=2),
+    "t128-kc2": FusedWgmmaHint(row_tile=128, stages=4, k_ctas=2),
+    "t256w2-kc2": FusedWgmmaHint(row_tile=256, warpgroups=2, k_ctas=2),
 }
 ROWS = (65, 100, 128, 257, 1024)
 
@@ -100,8 +106,8 @@ def _forced(cfg, hint):
 # n256; and its slab of 4 boxes leaves no room for the 2 slabs overlap=True keeps in the ring of t128 and
 # t128w2k (refused: test_fused_wgmma.py)
 REFUSED = {("u2-g128", "t128c2"), ("u2-g128", "t128-ov"), ("u2-g128", "t128w2k-ov"), ("u2-g128", "t256w2-ov"),
-           ("u2-g128", "t128w2k-ov4"), ("u2-g128", "t256w2k-ws"),
-           ("u2-g128", "t128w2k-ov4-notail")}
+           ("u2-g128", "t128w2k-ov4"), ("u2-g128", "t256w2k-ws"), ("u2-g128", "t128w2k-ov4-notail"),
+           ("u2-g128", "t128w2k-ov4-kc2"), ("u2-g128", "t128w2k-ws-kc2"), ("u2-g128", "t256w2-kc2")}
 CASES = [(name, hk) for name in FORMATS for hk in HINTS if (name, hk) not in REFUSED]
 
 
@@ -115,7 +121,8 @@ def test_fused_formats(name, hk):
 
 @pytest.mark.parametrize("name,hk", [(name, hk) for name in FORMATS
                                      for hk in ("t128", "t256w2", "t128w2k", "t256w2-ov", "t128w2k-ov",
-                                                "t128w2k-ov4", "t128w2k-ws", "t256w2k-ws")
+                                                "t128w2k-ov4", "t128w2k-ws", "t256w2k-ws", "t128w2k-ov4-kc2",
+                                                "t128w2k-ws-kc2")
                                      if (name, hk) not in REFUSED])
 @gpu
 def test_fused_8192(name, hk):
@@ -197,6 +204,8 @@ I8_HINTS = {
     "t128c2w2k": FusedWgmmaHint(row_tile=128, channel_tiles=2, warpgroups=2, split_k=True),
     # the split-K default up to 128 rows: weights staged by cp.async (w_smem), a ring of 4 boxes
     "t128w2k-ws": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, w_smem=True),
+    "t128w2k-ws-kc2": FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, w_smem=True,
+                                     k_ctas=2),
 }
 I8_PER_CHANNEL_ONLY = {"t256w2", "t128c2w2k"}
 
@@ -207,7 +216,8 @@ def _i8cfg(name, N, K, **kw):
 
 
 @pytest.mark.parametrize("name,hk", [(n, h) for n in I8_FORMATS for h in I8_HINTS
-                                     if not (h in I8_PER_CHANNEL_ONLY and "group_size" in I8_FORMATS[n])])
+                                     if not (h in I8_PER_CHANNEL_ONLY and "group_size" in I8_FORMATS[n])
+                                     and not (h.endswith("kc2") and "2" in I8_FORMATS[n]["W_dtype"])])
 @gpu
 def test_fused_int8(name, hk):
     """int8 activations, N=1000, K=1536: one kernel (symbolic rows) per format x tile, 65..1024 rows."""

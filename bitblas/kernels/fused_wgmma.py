@@ -55,7 +55,8 @@ class FusedWgmma:
         return (rows >= FUSED_MIN_ROWS and (m is None or m == rows)), m
 
     def shape_key(self, hint):
-        return ("fused-wgmma", hint.row_tile, hint.channel_tiles, hint.warpgroups, hint.split_k)
+        return ("fused-wgmma", hint.row_tile, hint.channel_tiles, hint.warpgroups, hint.split_k) + \
+            ((("k_ctas", hint.k_ctas),) if hint.k_ctas > 1 else ())
 
     def tune_family(self, hint) -> str:
         return "fused-wgmma"
@@ -107,15 +108,16 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
               spec.smem_per_sm // max(1, smem))
     if bps < 1:
         return math.inf
-    blocks = math.ceil(c.N / (64 * R * CW)) * math.ceil(rows / RT)
+    KC = hint.k_ctas                                   # CTAs of a cluster splitting K
+    blocks = math.ceil(c.N / (64 * R * CW)) * math.ceil(rows / RT) * KC
     per_sm = math.ceil(blocks / (spec.sm_count * bps)) * bps if blocks > spec.sm_count * bps else \
         math.ceil(blocks / spec.sm_count)
     waves = math.ceil(per_sm / bps)
     ab = elem_bytes(plan.a)
-    inst = per_sm * hint.warpgroups * R * (c.K // KW // int(32 // ab))   # m64nRTk16 (int8: k32) per SM
+    inst = per_sm * hint.warpgroups * R * (c.K // KW // KC // int(32 // ab))   # m64nRTk16 (int8: k32) per SM
     t_tensor = inst * (WGMMA_RS_FIXED_CLK + WGMMA_RS_PER_COL_CLK * RT) / spec.clock_hz
     lone = min(per_sm, bps) * hint.warpgroups == 1 and not hint.overlap
-    slabs = c.K // KW // slab_codes(w.bits)
+    slabs = c.K // KW // KC // slab_codes(w.bits)
     t_chain = waves * slabs * WGMMA_SLAB_CHAIN_CLK * R / spec.clock_hz if lone else 0.0
     a_bytes = rows * c.K * ab
     w_bytes = c.N * c.K * (elem_bytes(w) + scale_bytes_per_weight(plan))

@@ -222,6 +222,8 @@ class FusedWgmmaHint:
                                    # per step, cp.async.wait_group before the decode) instead of registers
     tail_box: bool = True          # the last row tile's boxes from a second map whose boxes hold just its
                                    # rows (no box partly out of bounds); False: the boxes run past the rows
+    k_ctas: int = 1                # 2: a 2-CTA cluster per tile, the CTAs splitting K; the second sends its
+                                   # sums into the first's shared memory (distributed shared memory)
 
     @classmethod
     def default(cls, plan, target=None) -> "FusedWgmmaHint":
@@ -471,10 +473,12 @@ def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
                  blocks=vec_blocks(plan, _gemv_stand_in(hint))) != 16:
         return (f"K={c.K}, group_size={c.group_size}: the fused wgmma GEMM streams 16-byte weight vectors "
                 f"({16 * 8 // w.bits} codes inside one group)")
+    if hint.k_ctas not in (1, 2):
+        return f"k_ctas={hint.k_ctas}: 1 or 2 CTAs (a cluster) per tile splitting K"
     kw = hint.warpgroups if hint.split_k else 1
-    if c.K % (slab_codes(w.bits) * kw):
-        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_codes(w.bits) * kw} (one slab"
-                f"{f' per warpgroup, split_k=True' if kw > 1 else ''})")
+    if c.K % (slab_codes(w.bits) * kw * hint.k_ctas):
+        return (f"K={c.K}: the fused wgmma GEMM needs K to be a multiple of {slab_codes(w.bits) * kw * hint.k_ctas} "
+                f"(one slab per warpgroup{', split_k=True' if kw > 1 else ''}{', k_ctas=2' if hint.k_ctas > 1 else ''})")
     ups = boxes_per_slab(plan)
     slots = ring_slots(plan, hint)
     box = box_bytes(hint)
@@ -529,7 +533,8 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     256-row tiles past 128 rows where these run in fewer waves (each weight decoded once per 256
     rows; H100, 8192^2 at 256 rows: W4A16 in 0.93x and nf4 in 0.87x the time of two waves of
     128-row tiles; uint2 took 1.17x with them, and 8-bit codes are not measured: both keep 128-row
-    tiles); else 256-row tiles with two warpgroups side by side."""
+    tiles); else 256-row tiles with two warpgroups side by side. Split-K tiles that fill at most half
+    the SMs are split over K once more by a 2-CTA cluster (:func:`_clustered`)."""
     N = plan.config.N
     if _byte_acts(plan):
         return _staged(plan, _byte_acts_default(plan, rows))
@@ -553,8 +558,25 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
                 # split over K: the activations as given where the natural-order decoder takes the
                 # plan (measured: the module docstring); the tiles side by side keep the permute
                 nat = replace(h, permute=False)
-                return _staged(plan, nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None else h)
+                return _clustered(plan, _staged(plan, nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None
+                                                else h), rows, sms)
     return None
+
+
+def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
+    """``hint`` split over K by a 2-CTA cluster per tile (``k_ctas=2``) where its split-K tiles would
+    fill at most half of the ``sms`` SMs, so the clusters' CTAs run in one wave. H200, 16-bit
+    activations, symbolic-M kernels against the same tile without, two rounds: W4A16 g128 N=4096 K=4096
+    at 128 / 80 rows (64 tiles) 17.7 -> 12.3 us (1.44x) / 1.42x, N=1024 (16 tiles) 1.50x, N=4096
+    K=14336 1.56x; more tiles lose: 128 (8192^2 at 128 rows, N=4096 at 256) 0.91x / 0.74x. int8
+    activations (W4A8 g128, N=4096, 128 rows) measured 0.92x: not taken there (_byte_acts_default)."""
+    if hint is None or not hint.split_k:
+        return hint
+    tiles = math.ceil(plan.config.N / (64 * hint.channel_tiles)) * math.ceil(rows / hint.row_tile)
+    if 2 * tiles > sms:
+        return hint
+    pair = replace(hint, k_ctas=2)
+    return pair if fused_wgmma_unsupported(plan, pair) is None else hint
 
 
 def _staged(plan, hint: Optional[FusedWgmmaHint]) -> Optional[FusedWgmmaHint]:
@@ -626,8 +648,8 @@ def fused_space(plan) -> list:
     K; 1, 2 or 4 weight register slots; with and without ``overlap``; the largest activation ring
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
-    (``permute=False``); split-K tiles without overlap with 2 or 4 slots also with ``w_smem``. The
-    defaults of :func:`fused_default` are among them."""
+    (``permute=False``); split-K tiles without overlap with 2 or 4 slots also with ``w_smem``; every
+    split-K tile also with ``k_ctas=2``. The defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
                                                             (1, 2, 4), (False, True)):
@@ -638,8 +660,10 @@ def fused_space(plan) -> list:
             for h in (hint, replace(hint, permute=False)):
                 # split over K without overlap: also with the weights staged in shared memory
                 for hh in (h, replace(h, w_smem=True)) if split and not ov and stages > 1 else (h,):
-                    if fused_wgmma_unsupported(plan, hh) is None:
-                        out.append(hh)
+                    # split over K: also by a 2-CTA cluster per tile
+                    for kc in (hh, replace(hh, k_ctas=2)) if split else (hh,):
+                        if fused_wgmma_unsupported(plan, kc) is None:
+                            out.append(kc)
     return out
 
 
@@ -668,7 +692,10 @@ def _body(plan, hint: FusedWgmmaHint):
         SL = slab_codes(plan.w.bits)
         UPS = boxes_per_slab(plan)              # boxes per slab
         BV = box_values(c.A_dtype)              # K values per box row
-        NS = K // SL // KW                      # slabs per warpgroup
+        KC = hint.k_ctas                        # CTAs of a cluster splitting K (rank ``cl``)
+        KT = KW * KC                            # warpgroups splitting K in all
+        KQ = "cl * {} + kw".format(KW) if KC > 1 and KW > 1 else "cl" if KC > 1 else "kw"  # this one's rank
+        NS = K // SL // KT                      # slabs per warpgroup
         NU = NS * UPS                           # boxes per warpgroup
         STG = ring_slots(plan, hint)            # box slots per ring
         PROD = "t4 == 0" if KW > 1 else "tx == 0"       # the thread that issues a ring's TMA
@@ -706,10 +733,11 @@ def _body(plan, hint: FusedWgmmaHint):
         tensor_map(add, plan.arg("A").dtype, K, RT)
         if hint.tail_box:                       # boxes of the last tile's rows: (mv - 1) % RT + 1
             tensor_map(add, plan.arg("A").dtype, K, RT, name="A_tail", box_rows=f"(mv - 1) % {RT} + 1")
-        device_entry(add, e["hint"], f"{NBLK} * {NRT}", 128 * CW * KW, (STW, R, 2), NW,
-                     None if at_store else e["sdt"], e["zdt"], wait=False)
-        # the rings; after the main loop the K warpgroups' sums (``red``) reuse them
-        AW = max(KW * STG * SW, (KW - 1) * R * NACC * 128)     # words before the weight ring (w_smem)
+        device_entry(add, e["hint"], f"{NBLK} * {NRT}{f' * {KC}' if KC > 1 else ''}", 128 * CW * KW, (STW, R, 2), NW,
+                     None if at_store else e["sdt"], e["zdt"], wait=False, cluster=KC)
+        # the rings; after the main loop the K warpgroups' sums (``red``) reuse them, and with k_ctas=2
+        # the first CTA's receive the second's
+        AW = max(KW * STG * SW, (KW - 1) * R * NACC * 128, (KC - 1) * R * NACC * 128 * CW)  # words before w_smem
         TT = 128 * CW * KW                                     # threads
         slab_locals(add, AW + w_smem_words(hint), KW * STG, R, NA, NACC,
                     empty=STG if CW > 1 else 0, side_by_side=True, dq_buffers=2 if OV else 1)
@@ -717,10 +745,11 @@ def _body(plan, hint: FusedWgmmaHint):
         # group's row tiles adjacent: a wave's blocks share weights across the group's row tiles and
         # activations across its channel blocks in L2
         GR = max(1, hint.raster_rows // RT)
-        add(f"    grp = T.meta_var(bx // {GR * NBLK})")
+        BX = f"(bx // {KC})" if KC > 1 else "bx"       # the tile (a cluster's CTAs share it)
+        add(f"    grp = T.meta_var({BX} // {GR * NBLK})")
         add(f"    gsz = T.meta_var(T.min({GR}, {NRT} - grp * {GR}))")
-        add(f"    n0 = T.meta_var(bx % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
-        add(f"    r0 = T.meta_var((grp * {GR} + bx % {GR * NBLK} % gsz) * {RT})")
+        add(f"    n0 = T.meta_var({BX} % {GR * NBLK} // gsz * {CH}{f' + cw * {64 * R}' if CW > 1 else ''})")
+        add(f"    r0 = T.meta_var((grp * {GR} + {BX} % {GR * NBLK} % gsz) * {RT})")
         if B8:
             add(f"    {SUMS} = T.alloc_local(({R}, {NACC}), {'uint32' if I8 else 'float32'!r})")
             if plan.groups > 1:                # the slab's group scales (promote); per-channel: at the store
@@ -738,7 +767,7 @@ def _body(plan, hint: FusedWgmmaHint):
         def kbox(u):
             """K box (of 64 values) of this warpgroup's box ``u``: slab ``u // UPS`` of the warpgroup
             is slab ``(u // UPS) * KW + kw`` of the row."""
-            return f"(({u}) // {UPS} * {KW} + kw) * {UPS} + ({u}) % {UPS}" if KW > 1 else f"({u})"
+            return f"(({u}) // {UPS} * {KT} + {KQ}) * {UPS} + ({u}) % {UPS}" if KT > 1 else f"({u})"
 
         def tma(ind, u):
             """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
@@ -756,7 +785,7 @@ def _body(plan, hint: FusedWgmmaHint):
                 f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")
 
         def cidx(step):
-            return f"((({step}) * {KW} + kw) * 4 + q)" if KW > 1 else f"(({step}) * 4 + q)"
+            return f"((({step}) * {KT} + {KQ}) * 4 + q)" if KT > 1 else f"(({step}) * 4 + q)"
 
         def first_activations():
             if hint.pdl:
@@ -882,9 +911,50 @@ def _body(plan, hint: FusedWgmmaHint):
                                    f"{f' * T.float32({2.0 ** -SH!r})' if SH else ''}", R, NACC, unroll=True)
         pdl_trigger(add, hint)
         # every warpgroup is past its ring: the words hold the sums
-        store_accs(add, plan, e, reduce_warpgroups(add, KW, R, NACC, unroll=True), R, NACC, row0="r0 + ",
-                   unroll=True)
+        ind = reduce_warpgroups(add, KW, R, NACC, unroll=True)
+        if KC > 1:
+            ind = _cluster_reduce(add, KW, CW, R, NACC)
+        store_accs(add, plan, e, ind, R, NACC, row0="r0 + ", unroll=True)
     return body
+
+
+_PEER = {
+    "bb_cluster_sync": r"""
+__device__ __forceinline__ void bb_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+""",
+    "bb_st_rank0": r"""
+__device__ __forceinline__ void bb_st_rank0(float* s, float v) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(s), ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(ra) : "r"(a));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(ra), "f"(v) : "memory");
+}
+"""}
+
+
+def _cluster_reduce(add, KW: int, CW: int, R: int, NACC: int) -> str:
+    """``k_ctas=2``, after the CTA's own K reduction (the sums in the warpgroups of ``kw == 0``): a
+    cluster barrier (the first CTA is done reading its words), the second CTA stores its sums into
+    the first's shared memory (``mapa`` + ``st.shared::cluster``), a cluster barrier (release /
+    acquire: the stores are visible), and the first adds them; returns the indent of its store."""
+    from .gemv.wgmma import acc_loops
+    sync = f"T.cuda.func_call('bb_cluster_sync', source_code={_PEER['bb_cluster_sync']!r})"
+    mine = "kw == 0" if KW > 1 else "True"
+    slot = f"Sm.ptr_to([(r * {NACC} + j) * {128 * CW} + tx])"
+    add(f"    {sync}")
+    add(f"    if cl == 1 and {mine}:")
+    head, inner = acc_loops("        ", R, NACC, True)
+    for ln in head:
+        add(ln)
+    add(f"{inner}T.cuda.func_call('bb_st_rank0', {slot}, acc[r, j], source_code={_PEER['bb_st_rank0']!r})")
+    add(f"    {sync}")
+    add(f"    if cl == 0 and {mine}:")
+    head, inner = acc_loops("        ", R, NACC, True)
+    for ln in head:
+        add(ln)
+    add(f"{inner}acc[r, j] = acc[r, j] + Sm[(r * {NACC} + j) * {128 * CW} + tx]")
+    return "        "
 
 
 def main_script(plan, hint: FusedWgmmaHint) -> str:
@@ -914,8 +984,9 @@ def schedule_fused_wgmma(func, plan, hint: Optional[FusedWgmmaHint] = None, targ
         funcs["permute"] = tvm.script.from_source(permute_script(plan, _gemv_stand_in(hint)), extra_vars={"T": T})
     if hint.pdl:
         tags = ["blockIdx.x", "threadIdx.x", "tirx.use_programtic_dependent_launch"]
-        funcs = {name: f.with_attr("tirx.kernel_launch_params", tags + (["tirx.use_dyn_shared_memory"]
-                                                                        if name == "main" else []))
+        cl_tags = ["clusterCtaIdx.x"] if hint.k_ctas > 1 else []
+        funcs = {name: f.with_attr("tirx.kernel_launch_params", (cl_tags + tags + ["tirx.use_dyn_shared_memory"])
+                                   if name == "main" else tags)
                  for name, f in funcs.items()}
     mod = tvm.IRModule(funcs)
     return mod.with_attr(TIRX_PIPELINE_ATTR, "tirx").with_attr(WGMMA_ARCH_ATTR, arch.wgmma_arch)

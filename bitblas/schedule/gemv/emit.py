@@ -539,13 +539,14 @@ def fmt_float(x: float) -> str:
     return f"T.float32({float(x)!r})"
 
 
-def device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, wait=True):
+def device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, wait=True, cluster: int = 1):
     """Kernel entry, grid (``grid`` blocks of ``threads``) and the weight registers of every GEMV
     kernel: ``wq`` words (``slots`` + ``NW`` words per vector), raw scales ``sr`` (``sdt``) and
     zeros ``zr`` (``zdt``) per vector. ``hint.pdl``: wait for the previous kernel in the stream
     before any memory access (a plain launch's memory order holds), and let the next kernel launch
     here if ``trigger`` (else the body calls :func:`pdl_trigger` after its main loop: triggered
-    at entry, the next kernel's blocks take free slots early and unevenly, which measured slower)."""
+    at entry, the next kernel's blocks take free slots early and unevenly, which measured slower).
+    ``cluster`` > 1: a cluster launch of that many consecutive blocks, ``cl`` the block's rank in it."""
     add("    T.device_entry()")
     if hint.min_blocks:
         add(f'    T.attr({{"tirx.launch_bounds_min_blocks_per_sm": {hint.min_blocks}}})')
@@ -554,6 +555,8 @@ def device_entry(add, hint, grid, threads, slots, NW, sdt, zdt, trigger=False, w
     if trigger:
         pdl_trigger(add, hint)
     add(f"    bx = T.cta_id([{grid}])")
+    if cluster > 1:
+        add(f"    cl = T.cta_id_in_cluster([{cluster}])")
     add(f"    tx = T.thread_id([{threads}])")
     sh = ", ".join(str(x) for x in slots)
     add(f"    wq = T.alloc_local(({sh}, {NW}), 'uint32')")

@@ -377,3 +377,19 @@ def test_natural_default_through_matmul(name):
     out = torch.full((128, cfg.N), float("nan"), dtype=getattr(torch, cfg.out_dtype), device="cuda")
     op(**{**inp, "A": shifted_view(inp["A"])}, output=out)
     assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)
+
+
+@pytest.mark.parametrize("name", ["u4-g128", "u4-g128-zeros", "u2-g128", "nvfp4"])
+@gpu
+def test_clustered_default_through_matmul(name):
+    """An untuned dynamic-M operator with 4096 channels runs its 128-row bucket as 2-CTA clusters
+    splitting K (64 split-K tiles on >= 128 SMs: fused_default's _clustered), with the last row
+    tile's own TMA boxes (tail_box): correct at rows off the tile, at the tile, and past it."""
+    import bitblas
+    fmt = TABLE_FORMATS["nvfp4"] if name == "nvfp4" else FORMATS[name]
+    cfg = MatmulConfig(M=None, N=4096, K=4096, A_dtype="float16", **fmt)
+    op = bitblas.Matmul(cfg)
+    if torch.cuda.get_device_properties(0).multi_processor_count >= 128:
+        hint = op.choice("cuda", 128).hint
+        assert isinstance(hint, FusedWgmmaHint) and hint.k_ctas == 2 and hint.tail_box, hint
+    _check_operator(op, cfg, (65, 80, 127, 128, 129, 200), name)

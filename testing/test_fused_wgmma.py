@@ -426,10 +426,11 @@ def test_fused_default_tiles():
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
-    # 2-bit codes, w_smem tile: clustered where the tiles fit too; int8 activations never (measured slower)
-    u2s = make_plan(MatmulConfig(M=None, N=1024, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
-                                 with_scaling=True), "cuda", None)
-    assert fused_default(u2s, 100).k_ctas == 2
+    # permuted tiles: clustered for 8-bit codes only; int8 activations never (both as measured)
+    def few(w, bits_n=1024, **kw):
+        return make_plan(MatmulConfig(M=None, N=bits_n, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
+    assert fused_default(few("uint2", group_size=128, with_scaling=True), 100).k_ctas == 1
+    assert fused_default(few("uint8", with_scaling=True), 100).k_ctas == 2
     assert fused_default(make_plan(_i8cfg("int4", N=1024, K=8192, group_size=128), "cuda", None), 128).k_ctas == 1
 
 

@@ -534,7 +534,8 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     rows; H100, 8192^2 at 256 rows: W4A16 in 0.93x and nf4 in 0.87x the time of two waves of
     128-row tiles; uint2 took 1.17x with them, and 8-bit codes are not measured: both keep 128-row
     tiles); else 256-row tiles with two warpgroups side by side. Split-K tiles that fill at most half
-    the SMs are split over K once more by a 2-CTA cluster (:func:`_clustered`)."""
+    the SMs are split over K once more by a 2-CTA cluster where they read the activations as given
+    or decode 8-bit codes (:func:`_clustered`)."""
     N = plan.config.N
     if _byte_acts(plan):
         return _staged(plan, _byte_acts_default(plan, rows))
@@ -565,12 +566,15 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
 
 def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
     """``hint`` split over K by a 2-CTA cluster per tile (``k_ctas=2``) where its split-K tiles would
-    fill at most half of the ``sms`` SMs, so the clusters' CTAs run in one wave. H200, 16-bit
-    activations, symbolic-M kernels against the same tile without, two rounds: W4A16 g128 N=4096 K=4096
-    at 128 / 80 rows (64 tiles) 17.7 -> 12.3 us (1.44x) / 1.42x, N=1024 (16 tiles) 1.50x, N=4096
-    K=14336 1.56x; more tiles lose: 128 (8192^2 at 128 rows, N=4096 at 256) 0.91x / 0.74x. int8
-    activations (W4A8 g128, N=4096, 128 rows) measured 0.92x: not taken there (_byte_acts_default)."""
-    if hint is None or not hint.split_k:
+    fill at most half of the ``sms`` SMs (the clusters' CTAs in one wave) and the tile reads the
+    activations as given (``permute=False``) or decodes 8-bit codes. H200, 16-bit activations,
+    symbolic-M kernels against the same tile without, two rounds, N=4096 K=4096 (64 tiles) unless
+    named: W4A16 g128 (natural order) at 128 / 80 rows 17.7 -> 12.3 us (1.44x) / 1.42x, N=1024
+    1.50x, K=14336 1.56x; W8A16 per channel (permuted, w_smem) 1.17x. Not taken: the permuted
+    4-bit and 2-bit tiles (nf4 g128 1.03x, nvfp4 0.98x at 100 rows, W2A16 g128 0.84x), more tiles
+    (128: 8192^2 at 128 rows 0.91x, N=4096 at 256 rows 0.74x), int8 activations (W4A8 g128 0.92x;
+    _byte_acts_default does not call this)."""
+    if hint is None or not hint.split_k or (hint.permute and plan.w.bits != 8):
         return hint
     tiles = math.ceil(plan.config.N / (64 * hint.channel_tiles)) * math.ceil(rows / hint.row_tile)
     if 2 * tiles > sms:

@@ -570,10 +570,13 @@ def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Opt
     activations as given (``permute=False``) or decodes 8-bit codes. H200, 16-bit activations,
     symbolic-M kernels against the same tile without, two rounds, N=4096 K=4096 (64 tiles) unless
     named: W4A16 g128 (natural order) at 128 / 80 rows 17.7 -> 12.3 us (1.44x) / 1.42x, N=1024
-    1.50x, K=14336 1.56x; W8A16 per channel (permuted, w_smem) 1.17x. Not taken: the permuted
-    4-bit and 2-bit tiles (nf4 g128 1.03x, nvfp4 0.98x at 100 rows, W2A16 g128 0.84x), more tiles
-    (128: 8192^2 at 128 rows 0.91x, N=4096 at 256 rows 0.74x), int8 activations (W4A8 g128 0.92x;
-    _byte_acts_default does not call this)."""
+    1.50x, K=14336 1.56x, with zeros 1.25x; W8A16 per channel (permuted, w_smem) 1.17x. Not taken:
+    the permuted 4-bit and 2-bit tiles (nf4 g128 1.03x, nvfp4 0.98x at 100 rows, W2A16 g128 0.84x;
+    W4A16 g128 forced to the permute pass 0.94x: the permute path, not the 4-bit decode, is where
+    the cluster stops paying; why is not profiled), more tiles (128: 8192^2 at 128 rows 0.91x, N=4096
+    at 256 rows 0.74x), int8 activations (W4A8 g128 0.92x; _byte_acts_default does not call this).
+    The clustered W4A16 default measured 12.3 us in one run and 14.1 us in a later one (with
+    ``tail_box``, another machine lease; not A/B'd against each other)."""
     if hint is None or not hint.split_k or (hint.permute and plan.w.bits != 8):
         return hint
     tiles = math.ceil(plan.config.N / (64 * hint.channel_tiles)) * math.ceil(rows / hint.row_tile)

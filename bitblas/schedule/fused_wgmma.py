@@ -949,18 +949,17 @@ def _cluster_reduce(add, KW: int, CW: int, R: int, NACC: int) -> str:
     sync = f"T.cuda.func_call('bb_cluster_sync', source_code={_PEER['bb_cluster_sync']!r})"
     mine = "kw == 0" if KW > 1 else "True"
     slot = f"Sm.ptr_to([(r * {NACC} + j) * {128 * CW} + tx])"
-    add(f"    {sync}")
-    add(f"    if cl == 1 and {mine}:")
-    head, inner = acc_loops("        ", R, NACC, True)
-    for ln in head:
-        add(ln)
-    add(f"{inner}T.cuda.func_call('bb_st_rank0', {slot}, acc[r, j], source_code={_PEER['bb_st_rank0']!r})")
-    add(f"    {sync}")
-    add(f"    if cl == 0 and {mine}:")
-    head, inner = acc_loops("        ", R, NACC, True)
-    for ln in head:
-        add(ln)
-    add(f"{inner}acc[r, j] = acc[r, j] + Sm[(r * {NACC} + j) * {128 * CW} + tx]")
+
+    def after_sync(rank: int, stmt: str):
+        """A cluster barrier, then ``stmt`` for each sum in the CTA of rank ``rank``."""
+        add(f"    {sync}")
+        add(f"    if cl == {rank} and {mine}:")
+        head, inner = acc_loops("        ", R, NACC, True)
+        for ln in head:
+            add(ln)
+        add(inner + stmt)
+    after_sync(1, f"T.cuda.func_call('bb_st_rank0', {slot}, acc[r, j], source_code={_PEER['bb_st_rank0']!r})")
+    after_sync(0, f"acc[r, j] = acc[r, j] + Sm[(r * {NACC} + j) * {128 * CW} + tx]")
     return "        "
 
 

@@ -427,8 +427,8 @@ def test_fused_default_tiles():
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
     # permuted tiles: clustered for 8-bit codes only; int8 activations never (both as measured)
-    def few(w, bits_n=1024, **kw):
-        return make_plan(MatmulConfig(M=None, N=bits_n, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
+    def few(w, N=1024, **kw):
+        return make_plan(MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
     assert fused_default(few("uint2", group_size=128, with_scaling=True), 100).k_ctas == 1
     assert fused_default(few("uint8", with_scaling=True), 100).k_ctas == 2
     assert fused_default(make_plan(_i8cfg("int4", N=1024, K=8192, group_size=128), "cuda", None), 128).k_ctas == 1

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 from ..plan import make_plan
 from ..schedule.fused_wgmma import (FusedWgmmaHint, box_bytes, fused_default, fused_space, fused_wgmma_unsupported,
-                                    register_words, ring_slots, schedule_fused_wgmma, w_smem_words)
+                                    register_words, ring_slots, schedule_fused_wgmma, tile_count, w_smem_words)
 from ..schedule.gemv import GEMV_MMA_MAX_ROWS, slab_codes
 from ._common import cuda_reason, need_spec
 from .base import Candidate
@@ -100,7 +100,6 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
         return math.inf
     RT, R = hint.row_tile, hint.channel_tiles
     KW = hint.warpgroups if hint.split_k else 1
-    CW = 1 if hint.split_k else hint.warpgroups
     threads = 128 * hint.warpgroups
     regs = 8 * math.ceil((register_words(plan, hint) + 40) / 8)
     smem = KW * ring_slots(plan, hint) * box_bytes(hint) + 4 * w_smem_words(hint)
@@ -109,7 +108,7 @@ def fused_cost(plan, hint: FusedWgmmaHint, rows: int, spec) -> float:
     if bps < 1:
         return math.inf
     KC = hint.k_ctas                                   # CTAs of a cluster splitting K
-    blocks = math.ceil(c.N / (64 * R * CW)) * math.ceil(rows / RT) * KC
+    blocks = tile_count(plan, hint, rows) * KC
     per_sm = math.ceil(blocks / (spec.sm_count * bps)) * bps if blocks > spec.sm_count * bps else \
         math.ceil(blocks / spec.sm_count)
     waves = math.ceil(per_sm / bps)

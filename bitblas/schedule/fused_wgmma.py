@@ -196,7 +196,7 @@ from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "W_SMEM_MAX", "ring_slots", "register_words",
-           "w_smem_words"]
+           "w_smem_words", "tile_count"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
 W_SMEM_MAX = 224 * 1024            # w_smem: both rings (sm_90 gives a block 227 KB)
@@ -564,6 +564,12 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     return None
 
 
+def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:
+    """Output tiles of ``hint`` for ``rows`` rows (channel blocks x row tiles; a cluster's CTAs share one)."""
+    CW = 1 if hint.split_k else hint.warpgroups
+    return math.ceil(plan.config.N / (64 * hint.channel_tiles * CW)) * math.ceil(rows / hint.row_tile)
+
+
 def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
     """``hint`` split over K by a 2-CTA cluster per tile (``k_ctas=2``) where its split-K tiles would
     fill at most half of the ``sms`` SMs (the clusters' CTAs in one wave) and the tile reads the
@@ -579,8 +585,7 @@ def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Opt
     ``tail_box``, another machine lease; not A/B'd against each other)."""
     if hint is None or not hint.split_k or (hint.permute and plan.w.bits != 8):
         return hint
-    tiles = math.ceil(plan.config.N / (64 * hint.channel_tiles)) * math.ceil(rows / hint.row_tile)
-    if 2 * tiles > sms:
+    if 2 * tile_count(plan, hint, rows) > sms:
         return hint
     pair = replace(hint, k_ctas=2)
     return pair if fused_wgmma_unsupported(plan, pair) is None else hint
@@ -948,7 +953,7 @@ def _cluster_reduce(add, KW: int, CW: int, R: int, NACC: int) -> str:
     from .gemv.wgmma import acc_loops
     sync = f"T.cuda.func_call('bb_cluster_sync', source_code={_PEER['bb_cluster_sync']!r})"
     mine = "kw == 0" if KW > 1 else "True"
-    slot = f"Sm.ptr_to([(r * {NACC} + j) * {128 * CW} + tx])"
+    word = f"(r * {NACC} + j) * {128 * CW} + tx"        # the first CTA's word of sum (r, j)
 
     def after_sync(rank: int, stmt: str):
         """A cluster barrier, then ``stmt`` for each sum in the CTA of rank ``rank``."""
@@ -958,8 +963,9 @@ def _cluster_reduce(add, KW: int, CW: int, R: int, NACC: int) -> str:
         for ln in head:
             add(ln)
         add(inner + stmt)
-    after_sync(1, f"T.cuda.func_call('bb_st_rank0', {slot}, acc[r, j], source_code={_PEER['bb_st_rank0']!r})")
-    after_sync(0, f"acc[r, j] = acc[r, j] + Sm[(r * {NACC} + j) * {128 * CW} + tx]")
+    after_sync(1, f"T.cuda.func_call('bb_st_rank0', Sm.ptr_to([{word}]), acc[r, j], "
+                  f"source_code={_PEER['bb_st_rank0']!r})")
+    after_sync(0, f"acc[r, j] = acc[r, j] + Sm[{word}]")
     return "        "
 
 

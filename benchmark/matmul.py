@@ -164,6 +164,8 @@ def bench_row(fmt: str, layer: str, N: int, K: int, m: int, check: bool = True, 
     t0 = time.perf_counter()
     if device == "cpu" and hint is not None:
         raise ValueError("--hints / --gemv-hints are CUDA kernels; not with --device cpu")
+    if isinstance(hint, DefaultVariant):
+        hint = hint.resolve(op, device, m)
     if hint is None:
         op(**shared, **first, output=out)
         kern = op._kernel(device, m)                      # (plan, fn) of the kernel that served the call
@@ -319,6 +321,31 @@ class DequantGemmSpec:
         return DequantGemm(plan, target, hint=self.dense)
 
 
+@dataclass(frozen=True)
+class DefaultVariant:
+    """``--hints 'Default(k_ctas=1,tail_box=false)'``: the hint of the kernel that serves the row by
+    default (``op.choice``: what the operator's bucket runs) with these fields replaced; an A/B of
+    one knob against the default at every row, beside the torch baselines of the same run."""
+    fields: tuple = ()
+
+    def __repr__(self):
+        return "Default(" + ",".join(f"{k}={v}" for k, v in self.fields) + ")"
+
+    def resolve(self, op, device: str, m: int):
+        """The row's default hint with the fields replaced; ValueError where the row has no hint of
+        its own (decode-then-GEMM) or the hint has no such field."""
+        import dataclasses
+        h = op.choice(device, m).hint
+        if h is None or not dataclasses.is_dataclass(h):
+            raise ValueError(f"--hints {self!r}: the default of m={m} is {type(h).__name__}, no hint fields to vary")
+        names = {f.name for f in dataclasses.fields(h)}
+        bad = [k for k, _ in self.fields if k not in names]
+        if bad:
+            raise ValueError(f"--hints {self!r}: {type(h).__name__} (the default of m={m}) has no field "
+                             f"{', '.join(map(repr, bad))}; its fields: {', '.join(sorted(names))}")
+        return dataclasses.replace(h, **dict(self.fields))
+
+
 def parse_hints(text):
     """'R,W,U,VB[,WK[,GRID]];...' -> GEMV hints (the one-hint GEMV's field order: GEMVHint(...) gives the
     rows kernel's hint, with WK > 0 the k-split kernel's)."""
@@ -334,9 +361,9 @@ def parse_hint_specs(text):
     out = []
     for part in filter(None, (x.strip() for x in text.split(";"))):
         mt = re.fullmatch(r"(\w+)\((.*)\)", part)
-        if not mt or (mt.group(1) not in HINTS and mt.group(1) != "DequantGemm"):
+        if not mt or (mt.group(1) not in HINTS and mt.group(1) not in ("DequantGemm", "Default")):
             raise SystemExit(f"--hints: {part!r} is not Class(field=value,...) with Class in "
-                             f"{sorted(HINTS) + ['DequantGemm']}")
+                             f"{sorted(HINTS) + ['DequantGemm', 'Default']}")
         kw = {}
         for item in filter(None, mt.group(2).split(",")):
             k, _, v = item.partition("=")
@@ -346,6 +373,8 @@ def parse_hint_specs(text):
                 kw[k.strip()] = int(v)
         if mt.group(1) == "DequantGemm":     # the dense GEMM's WGMMAHint fields
             out.append(DequantGemmSpec(HINTS["WGMMAHint"](**kw) if kw else None))
+        elif mt.group(1) == "Default":       # fields of the row's default hint
+            out.append(DefaultVariant(tuple(kw.items())))
         else:
             out.append(HINTS[mt.group(1)](**kw))
     return out
@@ -367,7 +396,8 @@ def main(argv=None):
     ap.add_argument("--gemv-hints", default="", help="also time these GEMV hints: 'R,W,U,VB[,WK[,GRID]];...'")
     ap.add_argument("--hints", default="", help="also time these hints: 'WGMMAHint(BN=64,stages=8,consumers=1);...'; "
                                                 "'DequantGemm()' (or with WGMMAHint fields for its dense GEMM): "
-                                                "the decode-then-GEMM path; each built on the plan the default row "
+                                                "the decode-then-GEMM path; 'Default(k_ctas=1)': the row's default "
+                                                "hint with those fields replaced; each built on the plan the default row "
                                                 "runs (symbolic M past the GEMV: row_plan)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cuda (default): CUDA-graph timing against cuBLAS / torch kernels; cpu: the LLVM CPU "

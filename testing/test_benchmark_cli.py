@@ -41,6 +41,29 @@ def test_dequant_gemm_spec():
         got[0].build(fp16, TARGETS["sm_90a"])
 
 
+def test_default_variant_spec():
+    """--hints 'Default(...)': the row's default hint (a dynamic-M operator's bucket tile at 128 rows,
+    its GEMV hint at 4) with the named fields replaced; a field the default's hint lacks is refused,
+    naming it and the hint's fields."""
+    import bitblas
+    from benchmark.matmul import DefaultVariant
+    from bitblas import MatmulConfig
+    from bitblas.schedule import FusedWgmmaHint
+    from choice_table import TARGETS
+    got = parse_hint_specs("Default(k_ctas=1,tail_box=false); Default(stages=2)")
+    assert got == [DefaultVariant((("k_ctas", 1), ("tail_box", False))), DefaultVariant((("stages", 2),))]
+    assert repr(got[0]) == "Default(k_ctas=1,tail_box=False)"
+    op = bitblas.Matmul(MatmulConfig(N=4096, K=4096, A_dtype="float16", W_dtype="uint4", group_size=128,
+                                     with_scaling=True), target=TARGETS["sm_90a"])
+    default = op.choice("cuda", 128).hint
+    assert isinstance(default, FusedWgmmaHint) and default.k_ctas == 2 and default.tail_box
+    h = got[0].resolve(op, "cuda", 128)
+    assert h.k_ctas == 1 and not h.tail_box and h.row_tile == default.row_tile and h.overlap == default.overlap
+    assert got[1].resolve(op, "cuda", 4).stages == 2
+    with pytest.raises(ValueError, match="k_ctas"):
+        got[0].resolve(op, "cuda", 4)                 # the GEMV's hint has no k_ctas
+
+
 def test_row_plan_is_the_operators():
     """A --hints row is built on the plan of the kernel that serves the row by default: symbolic in M
     for a dynamic-M operator's rows past the GEMV, exactly m rows for the GEMV's rows and a static-M

@@ -785,15 +785,12 @@ def _body(plan, hint: FusedWgmmaHint):
             """Box ``u`` (K values 64 kbox(u) .. + 63 of the tile's rows) into its slot."""
             sl = slot(u)
             if hint.tail_box:             # the last tile short of RT rows: its own boxes, its bytes
-                add(f"{ind}if r0 + {RT} > mv:")
-                add(f"{ind}    T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), "
-                    f"T.Cast('uint32', (mv - r0) * {BOXB // RT}))")
-                add(f"{ind}    T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_tail), "
-                    f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")
-                add(f"{ind}else:")
-                ind += "    "
-            add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), T.uint32({BOXB}))")
-            add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), T.address_of(A_map), "
+                nbytes = f"T.Cast('uint32', T.min(mv - r0, {RT}) * {BOXB // RT})"
+                amap = f"T.if_then_else(r0 + {RT} > mv, T.address_of(A_tail), T.address_of(A_map))"
+            else:
+                nbytes, amap = f"T.uint32({BOXB})", "T.address_of(A_map)"
+            add(f"{ind}T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([{sl}]), {nbytes})")
+            add(f"{ind}T.ptx[{TMA_2D!r}](Sm.ptr_to([({sl}) * {SW}]), {amap}, "
                 f"({kbox(u)}) * {BV}, r0, full.ptr_to([{sl}]))")
 
         def cidx(step):

@@ -426,12 +426,18 @@ def test_fused_default_tiles():
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
-    # permuted tiles: clustered for 8-bit codes only; int8 activations never (both as measured)
+    # permuted tiles: clustered without PDL (the permute kernel keeps its SMs); int8 / float8
+    # activations with group scales on the 128-row tile only (as measured)
     def few(w, N=1024, **kw):
         return make_plan(MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
-    assert fused_default(few("uint2", group_size=128, with_scaling=True), 100).k_ctas == 1
-    assert fused_default(few("uint8", with_scaling=True), 100).k_ctas == 2
-    assert fused_default(make_plan(_i8cfg("int4", N=1024, K=8192, group_size=128), "cuda", None), 128).k_ctas == 1
+    for w, kw in (("uint2", dict(group_size=128)), ("uint8", {}), ("nf4", dict(group_size=128))):
+        h = fused_default(few(w, with_scaling=True, **kw), 100)
+        assert (h.permute, h.k_ctas, h.pdl) == (True, 2, False), (w, h)
+    i8 = lambda **kw: make_plan(_i8cfg("int4", N=4096, K=8192, **kw), "cuda", None)   # noqa: E731
+    h = fused_default(i8(group_size=128), 128)
+    assert (h.k_ctas, h.pdl) == (2, False), h
+    assert fused_default(i8(), 128).k_ctas == 1                          # per channel: measured slower
+    assert fused_default(i8(group_size=128), 128, sms=127).k_ctas == 1   # 64 tiles: 128 CTAs would not fit
 
 
 def test_int8_default_tiles():

@@ -379,19 +379,30 @@ def test_natural_default_through_matmul(name):
     assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)
 
 
-@pytest.mark.parametrize("name", ["u4-g128", "u4-g128-zeros", "u8-g128", "u2-g128", "nvfp4"])
+CLUSTER_CASES = ["u4-g128", "u4-g128-zeros", "u8-g128", "u2-g128", "nvfp4", "nf4-g128", "w4a8-g128", "w4afp8-g128",
+                 "w4a8-chan"]
+
+
+@pytest.mark.parametrize("name", CLUSTER_CASES)
 @gpu
 def test_clustered_default_through_matmul(name):
     """An untuned dynamic-M operator with 4096 channels runs its 128-row bucket as 2-CTA clusters
-    splitting K (64 split-K tiles on >= 128 SMs: fused_default's _clustered) where the tile is in
-    natural order or decodes 8-bit codes, not for permuted 2-bit / nvfp4 tiles; with the last row
-    tile's own TMA boxes (tail_box): correct at rows off the tile, at the tile, and past it."""
+    splitting K (64 split-K tiles on >= 128 SMs: fused_default's _clustered), behind the permute
+    kernel without PDL; int8 / float8 activations only with group scales (W4A8 per channel keeps one
+    CTA per tile); with the last row tile's own TMA boxes (tail_box): correct at rows off the tile,
+    at the tile, and past it."""
     import bitblas
-    fmt = TABLE_FORMATS["nvfp4"] if name == "nvfp4" else FORMATS[name]
-    cfg = MatmulConfig(M=None, N=4096, K=4096, A_dtype="float16", **fmt)
+    if name in I8_FORMATS:
+        cfg = _i8cfg(name, 4096, 4096, M=None)
+    elif name in F8_FORMATS:
+        cfg = _f8cfg(name, 4096, 4096, M=None)
+    else:
+        fmt = TABLE_FORMATS[name] if name in TABLE_FORMATS else FORMATS[name]
+        cfg = MatmulConfig(M=None, N=4096, K=4096, A_dtype="float16", **fmt)
     op = bitblas.Matmul(cfg)
     if torch.cuda.get_device_properties(0).multi_processor_count >= 128:
         hint = op.choice("cuda", 128).hint
         assert isinstance(hint, FusedWgmmaHint) and hint.tail_box, hint
-        assert hint.k_ctas == (1 if name in ("u2-g128", "nvfp4") else 2), hint
+        assert hint.k_ctas == (1 if name == "w4a8-chan" else 2), hint
+        assert hint.k_ctas == 1 or hint.pdl == (not hint.permute), hint
     _check_operator(op, cfg, (65, 80, 127, 128, 129, 200), name)

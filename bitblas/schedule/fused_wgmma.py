@@ -534,11 +534,10 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     rows; H100, 8192^2 at 256 rows: W4A16 in 0.93x and nf4 in 0.87x the time of two waves of
     128-row tiles; uint2 took 1.17x with them, and 8-bit codes are not measured: both keep 128-row
     tiles); else 256-row tiles with two warpgroups side by side. Split-K tiles that fill at most half
-    the SMs are split over K once more by a 2-CTA cluster where they read the activations as given
-    or decode 8-bit codes (:func:`_clustered`)."""
+    the SMs are split over K once more by a 2-CTA cluster (:func:`_clustered`)."""
     N = plan.config.N
     if _byte_acts(plan):
-        return _staged(plan, _byte_acts_default(plan, rows))
+        return _clustered(plan, _staged(plan, _byte_acts_default(plan, rows)), rows, sms or GENERIC_SM_COUNT)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
@@ -572,22 +571,24 @@ def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:
 
 def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
     """``hint`` split over K by a 2-CTA cluster per tile (``k_ctas=2``) where its split-K tiles would
-    fill at most half of the ``sms`` SMs (the clusters' CTAs in one wave) and the tile reads the
-    activations as given (``permute=False``) or decodes 8-bit codes. H200, 16-bit activations,
-    symbolic-M kernels against the same tile without, two rounds, N=4096 K=4096 (64 tiles) unless
-    named: W4A16 g128 (natural order) at 128 / 80 rows 17.7 -> 12.3 us (1.44x) / 1.42x, N=1024
-    1.50x, K=14336 1.56x, with zeros 1.25x; W8A16 per channel (permuted, w_smem) 1.17x. Not taken:
-    the permuted 4-bit and 2-bit tiles (nf4 g128 1.03x, nvfp4 0.98x at 100 rows, W2A16 g128 0.84x;
-    W4A16 g128 forced to the permute pass 0.94x: the permute path, not the 4-bit decode, is where
-    the cluster stops paying; why is not profiled), more tiles (128: 8192^2 at 128 rows 0.91x, N=4096
-    at 256 rows 0.74x), int8 activations (W4A8 g128 0.92x; _byte_acts_default does not call this).
-    The clustered W4A16 default measured 12.3 us in one run and 14.1 us in a later one (with
-    ``tail_box``, another machine lease; not A/B'd against each other)."""
-    if hint is None or not hint.split_k or (hint.permute and plan.w.bits != 8):
+    fill at most half of the ``sms`` SMs (the clusters' CTAs in one wave); behind the permute kernel
+    without programmatic dependent launch (``pdl=False``). int8 / float8 activations: only with group
+    scales, on the 128-row tile (per channel it measured slower). H200, N = K = 4096 (64 tiles),
+    symbolic-M kernels, ``benchmark.matmul --hints 'Default(...)'`` beside cuBLAS fp16 in the same
+    run (13.6-14.6 us at 80 and 128 rows), us default -> clustered at 80 / 128 rows: W4A16 g128 in
+    natural order 18.67 -> 12.41 at 128 (1.50x; 1.11x cuBLAS), 96 rows 1.51x; permuted, pdl=False:
+    nf4 g128 19.97 -> 15.13 / 20.70 -> 15.87 (1.32x / 1.30x), nvfp4 18.82 -> 14.89 / 19.15 -> 15.69,
+    fp4 g128 1.23x / 1.19x, W2A16 g128 1.05x / 1.07x, W8A16 per channel 1.04x / 1.02x over the
+    cluster with PDL (which it had before), float8 weights per channel 1.00x; W4A8 g128 15.87 ->
+    14.31 (1.11x), W4A-fp8 g128 16.58 -> 14.24 (1.16x) at 128 rows. With PDL the permuted clusters
+    lose (nf4 18.46, W2A16 20.54 / 20.75, W4A8 g128 17.25 us): their CTAs launch early and hold the
+    SMs the permute kernel still runs on. Not taken: W4A8 per channel (17.77 against 16.39, pdl=False),
+    more tiles (128: 8192^2 at 128 rows 0.91x, N=4096 at 256 rows 0.74x; no baseline in that run)."""
+    if hint is None or not hint.split_k or 2 * tile_count(plan, hint, rows) > sms:
         return hint
-    if 2 * tile_count(plan, hint, rows) > sms:
+    if _byte_acts(plan) and (plan.groups == 1 or hint.row_tile != 128):
         return hint
-    pair = replace(hint, k_ctas=2)
+    pair = replace(hint, k_ctas=2, pdl=hint.pdl and not hint.permute)
     return pair if fused_wgmma_unsupported(plan, pair) is None else hint
 
 
@@ -661,7 +662,7 @@ def fused_space(plan) -> list:
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
     (``permute=False``); split-K tiles without overlap with 2 or 4 slots also with ``w_smem``; every
-    split-K tile also with ``k_ctas=2``. The defaults of :func:`fused_default` are among them."""
+    split-K tile also with ``k_ctas=2`` (``pdl=False`` where it permutes). The defaults of :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
                                                             (1, 2, 4), (False, True)):
@@ -672,8 +673,9 @@ def fused_space(plan) -> list:
             for h in (hint, replace(hint, permute=False)):
                 # split over K without overlap: also with the weights staged in shared memory
                 for hh in (h, replace(h, w_smem=True)) if split and not ov and stages > 1 else (h,):
-                    # split over K: also by a 2-CTA cluster per tile
-                    for kc in (hh, replace(hh, k_ctas=2)) if split else (hh,):
+                    # split over K: also by a 2-CTA cluster per tile (behind the permute kernel
+                    # without PDL: with it the clusters measured slower, _clustered)
+                    for kc in (hh, replace(hh, k_ctas=2, pdl=not hh.permute)) if split else (hh,):
                         if fused_wgmma_unsupported(plan, kc) is None:
                             out.append(kc)
     return out

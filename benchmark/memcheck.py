@@ -95,7 +95,11 @@ FAMILIES = {
                     # ... behind the permute kernel without PDL, int8 activations with group scales
                     (C(M=None, N=1000, K=2048, W_dtype="int4", group_size=G, **S8), 100,
                      lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4,
-                                                 w_smem=True, pdl=False, k_ctas=2))],
+                                                 w_smem=True, pdl=False, k_ctas=2)),
+                    # nf4 in natural K order (the table decoder after the codes' transpose), clustered
+                    (C(M=None, N=1000, K=2048, W_dtype="nf4", group_size=G, with_scaling=True), 100,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4,
+                                                 ring=4, permute=False, k_ctas=2))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

@@ -43,6 +43,8 @@ FORMATS = {
     # the table formats (the mma GEMV's decoders)
     "nf4-g128": dict(W_dtype="nf4", group_size=128, with_scaling=True),
     "fp4-g64-bias": dict(W_dtype="fp4_e2m1", group_size=64, with_scaling=True, with_bias=True),
+    "bf16-fp4-g128": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=128, with_scaling=True,
+                          out_dtype="bfloat16"),
     "bf16-e4m3-chan": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True, out_dtype="bfloat16"),
     "e5m2-g128-f32": dict(W_dtype="float8_e5m2", group_size=128, with_scaling=True, out_dtype="float32"),
     # nvfp4: two float8 block scales per 16-byte vector, applied per decoded pair
@@ -430,9 +432,12 @@ def test_fused_default_tiles():
     # activations with group scales on the 128-row tile only (as measured)
     def few(w, N=1024, **kw):
         return make_plan(MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
-    for w, kw in (("uint2", dict(group_size=128)), ("uint8", {}), ("nf4", dict(group_size=128))):
+    for w, kw in (("uint2", dict(group_size=128)), ("uint8", {}), ("nvfp4", dict(group_size=16))):
         h = fused_default(few(w, with_scaling=True, **kw), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (True, 2, False), (w, h)
+    for w in ("nf4", "fp4_e2m1"):                 # table codes in natural order: clustered with PDL
+        h = fused_default(few(w, with_scaling=True, group_size=128), 100)
+        assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
     i8 = lambda **kw: make_plan(_i8cfg("int4", N=4096, K=8192, **kw), "cuda", None)   # noqa: E731
     h = fused_default(i8(group_size=128), 128)
     assert (h.k_ctas, h.pdl) == (2, False), h
@@ -555,10 +560,21 @@ def test_byte_acts_group_scale_registers_only_where_grouped():
 
 # -- permute=False: the activations in natural K order, the codes moved in registers ----------------
 _NDEC_HARNESS = HOST_WARP + r"""
+#include <cmath>
 static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   unsigned long long v = ((unsigned long long)y << 32) | x;
   unsigned r = 0;
   for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
+static unsigned bb_prmt(unsigned x, unsigned y, unsigned s) {     // prmt.b32 with sign mode (selector bit 3)
+  unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) {
+    unsigned n = (s >> (4 * i)) & 15, b = (unsigned)(v >> (8 * (n & 7))) & 0xFF;
+    if (n & 8) b = (b & 0x80) ? 0xFF : 0;
+    r |= b << (8 * i);
+  }
   return r;
 }
 static unsigned bb_lop3(unsigned a, unsigned b, unsigned c, unsigned lut) {
@@ -574,9 +590,9 @@ static float h2f(unsigned short h, bool bf) {
   float v = e ? (1024 + m) * (float)(1 << e) / (1024.f * (1 << 15)) : m / (1024.f * (1 << 14));
   return h >> 15 ? -v : v;
 }
-static unsigned short f2h(float f, bool bf) {       // exact for the values here (|v| < 2048, integers)
+static unsigned short f2h(float f, bool bf) {       // exact for the values here (at most 11 significant bits)
   if (bf) { unsigned u; memcpy(&u, &f, 4); return (unsigned short)(u >> 16); }
-  unsigned short s = f < 0 ? 0x8000 : 0; if (f < 0) f = -f;
+  unsigned short s = std::signbit(f) ? 0x8000 : 0; if (s) f = -f;      // -0 keeps its sign
   if (f == 0) return s;
   int e = 15; while (f >= 2048.f) { f /= 2; ++e; }
   while (f < 1024.f) { f *= 2; --e; }
@@ -588,6 +604,11 @@ typedef P2<true> __nv_bfloat162;
 template <bool BF> static P2<BF> __hsub2(P2<BF> a, P2<BF> b) {
   return {f2h(h2f(a.x, BF) - h2f(b.x, BF), BF), f2h(h2f(a.y, BF) - h2f(b.y, BF), BF)};
 }
+template <bool BF> static P2<BF> __hmul2(P2<BF> a, P2<BF> b) {
+  return {f2h(h2f(a.x, BF) * h2f(b.x, BF), BF), f2h(h2f(a.y, BF) * h2f(b.y, BF), BF)};
+}
+static __half2 __float2half2_rn(float f) { return {f2h(f, false), f2h(f, false)}; }
+static __nv_bfloat162 __float2bfloat162_rn(float f) { return {f2h(f, true), f2h(f, true)}; }
 #define __device__
 #define __forceinline__ inline
 HELPER
@@ -604,33 +625,46 @@ int main() {
 """
 
 
+def _host_asm(src: str) -> str:
+    """The decoders' inline ``lop3`` / ``prmt`` as calls of the harness's emulations (``bb_lop3``,
+    ``bb_prmt``): each ``%n`` operand replaced by its input expression."""
+    def call(m):
+        op, args, out, ins = m.groups()
+        inputs = re.findall(r'"r"\((.*?)\)(?=, "r"|$)', ins)
+        vals = [inputs[int(x[1:]) - 1] if x.startswith("%") else x for x in args.split(", ")]
+        return f"{out} = bb_{op}({', '.join(vals)});"
+    return re.sub(r'asm\("(lop3|prmt)\.b32 %0, ([^"]*);" : "=r"\((\w+)\) : (.*?)\);', call, src)
+
+
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
-@pytest.mark.parametrize("storage,order", [("plain", None), ("plain", (0, 4, 1, 5, 2, 6, 3, 7)),
-                                           ("offset", (0, 4, 1, 5, 2, 6, 3, 7)), ("twos", None)])
-def test_natural_decoder_on_the_host(tmp_path, act, storage, order):
+@pytest.mark.parametrize("storage,order,dec", [("plain", None, "int"), ("plain", (0, 4, 1, 5, 2, 6, 3, 7), "int"),
+                                               ("offset", (0, 4, 1, 5, 2, 6, 3, 7), "int"), ("twos", None, "int"),
+                                               ("plain", None, "lut4"), ("plain", None, "e2m1")])
+def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec):
     """``bb_ndec`` (permute=False), its very source compiled for the host with a warp of 32 threads
-    emulating __shfl_xor_sync (``lop3`` and the 16-bit pairs emulated exactly): lane q of each quad
-    ends with A fragment word 2 s (+1) = the codes of K 16 s + 2 q + {0, 1} (+ 8) of the quad's slab
-    (lane p holds K 32 p .. 32 p + 31 in its 4 words, code j of a word in slot ``order[j]``), each
-    field (``storage`` "twos": its sign bit XOR-ed) minus ``off``."""
+    emulating __shfl_xor_sync (``lop3``, ``prmt`` and the 16-bit pairs emulated exactly): lane q of
+    each quad ends with A fragment word 2 s (+1) = the codes of K 16 s + 2 q + {0, 1} (+ 8) of the
+    quad's slab (lane p holds K 32 p .. 32 p + 31 in its 4 words, code j of a word in slot
+    ``order[j]``), each field (``storage`` "twos": its sign bit XOR-ed) minus ``off``; table codes
+    (nf4's table for "lut4", fp4_e2m1 for "e2m1") their table value."""
     import random
     import shutil
     import subprocess
+    from bitblas.formats import E2M1_TABLE, NF4_TABLE
     from bitblas.schedule.fused_wgmma import natural_dec_helper
     from bitblas.schedule.gemv.decode import _act_bits
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("needs a host C++ compiler (g++)")
-    src = natural_dec_helper("t", act, storage, order)
-    src = re.sub(r'asm\("lop3\.b32 %0, %1, (0x[0-9a-f]+), (0x[0-9a-f]+), (0x[0-9a-f]+);" : "=r"\(x\) : "r"\((.*)\)\);',
-                 r"x = bb_lop3(\4, \1, \2, \3);", src)
-    assert "asm" not in src
+    table = {"lut4": NF4_TABLE, "e2m1": E2M1_TABLE}.get(dec)
+    src = _host_asm(natural_dec_helper("t", act, storage, order, dec, table))
+    assert "asm" not in src, src
     (tmp_path / "ndec.cpp").write_text(_NDEC_HARNESS.replace("HELPER", src))
     subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "ndec"), str(tmp_path / "ndec.cpp")],
                    check=True, capture_output=True)
-    rng = random.Random(f"{act}-{storage}-{order}")          # a str seed: the same data in every process
+    rng = random.Random(f"{act}-{storage}-{order}-{dec}")    # a str seed: the same data in every process
     slot = order or tuple(range(8))
-    for off in (0, 8, 15):
+    for off in ((0, 8, 15) if dec == "int" else (0,)):
         codes = [[rng.randrange(16) for _ in range(32)] for _ in range(32)]      # lane -> its 32 codes (K order)
         words = [[sum(codes[l][8 * j + i] << (4 * slot[i]) for i in range(8)) for j in range(4)] for l in range(32)]
         inp = " ".join(str(x) for lw in words for x in lw) + f" {off}\n"
@@ -642,14 +676,17 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order):
                 for t in range(2):
                     k = 16 * s + 2 * q + 8 * t                   # A fragment word 2 s + t: K k, k + 1
                     field = [codes[base + kk // 32][kk % 32] ^ (8 if storage == "twos" else 0) for kk in (k, k + 1)]
-                    want = _act_bits(field[0] - off, act) | _act_bits(field[1] - off, act) << 16
+                    val = [table[f] for f in field] if table else [f - off for f in field]
+                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
                     assert got[lane][2 * s + t] == want, (lane, s, t, off, hex(got[lane][2 * s + t]), hex(want))
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name,tile", [("u4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
                                        ("i4-g128", (256, 1, 2, "split_k", "s4")), ("u4-g128-zeros", (256, 1, 2, "split_k")),
-                                       ("bf16-u4-qzeros", (128, 1, 2, "split_k", "overlap", "s4r4"))])
+                                       ("bf16-u4-qzeros", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("nf4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("bf16-fp4-g128", (128, 1, 2, "split_k", "overlap", "s4r4"))])
 def test_fused_natural_codegen(name, tile):
     """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
     temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
@@ -668,12 +705,15 @@ def test_fused_natural_codegen(name, tile):
 
 
 def test_fused_natural_refusals():
-    """permute=False names what it takes: float activations, 4-bit int / uint codes, groups of whole
-    slabs."""
+    """permute=False names what it takes: float activations, 4-bit int / uint / table codes, groups of
+    whole slabs (nvfp4's 16-value blocks refused)."""
     nat = FusedWgmmaHint(row_tile=128, permute=False)
     assert fused_wgmma_unsupported(make_plan(_cfg("u4-g128", K=2048), "cuda", None), nat) is None
     assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("u2-g128", K=2048), "cuda", None), nat)
-    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("nf4-g128", K=2048), "cuda", None), nat)
+    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("bf16-e4m3-chan", K=2048), "cuda", None), nat)
+    for name in ("nf4-g128", "bf16-fp4-g128"):
+        assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
+    assert "group_size=16" in fused_wgmma_unsupported(make_plan(_cfg("nvfp4", K=2048), "cuda", None), nat)
     g64 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint4", group_size=64, with_scaling=True)
     assert "group_size=64" in fused_wgmma_unsupported(make_plan(g64, "cuda", None), nat)
     assert "A_dtype='int8'" in fused_wgmma_unsupported(make_plan(_i8cfg("int4", K=2048), "cuda", None), nat)

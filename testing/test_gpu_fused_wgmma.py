@@ -325,7 +325,8 @@ def test_fused_through_matmul(case):
 
 
 # permute=False: the activations as given (no permute kernel, no temporary), the codes moved in
-# registers: the 4-bit int / uint formats in both code orders, float16 and bfloat16 activations
+# registers: the 4-bit int / uint formats in both code orders, nf4 and fp4_e2m1, float16 and bfloat16
+# activations
 NAT_FORMATS = {
     "u4-g128": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True),
     "u4-g128-plain": dict(A_dtype="float16", W_dtype="uint4", group_size=128, with_scaling=True, fast_decoding=False),
@@ -333,6 +334,11 @@ NAT_FORMATS = {
     "u4-chan-bias": dict(A_dtype="float16", W_dtype="uint4", with_scaling=True, with_bias=True),
     "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=256, with_scaling=True, with_zeros=True,
                            zeros_mode="quantized", out_dtype="bfloat16"),
+    # table codes: nf4 (16-entry prmt lookup), fp4_e2m1 (bit placement after a nibble unzip)
+    "nf4-g128": dict(A_dtype="float16", W_dtype="nf4", group_size=128, with_scaling=True),
+    "fp4-g128": dict(A_dtype="float16", W_dtype="fp4_e2m1", group_size=128, with_scaling=True),
+    "bf16-fp4-chan-bias": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", with_scaling=True, with_bias=True,
+                               out_dtype="bfloat16"),
 }
 NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov", "t128w2k-ov4-notail")
 
@@ -359,7 +365,7 @@ def test_fused_natural_8192():
         assert not errors, errors
 
 
-@pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros"])
+@pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros", "nf4-g128", "fp4-g128"])
 @gpu
 def test_natural_default_through_matmul(name):
     """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default): correct

@@ -352,28 +352,37 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
 NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
 
 
-def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
+def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
-    in natural K order (4-bit int / uint codes, one 16-byte vector per lane).
+    in natural K order (4-bit codes, one 16-byte vector per lane).
     Lane q of a quad holds the 32 codes of K 32 q .. 32 q + 31 of the slab, 8 per word, two per byte
     (the even K in the low nibble); k16 step s needs codes 16 s + 2 q + {0, 1} (A fragment word 2 s)
     and 16 s + 2 q + {8, 9} (word 2 s + 1), byte q of words 0..3 of lane s // 2's vector. So: a 4x4
     byte transpose per lane (``prmt``: word j holds byte j of words 0..3), the 4x4 word transpose
     across the quad (:data:`~.cuda_wgmma.QUAD_TRANSPOSE`: word p now holds byte q of lane p's words),
-    then byte b of word p, the codes of K 32 p + 8 b + 2 q + {0, 1}, to decoded pair d[4 p + b]:
-    the low nibble and the high one (the word shifted right by 4) ``prmt``-ed into the two halves,
-    magic number and ``hsub2`` as the int decoders (field - ``off``, exact; ``storage`` "twos": the
-    sign bit XOR-ed). ``order`` :data:`NATURAL_ORDERS`: BitBLAS's fast-decoding interleave (code j
-    in slot ``order[j]``: the even codes in the low half) is undone first, nibbles 1, 3 swapped
-    with 4, 6 (two shifts, two ``lop3``) and bytes 1 and 2 swapped in the byte transpose's
-    selectors. Every lane of the warp calls it (shuffles)."""
-    t2, magic = ACT[act][1], ACT[act][2]
-    mask = 0x000F000F
-    sign = 0x00080008 if storage == "twos" else 0
-    c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+    then byte b of word p, the codes of K 32 p + 8 b + 2 q + {0, 1}, to decoded pair d[4 p + b].
+    ``dec`` (:func:`~.gemv.decode.decoder`) "int": the low nibble and the high one (the word shifted
+    right by 4) ``prmt``-ed into the two halves, magic number and ``hsub2`` as the int decoders
+    (field - ``off``, exact; ``storage`` "twos": the sign bit XOR-ed); ``order``
+    :data:`NATURAL_ORDERS`: BitBLAS's fast-decoding interleave (code j in slot ``order[j]``: the
+    even codes in the low half) is undone first, nibbles 1, 3 swapped with 4, 6 (two shifts, two
+    ``lop3``) and bytes 1 and 2 swapped in the byte transpose's selectors. "lut4" (a 16-entry
+    ``table``: nf4, ...): the table decoder of the permuted path (``bb_dec_n{tag}``,
+    :func:`~.gemv.decode.table_dec`) on the four words, whose pairs are a byte's two codes already;
+    "e2m1": each word's nibbles unzipped first (the even codes into the low half, the odd ones into
+    the high half: the slots p, p + 4 its bit-placement decoder pairs). Every lane of the warp calls
+    it (shuffles)."""
+    if dec not in ("int", "lut4", "e2m1"):
+        raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, lut4 or e2m1 codes")
+    if order is not None and dec != "int":
+        raise ValueError(f"order={order}: only int / uint codes take a code order")
     sigma = NATURAL_ORDERS[order]         # natural byte j of a word is its byte sigma[j] (after the nibble swap)
     lo = sigma[0] | (4 + sigma[0]) << 4 | sigma[1] << 8 | (4 + sigma[1]) << 12
     hi = sigma[2] | (4 + sigma[2]) << 4 | sigma[3] << 8 | (4 + sigma[3]) << 12
+    head = ""
+    if dec != "int":
+        from .gemv.decode import table_dec
+        head = table_dec(f"n{tag}", act, 4, dec, table)
     lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
     if order is None:
         lines.append("  const unsigned x0 = w[0], x1 = w[1], x2 = w[2], x3 = w[3];")
@@ -385,20 +394,35 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None) -> str:
               f"  const unsigned a2 = __byte_perm(x2, x3, 0x{lo:04x}u), a3 = __byte_perm(x2, x3, 0x{hi:04x}u);",
              "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
              "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
-             "  bb_quad_t(u0, u1, u2, u3);",
-             f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
-             f"  const {t2} z0 = *reinterpret_cast<const {t2}*>(&z0u);"]
-    for p in range(4):
-        lines.append(f"  {{ const unsigned h = u{p} >> 4;")
-        for b in range(4):
-            sel = b | b << 4 | (4 + b) << 8 | (4 + b) << 12
-            lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
-                         f": \"=r\"(x) : \"r\"(__byte_perm(u{p}, h, 0x{sel:04x}u)));")
-            lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
-            lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
-        lines.append("  }")
+             "  bb_quad_t(u0, u1, u2, u3);"]
+    if dec == "lut4":
+        lines.append("  const unsigned u[4] = {u0, u1, u2, u3};")
+        lines.append(f"  bb_dec_n{tag}(u, off, d);")
+    elif dec == "e2m1":
+        # nibble b of y = the low nibble of byte b, nibble b + 4 its high one
+        lines.append("  unsigned y[4];")
+        for p in range(4):
+            lines.append(f"  {{ const unsigned l = u{p} & 0x0f0f0f0fu, h = (u{p} >> 4) & 0x0f0f0f0fu;")
+            lines.append(f"    y[{p}] = __byte_perm(l | (l >> 4), h | (h >> 4), 0x6420u); }}")
+        lines.append(f"  bb_dec_n{tag}(y, off, d);")
+    else:
+        t2, magic = ACT[act][1], ACT[act][2]
+        mask = 0x000F000F
+        sign = 0x00080008 if storage == "twos" else 0
+        c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+        lines += [f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
+                  f"  const {t2} z0 = *reinterpret_cast<const {t2}*>(&z0u);"]
+        for p in range(4):
+            lines.append(f"  {{ const unsigned h = u{p} >> 4;")
+            for b in range(4):
+                sel = b | b << 4 | (4 + b) << 8 | (4 + b) << 12
+                lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
+                             f": \"=r\"(x) : \"r\"(__byte_perm(u{p}, h, 0x{sel:04x}u)));")
+                lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
+                lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
+            lines.append("  }")
     lines.append("}")
-    return QUAD_TRANSPOSE + "\n".join(lines) + "\n"
+    return QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
 
 
 def _natural_unsupported(plan) -> Optional[str]:
@@ -406,8 +430,9 @@ def _natural_unsupported(plan) -> Optional[str]:
     c, w = plan.config, plan.w
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"permute=False: A_dtype={c.A_dtype!r}; the natural-order decoder takes float16 / bfloat16 activations"
-    if decoder(w) != "int" or w.bits != 4:
-        return f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint codes"
+    if decoder(w) not in ("int", "lut4", "e2m1") or w.bits != 4:
+        return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint / table "
+                f"codes (nf4, fp4_e2m1)")
     if plan.w_order not in NATURAL_ORDERS:
         return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
     if plan.groups > 1 and c.group_size % slab_codes(w.bits):
@@ -741,7 +766,7 @@ def _body(plan, hint: FusedWgmmaHint):
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
         if not hint.permute:          # the activations as given: the codes move in registers instead
-            nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order)
+            nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order, decoder(plan.w), plan.w.table)
             e = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
                                                              f"{off}, {dst}, source_code={nsrc!r})")
         tensor_map(add, plan.arg("A").dtype, K, RT)

@@ -4,7 +4,7 @@ float8 block scales per vector, per decoded pair), nf4 (4-bit tables) and float8
 GEMV's decoder of the format; int8 and float8_e4m3 activations x int/uint 2- and 4-bit codes, below): packed weights
 stay packed in HBM and are decoded in registers straight into the ``wgmma`` A operand; no global
 temporary but the permuted activations (rows x K values, as the wgmma GEMV), and none with
-``permute=False`` (4-bit int / uint codes: :func:`natural_dec_helper`).
+``permute=False`` (4-bit int / uint codes, nf4, fp4_e2m1: :func:`natural_dec_helper`).
 
 It is the wgmma GEMV (gemv/wgmma.py, 17..64 rows) over tiles of rows. A block owns
 ``channel_tiles`` x 64 output channels per warpgroup, ``warpgroups`` warpgroups side by side in N
@@ -163,7 +163,8 @@ over the nine cases with the scratch in the ring, no consistent gain (1-3% slowe
 as 4 KB of shared memory more, likely past an L1 carve-out step): the stores are not the bound.
 
 Activations in natural K order (``permute=False``, float16 / bfloat16 activations x 4-bit int / uint
-codes whose groups hold whole slabs, plain or fast-decoding code order): no permute kernel and no
+codes whose groups hold whole slabs, plain or fast-decoding code order, and the 4-bit table codes
+nf4 and fp4_e2m1 through the permuted path's table decoders): no permute kernel and no
 temporary; the codes move in registers instead. k16 step s needs codes 16 s + 2 q + {0, 1, 8, 9} in
 lane q of a quad, all in the vector of lane s // 2, byte q of each of its 4 words: per vector a 4x4
 byte transpose (8 ``prmt``), the 4x4 word transpose across the quad (3 shuffles, as the dense GEMM's
@@ -174,9 +175,13 @@ kernel of the same tile in one run: 6% faster at 128 rows, 12% at 256 (split-K t
 H200, the same comparison at 128 and 256 rows (two samples each, one run): no gain there, 1-2%
 slower at 256 rows, at 128 rows within the samples' spread (why the H100's gain does not carry
 over: not profiled). The defaults take it in the split-K tiles: faster on the H100, within 2% on
-the H200, and no temporary. Not done yet (issue 24): the other formats keep the
-permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no
-persistent tile loop, split-K across blocks or warp-specialized producer.
+the H200, and no temporary. nf4 / fp4_e2m1 g128, H200, the defaults against the same tiles
+permuted, cuBLAS fp16 in the same run (``benchmark.matmul --hints 'Default(permute=true,pdl=false)'``):
+N = K = 4096 at 128 rows (clustered) 12.79 / 13.31 us against 16.00 / 15.57 (1.25x / 1.17x; cuBLAS
+14.05), 256 rows 1.11x / 1.05x; 8192^2 at 128 and 256 rows 0.99-1.03x. Not done yet (issue 24): 2-
+and 8-bit codes, nvfp4 (16-value block scales) and int8 / float8 activations keep the permute pass
+(a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no persistent
+tile loop or warp-specialized producer.
 """
 from __future__ import annotations
 
@@ -600,15 +605,16 @@ def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Opt
     without programmatic dependent launch (``pdl=False``). int8 / float8 activations: only with group
     scales, on the 128-row tile (per channel it measured slower). H200, N = K = 4096 (64 tiles),
     symbolic-M kernels, ``benchmark.matmul --hints 'Default(...)'`` beside cuBLAS fp16 in the same
-    run (13.6-14.6 us at 80 and 128 rows), us default -> clustered at 80 / 128 rows: W4A16 g128 in
-    natural order 18.67 -> 12.41 at 128 (1.50x; 1.11x cuBLAS), 96 rows 1.51x; permuted, pdl=False:
-    nf4 g128 19.97 -> 15.13 / 20.70 -> 15.87 (1.32x / 1.30x), nvfp4 18.82 -> 14.89 / 19.15 -> 15.69,
-    fp4 g128 1.23x / 1.19x, W2A16 g128 1.05x / 1.07x, W8A16 per channel 1.04x / 1.02x over the
-    cluster with PDL (which it had before), float8 weights per channel 1.00x; W4A8 g128 15.87 ->
-    14.31 (1.11x), W4A-fp8 g128 16.58 -> 14.24 (1.16x) at 128 rows. With PDL the permuted clusters
-    lose (nf4 18.46, W2A16 20.54 / 20.75, W4A8 g128 17.25 us): their CTAs launch early and hold the
-    SMs the permute kernel still runs on. Not taken: W4A8 per channel (17.77 against 16.39, pdl=False),
-    more tiles (128: 8192^2 at 128 rows 0.91x, N=4096 at 256 rows 0.74x; no baseline in that run)."""
+    run (13.6-14.7 us at 80 and 128 rows), us unclustered -> clustered at 80 / 128 rows: W4A16 g128 in
+    natural order 18.67 -> 12.41 at 128 (1.50x; 1.10x cuBLAS), 96 rows 1.51x; permuted, pdl=False:
+    nvfp4 18.90 -> 14.96 / 19.26 -> 15.81 (1.26x / 1.22x), W2A16 g128 1.06x / 1.05x, W8A16 per
+    channel 1.04x / 1.02x over the cluster with PDL, float8 weights per channel 1.00x (nf4 / fp4 g128
+    permuted 1.31x / 1.19-1.23x; the defaults run them in natural order, faster still); W4A8 g128 1.13x /
+    1.10x, W4A-fp8 g128 1.18x / 1.17x; Llama-3-8B down (4096 x 14336) at 128 rows nf4 1.49x, W4A8
+    g128 1.47x. With PDL the permuted clusters lose (W2A16 20.54 against 15.24 us, W4A8 g128 17.25
+    against 14.31): their CTAs launch early and hold the SMs the permute kernel still runs on. Not
+    taken: W4A8 per channel (17.77 clustered against 16.39), more tiles (128: 8192^2 at 128 rows
+    0.91x, N=4096 at 256 rows 0.74x; a run without a baseline). docs/tuning.md has the table."""
     if hint is None or not hint.split_k or 2 * tile_count(plan, hint, rows) > sms:
         return hint
     if _byte_acts(plan) and (plan.groups == 1 or hint.row_tile != 128):

@@ -693,7 +693,8 @@ def fused_space(plan) -> list:
     that fits, and for ``split_k`` also a ring of 4 boxes per warpgroup (the default's); each with
     the permute kernel and, where the natural-order decoder takes the plan, without
     (``permute=False``); split-K tiles without overlap with 2 or 4 slots also with ``w_smem``; every
-    split-K tile also with ``k_ctas=2`` (``pdl=False`` where it permutes). The defaults of :func:`fused_default` are among them."""
+    split-K tile also with ``k_ctas=2`` (``pdl=False`` where it permutes). The defaults of
+    :func:`fused_default` are among them."""
     out = []
     for rt, r, (wg, split), stages, ov in itertools.product((64, 128, 256), (1, 2), ((1, False), (2, False), (2, True)),
                                                             (1, 2, 4), (False, True)):

@@ -357,6 +357,12 @@ def register_words(plan, hint: FusedWgmmaHint) -> int:
 NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
 
 
+# the 16-bit pair types the natural-order decoders use: TVM includes these headers only where the
+# kernel's TensorIR touches that dtype, and with the activations read by TMA alone (no permute kernel)
+# and no 16-bit scales or output (e.g. float32 output, no scales) it touches none
+ACT_HEADERS = {"float16": "#include <cuda_fp16.h>\n", "bfloat16": "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"}
+
+
 def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
     in natural K order (4-bit codes, one 16-byte vector per lane).
@@ -427,7 +433,7 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
                 lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
             lines.append("  }")
     lines.append("}")
-    return QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
+    return ACT_HEADERS[act] + QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
 
 
 def _natural_unsupported(plan) -> Optional[str]:

@@ -698,8 +698,9 @@ def test_fused_natural_codegen(name, tile):
     """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
     temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
     compiles clean for sm_90a within 60 s, also where nothing but the decoder uses 16-bit floats
-    (float32 output, no scales: the decoder's source includes their headers). (256-row tiles side by side with ``overlap`` spill a few
-    words with it for some formats: the defaults keep the permute there.)"""
+    (float32 output, no scales: the decoder's source includes their headers). (256-row tiles side
+    by side with ``overlap`` spill a few words with it for some formats: the defaults keep the
+    permute there.)"""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     RT, R, CW, *flags = tile

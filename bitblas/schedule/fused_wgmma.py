@@ -193,7 +193,7 @@ from typing import Optional
 from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
 from .cuda_wgmma import QUAD_TRANSPOSE
-from .gemv.decode import ACT, decoder
+from .gemv.decode import ACT, decoder, table_dec
 from .gemv.emit import LUT_FIELD, e4m3_acts
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, vector_channel,
@@ -390,10 +390,7 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
     sigma = NATURAL_ORDERS[order]         # natural byte j of a word is its byte sigma[j] (after the nibble swap)
     lo = sigma[0] | (4 + sigma[0]) << 4 | sigma[1] << 8 | (4 + sigma[1]) << 12
     hi = sigma[2] | (4 + sigma[2]) << 4 | sigma[3] << 8 | (4 + sigma[3]) << 12
-    head = ""
-    if dec != "int":
-        from .gemv.decode import table_dec
-        head = table_dec(f"n{tag}", act, 4, dec, table)
+    head = table_dec(f"n{tag}", act, 4, dec, table) if dec != "int" else ""
     lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
     if order is None:
         lines.append("  const unsigned x0 = w[0], x1 = w[1], x2 = w[2], x3 = w[3];")
@@ -572,14 +569,14 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     tiles); else 256-row tiles with two warpgroups side by side. Split-K tiles that fill at most half
     the SMs are split over K once more by a 2-CTA cluster (:func:`_clustered`)."""
     N = plan.config.N
+    sms = sms or GENERIC_SM_COUNT
     if _byte_acts(plan):
-        return _clustered(plan, _staged(plan, _byte_acts_default(plan, rows)), rows, sms or GENERIC_SM_COUNT)
+        return _clustered(plan, _staged(plan, _byte_acts_default(plan, rows)), rows, sms)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
     wide = FusedWgmmaHint(row_tile=256, warpgroups=2)
     few = rows <= 128 or (-(-N // 128)) * (-(-rows // 256)) <= 64
-    sms = sms or GENERIC_SM_COUNT
     waves = lambda rt: math.ceil(math.ceil(N / 64) * math.ceil(rows / rt) / sms)   # noqa: E731 - split-K tiles, 64 channels
     if few and rows > 128 and plan.w.bits == 4 and waves(256) < waves(128):
         split = FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True, stages=4)
@@ -625,8 +622,14 @@ def _clustered(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Opt
         return hint
     if _byte_acts(plan) and (plan.groups == 1 or hint.row_tile != 128):
         return hint
-    pair = replace(hint, k_ctas=2, pdl=hint.pdl and not hint.permute)
+    pair = _cluster_pair(hint)
     return pair if fused_wgmma_unsupported(plan, pair) is None else hint
+
+
+def _cluster_pair(hint: FusedWgmmaHint) -> FusedWgmmaHint:
+    """``hint`` as a 2-CTA cluster splitting K; behind the permute kernel without PDL (with it the
+    clusters measured slower: :func:`_clustered`)."""
+    return replace(hint, k_ctas=2, pdl=hint.pdl and not hint.permute)
 
 
 def _staged(plan, hint: Optional[FusedWgmmaHint]) -> Optional[FusedWgmmaHint]:
@@ -711,9 +714,8 @@ def fused_space(plan) -> list:
             for h in (hint, replace(hint, permute=False)):
                 # split over K without overlap: also with the weights staged in shared memory
                 for hh in (h, replace(h, w_smem=True)) if split and not ov and stages > 1 else (h,):
-                    # split over K: also by a 2-CTA cluster per tile (behind the permute kernel
-                    # without PDL: with it the clusters measured slower, _clustered)
-                    for kc in (hh, replace(hh, k_ctas=2, pdl=not hh.permute)) if split else (hh,):
+                    # split over K: also by a 2-CTA cluster per tile
+                    for kc in (hh, _cluster_pair(hh)) if split else (hh,):
                         if fused_wgmma_unsupported(plan, kc) is None:
                             out.append(kc)
     return out

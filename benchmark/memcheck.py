@@ -99,7 +99,15 @@ FAMILIES = {
                     # nf4 in natural K order (the table decoder after the codes' transpose), clustered
                     (C(M=None, N=1000, K=2048, W_dtype="nf4", group_size=G, with_scaling=True), 100,
                      lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, overlap=True, stages=4,
-                                                 ring=4, permute=False, k_ctas=2))],
+                                                 ring=4, permute=False, k_ctas=2)),
+                    # nvfp4 and 8-bit codes in natural K order, weights staged (block scales gathered per quad)
+                    (C(M=None, N=1000, K=1536, W_dtype="nvfp4", group_size=16, with_scaling=True), 100,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True,
+                                                 permute=False)),
+                    (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True,
+                       out_dtype="bfloat16"), 130,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True,
+                                                 permute=False, k_ctas=2))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,
                       out_dtype="bfloat16"), 3, None),

@@ -12,6 +12,7 @@ The GPU checks are in test_gpu_fused_wgmma.py.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import replace
@@ -611,19 +612,49 @@ template <bool BF> static P2<BF> __hmul2(P2<BF> a, P2<BF> b) {
   return {f2h(h2f(a.x, BF) * h2f(b.x, BF), BF), f2h(h2f(a.y, BF) * h2f(b.y, BF), BF)};
 }
 static __half2 __float2half2_rn(float f) { return {f2h(f, false), f2h(f, false)}; }
+// nvfp4's block scales (bb_sclb): cvt.rn.f16x2.e4m3x2 (exact), the half2 / bfloat162 lane picks
+static unsigned short e4m3_half(unsigned b) {
+  int e = (b >> 3) & 15, m = b & 7;
+  float v = e ? (8 + m) * std::ldexp(1.f, e - 10) : m * std::ldexp(1.f, -9);
+  return f2h((b & 0x80) ? -v : v, false);
+}
+static unsigned bb_cvt_e4m3x2(unsigned short x) { return e4m3_half(x & 0xFF) | (unsigned)e4m3_half(x >> 8) << 16; }
+struct float2 { float x, y; };
+static float2 __half22float2(__half2 h) { return {h2f(h.x, false), h2f(h.y, false)}; }
+static __nv_bfloat162 __float22bfloat162_rn(float2 f) { return {f2h(f.x, true), f2h(f.y, true)}; }
+static __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {f2h(a, true), f2h(b, true)}; }
+static float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+template <bool BF> static P2<BF> __low2half2_(P2<BF> a) { return {a.x, a.x}; }
+template <bool BF> static P2<BF> __high2half2_(P2<BF> a) { return {a.y, a.y}; }
+#define __low2half2 __low2half2_
+#define __high2half2 __high2half2_
+#define __low2bfloat162 __low2half2_
+#define __high2bfloat162 __high2half2_
 static __nv_bfloat162 __float2bfloat162_rn(float f) { return {f2h(f, true), f2h(f, true)}; }
 #define __device__
 #define __forceinline__ inline
+#ifndef NOUT
+#define NOUT 16
+#endif
 HELPER
 int main() {
-  static unsigned w[32][4], d[32][16];
+  static unsigned w[32][4], d[32][32];
   for (int l = 0; l < 32; ++l) for (int j = 0; j < 4; ++j) scanf("%u", &w[l][j]);
   int off; scanf("%d", &off);
   std::thread lanes[32];
+#ifdef BB_SCALES
+  static unsigned sc[32];
+  for (int l = 0; l < 32; ++l) scanf("%u", &sc[l]);
+#endif
   for (unsigned l = 0; l < 32; ++l)
-    lanes[l] = std::thread([l, off] { threadIdx.x = l; bb_ndec_t(w[l], off, d[l]); });
+    lanes[l] = std::thread([l, off] {
+      threadIdx.x = l; bb_ndec_t(w[l], off, d[l]);
+#ifdef BB_SCALES
+      bb_sclb_t(d[l], sc[l]);
+#endif
+    });
   for (auto& t : lanes) t.join();
-  for (int l = 0; l < 32; ++l) for (int i = 0; i < 16; ++i) printf("%u%c", d[l][i], i == 15 ? '\n' : ' ');
+  for (int l = 0; l < 32; ++l) for (int i = 0; i < NOUT; ++i) printf("%u%c", d[l][i], i == NOUT - 1 ? '\n' : ' ');
 }
 """
 
@@ -638,52 +669,103 @@ def _host_asm(src: str) -> str:
         inputs = re.findall(r'"r"\((.*?)\)(?=, "r"|$)', ins)
         vals = [inputs[int(x[1:]) - 1] if x.startswith("%") else x for x in args.split(", ")]
         return f"{out} = bb_{op}({', '.join(vals)});"
+    src = re.sub(r'asm\("cvt\.rn\.f16x2\.e4m3x2 %0, %1;" : "=r"\((\w+)\) : "h"\((.*?)\)\);',
+                 lambda m: f"{m.group(1)} = bb_cvt_e4m3x2({m.group(2)});", src)
     return re.sub(r'asm\("(lop3|prmt)\.b32 %0, ([^"]*);" : "=r"\((\w+)\) : (.*?)\);', call, src)
 
 
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
-@pytest.mark.parametrize("storage,order,dec", [("plain", None, "int"), ("plain", (0, 4, 1, 5, 2, 6, 3, 7), "int"),
-                                               ("offset", (0, 4, 1, 5, 2, 6, 3, 7), "int"), ("twos", None, "int"),
-                                               ("plain", None, "lut4"), ("plain", None, "e2m1")])
-def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec):
+@pytest.mark.parametrize("storage,order,dec,bits", [
+    ("plain", None, "int", 4), ("plain", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4), ("offset", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4),
+    ("twos", None, "int", 4), ("plain", None, "lut4", 4), ("plain", None, "e2m1", 4),
+    ("plain", None, "int", 8), ("twos", None, "int", 8), ("plain", None, "e4m3", 8), ("plain", None, "e5m2", 8)])
+def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
     """``bb_ndec`` (permute=False), its very source compiled for the host with a warp of 32 threads
     emulating __shfl_xor_sync (``lop3``, ``prmt`` and the 16-bit pairs emulated exactly): lane q of
     each quad ends with A fragment word 2 s (+1) = the codes of K 16 s + 2 q + {0, 1} (+ 8) of the
     quad's slab (lane p holds K 32 p .. 32 p + 31 in its 4 words, code j of a word in slot
     ``order[j]``), each field (``storage`` "twos": its sign bit XOR-ed) minus ``off``; table codes
-    (nf4's table for "lut4", fp4_e2m1 for "e2m1") their table value."""
+    (nf4's table for "lut4", fp4_e2m1 for "e2m1") their table value. 8-bit codes: lane p holds K
+    16 p .. 16 p + 15 (float8 codes their e4m3 / e5m2 value, NaN and inf excluded)."""
     import random
     import shutil
     import subprocess
-    from bitblas.formats import E2M1_TABLE, NF4_TABLE
+    from bitblas.formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE, NF4_TABLE
     from bitblas.schedule.fused_wgmma import natural_dec_helper
     from bitblas.schedule.gemv.decode import _act_bits
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("needs a host C++ compiler (g++)")
-    table = {"lut4": NF4_TABLE, "e2m1": E2M1_TABLE}.get(dec)
-    src = _host_asm(natural_dec_helper("t", act, storage, order, dec, table))
+    table = {"lut4": NF4_TABLE, "e2m1": E2M1_TABLE, "e4m3": E4M3_TABLE, "e5m2": E5M2_TABLE}.get(dec)
+    src = _host_asm(natural_dec_helper("t", act, storage, order, dec, table, bits))
     assert "asm" not in src, src
-    (tmp_path / "ndec.cpp").write_text(_NDEC_HARNESS.replace("HELPER", src))
+    V, n = 128 // bits, 32 // bits                 # codes per lane, per word
+    (tmp_path / "ndec.cpp").write_text(f"#define NOUT {V // 2}\n" + _NDEC_HARNESS.replace("HELPER", src))
     subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "ndec"), str(tmp_path / "ndec.cpp")],
                    check=True, capture_output=True)
-    rng = random.Random(f"{act}-{storage}-{order}-{dec}")    # a str seed: the same data in every process
-    slot = order or tuple(range(8))
-    for off in ((0, 8, 15) if dec == "int" else (0,)):
-        codes = [[rng.randrange(16) for _ in range(32)] for _ in range(32)]      # lane -> its 32 codes (K order)
-        words = [[sum(codes[l][8 * j + i] << (4 * slot[i]) for i in range(8)) for j in range(4)] for l in range(32)]
+    rng = random.Random(f"{act}-{storage}-{order}-{dec}-{bits}")    # a str seed: the same data in every process
+    slot = order or tuple(range(n))
+    finite = [c for c in range(1 << bits) if table is None or math.isfinite(table[c])]
+    offs = ((0, 8, 15) if bits == 4 else (0, 128, 255)) if dec == "int" else (0,)
+    for off in offs:
+        codes = [[rng.choice(finite) for _ in range(V)] for _ in range(32)]      # lane -> its V codes (K order)
+        words = [[sum(codes[l][n * j + i] << (bits * slot[i]) for i in range(n)) for j in range(4)] for l in range(32)]
         inp = " ".join(str(x) for lw in words for x in lw) + f" {off}\n"
         out = subprocess.run([str(tmp_path / "ndec")], input=inp, check=True, capture_output=True, text=True).stdout
         got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
         for lane in range(32):
             q, base = lane % 4, lane - lane % 4
-            for s in range(8):
+            for s in range(V // 4):
                 for t in range(2):
                     k = 16 * s + 2 * q + 8 * t                   # A fragment word 2 s + t: K k, k + 1
-                    field = [codes[base + kk // 32][kk % 32] ^ (8 if storage == "twos" else 0) for kk in (k, k + 1)]
+                    field = [codes[base + kk // V][kk % V] ^ (1 << (bits - 1) if storage == "twos" else 0)
+                             for kk in (k, k + 1)]
                     val = [table[f] for f in field] if table else [f - off for f in field]
                     want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
                     assert got[lane][2 * s + t] == want, (lane, s, t, off, hex(got[lane][2 * s + t]), hex(want))
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+def test_natural_block_scales_on_the_host(tmp_path, act):
+    """nvfp4 with ``permute=False``: ``bb_ndec`` then the natural order's ``bb_sclb`` (its very
+    source on the host, a warp of 32 threads emulating __shfl_xor_sync, ``cvt.rn.f16x2.e4m3x2``
+    emulated exactly): lane q of each quad ends with A fragment word 2 s (+1) = the e2m1 values of
+    K 16 s + 2 q + {0, 1} (+ 8) of the quad's slab times the float8_e4m3 scale of their 16-value
+    block, which lane (16 s) // 32 of the quad loaded (its two scale bytes, the first block low).
+    Scale bytes over the whole e4m3 range (subnormal, negative, 448) but NaN."""
+    import random
+    import shutil
+    import subprocess
+    from bitblas.formats import E2M1_TABLE, E4M3_TABLE
+    from bitblas.schedule.fused_wgmma import natural_block_scale_helper, natural_dec_helper
+    from bitblas.schedule.gemv.decode import _act_bits
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs a host C++ compiler (g++)")
+    src = _host_asm(natural_dec_helper("t", act, "plain", None, "e2m1", E2M1_TABLE) + natural_block_scale_helper("t", act))
+    assert "asm" not in src, src
+    (tmp_path / "nsclb.cpp").write_text("#define BB_SCALES\n" + _NDEC_HARNESS.replace("HELPER", src))
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "nsclb"), str(tmp_path / "nsclb.cpp")],
+                   check=True, capture_output=True)
+    rng = random.Random(f"nsclb-{act}")
+    finite = [b for b in range(256) if b not in (0x7F, 0xFF)]
+    for _ in range(3):
+        codes = [[rng.randrange(16) for _ in range(32)] for _ in range(32)]      # lane -> its 32 codes (K order)
+        scales = [[rng.choice(finite) for _ in range(2)] for _ in range(32)]    # lane -> its two blocks' bytes
+        words = [[sum(codes[l][8 * j + i] << (4 * i) for i in range(8)) for j in range(4)] for l in range(32)]
+        inp = (" ".join(str(x) for lw in words for x in lw) + " 0\n"
+               + " ".join(str(sc[0] | sc[1] << 8) for sc in scales) + "\n")
+        out = subprocess.run([str(tmp_path / "nsclb")], input=inp, check=True, capture_output=True, text=True).stdout
+        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
+        for lane in range(32):
+            q, base = lane % 4, lane - lane % 4
+            for s in range(8):
+                for t in range(2):
+                    k = 16 * s + 2 * q + 8 * t
+                    sc = E4M3_TABLE[scales[base + k // 32][k % 32 // 16]]
+                    val = [E2M1_TABLE[codes[base + kk // 32][kk % 32]] * sc for kk in (k, k + 1)]
+                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
+                    assert got[lane][2 * s + t] == want, (lane, s, t, hex(got[lane][2 * s + t]), hex(want))
 
 
 @pytest.mark.nvcc
@@ -693,7 +775,14 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec):
                                        ("nf4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
                                        ("bf16-fp4-g128", (128, 1, 2, "split_k", "overlap", "s4r4")),
                                        ("u4-noscale-f32", (128, 1, 2, "split_k", "overlap", "s4r4")),
-                                       ("bf16-fp4-noscale-f32", (128, 1, 2, "split_k", "overlap", "s4r4"))])
+                                       ("bf16-fp4-noscale-f32", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("nvfp4", (128, 1, 2, "split_k", "overlap", "s4r4")),
+                                       ("bf16-nvfp4-bias", (256, 1, 2, "split_k", "s4")),
+                                       ("nvfp4", (128, 1, 2, "split_k", "w_smem", "s4")),
+                                       ("u8-g128-bias", (128, 1, 2, "split_k", "w_smem", "s4")),
+                                       ("i8-chan-f32", (128, 1, 2, "split_k", "s4r4")),
+                                       ("bf16-e4m3-chan", (128, 1, 2, "split_k", "w_smem", "s4")),
+                                       ("e5m2-g128-f32", (256, 1, 2, "split_k"))])
 def test_fused_natural_codegen(name, tile):
     """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
     temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
@@ -705,7 +794,7 @@ def test_fused_natural_codegen(name, tile):
         pytest.skip("nvcc not found")
     RT, R, CW, *flags = tile
     hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
-                          overlap="overlap" in flags, permute=False,
+                          overlap="overlap" in flags, permute=False, w_smem="w_smem" in flags,
                           **(dict(stages=4, ring=4) if "s4r4" in flags else dict(stages=4) if "s4" in flags else {}))
     src = cuda_source(make_plan(_cfg(name, K=2048), "cuda", None), SM90, hint)
     assert "permute_kernel" not in src and "cp_async_bulk_tensor" in src and "__shfl_xor_sync" in src
@@ -714,15 +803,17 @@ def test_fused_natural_codegen(name, tile):
 
 
 def test_fused_natural_refusals():
-    """permute=False names what it takes: float activations, 4-bit int / uint / table codes, groups of
-    whole slabs (nvfp4's 16-value blocks refused)."""
+    """permute=False names what it takes: float activations, 4-bit int / uint / table codes and 8-bit
+    int / uint / float8 codes, groups of whole slabs or nvfp4's 16-value blocks."""
     nat = FusedWgmmaHint(row_tile=128, permute=False)
     assert fused_wgmma_unsupported(make_plan(_cfg("u4-g128", K=2048), "cuda", None), nat) is None
     assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("u2-g128", K=2048), "cuda", None), nat)
-    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("bf16-e4m3-chan", K=2048), "cuda", None), nat)
+    for name in ("u8-g128-bias", "i8-chan-f32", "bf16-e4m3-chan", "e5m2-g128-f32"):
+        assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
     for name in ("nf4-g128", "bf16-fp4-g128"):
         assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
-    assert "group_size=16" in fused_wgmma_unsupported(make_plan(_cfg("nvfp4", K=2048), "cuda", None), nat)
+    for name in ("nvfp4", "bf16-nvfp4-bias"):           # 16-value float8 block scales: gathered per quad
+        assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
     g64 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint4", group_size=64, with_scaling=True)
     assert "group_size=64" in fused_wgmma_unsupported(make_plan(g64, "cuda", None), nat)
     assert "A_dtype='int8'" in fused_wgmma_unsupported(make_plan(_i8cfg("int4", K=2048), "cuda", None), nat)

@@ -339,8 +339,17 @@ NAT_FORMATS = {
     "fp4-g128": dict(A_dtype="float16", W_dtype="fp4_e2m1", group_size=128, with_scaling=True),
     "bf16-fp4-chan-bias": dict(A_dtype="bfloat16", W_dtype="fp4_e2m1", with_scaling=True, with_bias=True,
                                out_dtype="bfloat16"),
+    # nvfp4: a quad's float8 block scales gathered by shuffles (natural_block_scale_helper)
+    "nvfp4": dict(A_dtype="float16", W_dtype="nvfp4", group_size=16, with_scaling=True),
+    "bf16-nvfp4-bias": dict(A_dtype="bfloat16", W_dtype="nvfp4", group_size=16, with_scaling=True, with_bias=True,
+                            out_dtype="bfloat16"),
+    # 8-bit codes: 16-bit halves gathered per destination lane, the 8-bit pair decoders
+    "u8-g128": dict(A_dtype="float16", W_dtype="uint8", group_size=128, with_scaling=True),
+    "i8-chan": dict(A_dtype="float16", W_dtype="int8", with_scaling=True),
+    "bf16-e4m3-chan": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True, out_dtype="bfloat16"),
+    "e5m2-g128": dict(A_dtype="float16", W_dtype="float8_e5m2", group_size=128, with_scaling=True),
 }
-NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov", "t128w2k-ov4-notail")
+NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov", "t128w2k-ov4-notail", "t128w2k-ws-kc2")
 
 
 @pytest.mark.parametrize("name,hk", [(n, h) for n in NAT_FORMATS for h in NAT_HINTS])
@@ -354,18 +363,20 @@ def test_fused_natural(name, hk):
     assert not errors, errors
 
 
+@pytest.mark.parametrize("name", ["u4-g128", "nvfp4", "i8-chan"])
 @gpu
-def test_fused_natural_8192():
+def test_fused_natural_8192(name):
     """permute=False at N = K = 8192, 128 and 256 rows (the default split-K tile and a 256-row tile),
     against the reference."""
     from dataclasses import replace
-    cfg = MatmulConfig(N=8192, K=8192, **NAT_FORMATS["u4-g128"])
+    cfg = MatmulConfig(N=8192, K=8192, **NAT_FORMATS[name])
     for hk in ("t128w2k-ov4", "t256w2"):
         errors = _check(cfg, replace(HINTS[hk], permute=False), (128, 256))
         assert not errors, errors
 
 
-@pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros", "nf4-g128", "fp4-g128"])
+@pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros", "nf4-g128", "fp4-g128", "nvfp4", "u8-g128",
+                                  "bf16-e4m3-chan"])
 @gpu
 def test_natural_default_through_matmul(name):
     """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default): correct

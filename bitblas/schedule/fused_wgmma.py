@@ -194,7 +194,7 @@ from .._tvm import tvm
 from ..arch import GENERIC_SM_COUNT, arch_of
 from .cuda_wgmma import QUAD_TRANSPOSE
 from .gemv.decode import ACT, decoder, table_dec
-from .gemv.emit import LUT_FIELD, e4m3_acts
+from .gemv.emit import LUT_FIELD, e4m3_acts, f8_scales
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, vector_channel,
                          wgmma_helper, wgmma_slot, wgmma_wait)
@@ -363,7 +363,8 @@ NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
 ACT_HEADERS = {"float16": "#include <cuda_fp16.h>\n", "bfloat16": "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"}
 
 
-def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None) -> str:
+def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None,
+                       bits: int = 4) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
     in natural K order (4-bit codes, one 16-byte vector per lane).
     Lane q of a quad holds the 32 codes of K 32 q .. 32 q + 31 of the slab, 8 per word, two per byte
@@ -382,7 +383,17 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
     :func:`~.gemv.decode.table_dec`) on the four words, whose pairs are a byte's two codes already;
     "e2m1": each word's nibbles unzipped first (the even codes into the low half, the odd ones into
     the high half: the slots p, p + 4 its bit-placement decoder pairs). Every lane of the warp calls
-    it (shuffles)."""
+    it (shuffles).
+
+    ``bits=8`` (int / uint bytes, float8 ``dec`` "e4m3" / "e5m2"): lane q holds K 16 q .. 16 q + 15;
+    k16 step s needs codes 16 s + 2 q + {0, 1} (bytes 2 (q % 2) + {0, 1} of word q // 2 of lane s)
+    and + 8 (the same bytes of word 2 + q // 2). Each lane merges, per destination lane, those bytes
+    of its words into one word (``prmt``: words 0 and 2 for lanes 0, 1, words 1 and 3 for lanes 2,
+    3, interleaved so that the 8-bit pair decoders' slots p, p + 2 hold a pair), the quad's word
+    transpose delivers them, and the permuted path's 8-bit pair decoder (the GEMV template's int
+    decoder, :func:`~.gemv.decode.f8_pair_dec`) decodes word p into d[2 p], d[2 p + 1]."""
+    if bits == 8:
+        return _natural_dec8(tag, act, storage, dec)
     if dec not in ("int", "lut4", "e2m1"):
         raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, lut4 or e2m1 codes")
     if order is not None and dec != "int":
@@ -433,19 +444,74 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
     return ACT_HEADERS[act] + QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
 
 
+def _natural_dec8(tag: str, act: str, storage: str, dec: str) -> str:
+    """:func:`natural_dec_helper` for 8-bit codes."""
+    from .gemv.decode import f8_pair_dec
+    from .gemv.emit import _int_helpers
+    if dec == "int":
+        head = _int_helpers(f"n{tag}", act, 8, storage == "twos", 4, half_pairs=True)[f"bb_dec_n{tag}"]
+    elif dec in ("e4m3", "e5m2"):
+        head = f8_pair_dec(f"n{tag}", act, 4, dec)
+    else:
+        raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, e4m3 or e5m2 codes of 8 bits")
+    lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{",
+             # word for lane r: bytes 2 (r % 2), 2 (r % 2) + 1 of words r // 2 and 2 + r // 2, interleaved
+             "  unsigned u0 = __byte_perm(w[0], w[2], 0x5140u), u1 = __byte_perm(w[0], w[2], 0x7362u);",
+             "  unsigned u2 = __byte_perm(w[1], w[3], 0x5140u), u3 = __byte_perm(w[1], w[3], 0x7362u);",
+             "  bb_quad_t(u0, u1, u2, u3);",
+             "  const unsigned u[4] = {u0, u1, u2, u3};",
+             f"  bb_dec_n{tag}(u, off, d);",
+             "}"]
+    return ACT_HEADERS[act] + QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
+
+
+def natural_block_scale_helper(tag: str, act: str) -> str:
+    """``bb_sclb_{tag}(d, s)`` of ``FusedWgmmaHint(permute=False)`` for float8_e4m3 block scales of 16
+    codes (nvfp4): the pairs of :func:`natural_dec_helper` times their blocks' scales. Decoded pair
+    ``d[4 p + b]`` holds the codes of K 32 p + 8 b + 2 q + {0, 1}: lane p's vector, its block ``b // 2``.
+    Each lane holds its own vector's two scale bytes (``s``, the first block in the low byte); the
+    quad's 8 bytes are gathered by two shuffles (lane q ^ 1's pair merged beside its own, in lane
+    order, then the other two lanes' word), then per lane p one ``cvt.rn.f16x2.e4m3x2`` (exact; for
+    bfloat16 through float32, exact) and ``hmul2`` of its four pairs by the low or high half,
+    broadcast. Every lane of the warp calls it (shuffles)."""
+    t2 = ACT[act][1]
+    low, high = ("__low2half2", "__high2half2") if act == "float16" else ("__low2bfloat162", "__high2bfloat162")
+    lines = [f"__device__ __forceinline__ void bb_sclb_{tag}(unsigned* d, unsigned s) {{",
+             "  const unsigned q = threadIdx.x & 3u;",
+             "  const unsigned o = __shfl_xor_sync(0xffffffffu, s, 1);",
+             "  const unsigned x = __byte_perm(s, o, (q & 1u) ? 0x1054u : 0x5410u);   // lanes q & 2, (q & 2) + 1",
+             "  const unsigned y = __shfl_xor_sync(0xffffffffu, x, 2);",
+             "  const unsigned w[2] = {(q & 2u) ? y : x, (q & 2u) ? x : y};            // lanes 0, 1 / 2, 3"]
+    for p in range(4):
+        lines.append(f"  {{ unsigned h; asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h) : "
+                     f"\"h\"((unsigned short)(w[{p // 2}] >> {16 * (p % 2)})));")
+        if act == "bfloat16":
+            lines.append("    { __nv_bfloat162 b = __float22bfloat162_rn(__half22float2("
+                         "*reinterpret_cast<const __half2*>(&h))); h = *reinterpret_cast<unsigned*>(&b); }")
+        lines.append(f"    const {t2} s01 = *reinterpret_cast<const {t2}*>(&h);")
+        lines.append(f"    const {t2} sb[2] = {{{low}(s01), {high}(s01)}};")
+        for b in range(4):
+            lines.append(f"    {{ {t2} v = __hmul2(*reinterpret_cast<{t2}*>(&d[{4 * p + b}]), sb[{b // 2}]); "
+                         f"d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
+        lines.append("  }")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def _natural_unsupported(plan) -> Optional[str]:
     """``permute=False``: why the natural-order decoder does not take ``plan`` (None: it does)."""
     c, w = plan.config, plan.w
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"permute=False: A_dtype={c.A_dtype!r}; the natural-order decoder takes float16 / bfloat16 activations"
-    if decoder(w) not in ("int", "lut4", "e2m1") or w.bits != 4:
+    if not ((decoder(w) in ("int", "lut4", "e2m1") and w.bits == 4)
+            or (decoder(w) in ("int", "e4m3", "e5m2") and w.bits == 8)):
         return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint / table "
-                f"codes (nf4, fp4_e2m1)")
+                f"codes (nf4, fp4_e2m1, nvfp4) and 8-bit int / uint / float8 codes")
     if plan.w_order not in NATURAL_ORDERS:
         return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
-    if plan.groups > 1 and c.group_size % slab_codes(w.bits):
+    if plan.groups > 1 and c.group_size % slab_codes(w.bits) and not (f8_scales(plan) and c.group_size == 16):
         return (f"permute=False: group_size={c.group_size}; each lane decodes codes of the whole slab, so a group "
-                f"must hold whole slabs of {slab_codes(w.bits)} K values")
+                f"must hold whole slabs of {slab_codes(w.bits)} K values (or be nvfp4's 16-value float8 blocks)")
     return None
 
 
@@ -781,9 +847,12 @@ def _body(plan, hint: FusedWgmmaHint):
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
         if not hint.permute:          # the activations as given: the codes move in registers instead
-            nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order, decoder(plan.w), plan.w.table)
+            nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order, decoder(plan.w), plan.w.table,
+                                      plan.w.bits)
             e = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
                                                              f"{off}, {dst}, source_code={nsrc!r})")
+            if e["SB"] > 1:                     # nvfp4: each pair's block scale from the lane whose codes it holds
+                e["helpers"] = {**e["helpers"], f"bb_sclb_{tag}": natural_block_scale_helper(tag, c.A_dtype)}
         tensor_map(add, plan.arg("A").dtype, K, RT)
         if hint.tail_box:                       # boxes of the last tile's rows: (mv - 1) % RT + 1
             tensor_map(add, plan.arg("A").dtype, K, RT, name="A_tail", box_rows=f"(mv - 1) % {RT} + 1")

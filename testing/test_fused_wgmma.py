@@ -406,8 +406,8 @@ def test_fused_default_tiles():
     tiles for 4-bit codes where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
     against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
     busy); 256-row tiles side by side where there are many. The split-K tiles read the activations
-    as given where the natural-order decoder takes the plan (4-bit int / uint codes, groups of whole
-    slabs), else after the permute pass; those without overlap stage their weights in shared memory
+    as given where the natural-order decoder takes the plan (4-bit int / uint / table codes, groups of
+    whole slabs; nvfp4 and 8-bit codes only when clustered), else after the permute pass; those without overlap stage their weights in shared memory
     (w_smem, 4 weight slots); split-K tiles filling at most half the SMs run as 2-CTA clusters
     splitting K (k_ctas=2)."""
     def cfg(N, **kw):
@@ -436,12 +436,17 @@ def test_fused_default_tiles():
     # activations with group scales on the 128-row tile only (as measured)
     def few(w, N=1024, **kw):
         return make_plan(MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
-    for w, kw in (("uint2", dict(group_size=128)), ("uint8", {}), ("nvfp4", dict(group_size=16))):
-        h = fused_default(few(w, with_scaling=True, **kw), 100)
-        assert (h.permute, h.k_ctas, h.pdl) == (True, 2, False), (w, h)
+    h = fused_default(few("uint2", with_scaling=True, group_size=128), 100)
+    assert (h.permute, h.k_ctas, h.pdl) == (True, 2, False), h
     for w in ("nf4", "fp4_e2m1"):                 # table codes in natural order: clustered with PDL
         h = fused_default(few(w, with_scaling=True, group_size=128), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
+    # nvfp4 and 8-bit codes: natural order in clustered tiles only (measured: _natural_where_clustered)
+    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16))):
+        h = fused_default(few(w, with_scaling=True, **kw), 100)
+        assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
+        h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
+        assert (h.permute, h.k_ctas, h.split_k) == (True, 1, True), (w, h)
     i8 = lambda **kw: make_plan(_i8cfg("int4", N=4096, K=8192, **kw), "cuda", None)   # noqa: E731
     h = fused_default(i8(group_size=128), 128)
     assert (h.k_ctas, h.pdl) == (2, False), h

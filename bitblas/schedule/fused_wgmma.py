@@ -655,11 +655,28 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 # split over K: the activations as given where the natural-order decoder takes the
-                # plan (measured: the module docstring); the tiles side by side keep the permute
+                # plan (4-bit int / uint / nf4 / fp4_e2m1 codes) or, for nvfp4 and 8-bit codes, where
+                # the tiles are clustered (measured: the module docstring); the tiles side by side
+                # keep the permute
                 nat = replace(h, permute=False)
-                return _clustered(plan, _staged(plan, nat if h.split_k and fused_wgmma_unsupported(plan, nat) is None
-                                                else h), rows, sms)
+                if h.split_k and fused_wgmma_unsupported(plan, nat) is None:
+                    chosen = _clustered(plan, _staged(plan, nat), rows, sms)
+                    if chosen.k_ctas > 1 or not _natural_where_clustered(plan):
+                        return chosen
+                return _clustered(plan, _staged(plan, h), rows, sms)
     return None
+
+
+def _natural_where_clustered(plan) -> bool:
+    """nvfp4 and 8-bit codes take natural K order only in clustered tiles: H200, the defaults
+    against the same tiles permuted, cuBLAS fp16 in the same run (``benchmark.matmul --hints
+    'Default(permute=true,pdl=false);Default(permute=true)'``), us natural / permuted: N = K = 4096 at
+    128 rows (clustered) nvfp4 13.84 / 16.01 (float16 activations; bfloat16 13.78 / 15.82), int8
+    per channel 17.56 / 20.08, float8_e4m3 per channel 18.51 / 21.23 (1.14-1.16x; cuBLAS 13.77); at
+    256 rows 1.00-1.06x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-1.00x, 8-bit
+    0.90-0.97x (against the faster of the two permuted tiles): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
+    the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there)."""
+    return f8_scales(plan) or plan.w.bits == 8
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

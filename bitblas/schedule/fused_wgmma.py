@@ -178,10 +178,13 @@ over: not profiled). The defaults take it in the split-K tiles: faster on the H1
 the H200, and no temporary. nf4 / fp4_e2m1 g128, H200, the defaults against the same tiles
 permuted, cuBLAS fp16 in the same run (``benchmark.matmul --hints 'Default(permute=true,pdl=false)'``):
 N = K = 4096 at 128 rows (clustered) 12.79 / 13.31 us against 16.00 / 15.57 (1.25x / 1.17x; cuBLAS
-14.05), 256 rows 1.11x / 1.05x; 8192^2 at 128 and 256 rows 0.99-1.03x. Not done yet (issue 24): 2-
-and 8-bit codes, nvfp4 (16-value block scales) and int8 / float8 activations keep the permute pass
-(a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no persistent
-tile loop or warp-specialized producer.
+14.05), 256 rows 1.11x / 1.05x; 8192^2 at 128 and 256 rows 0.99-1.03x. nvfp4 (each pair's float8
+block scale gathered from the lane that loaded it: :func:`natural_block_scale_helper`) and 8-bit
+int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural order too, by default
+only in clustered tiles (:func:`_natural_where_clustered`: 1.14-1.16x there, 0.87-0.99x at 8192^2).
+Not done yet (issue 24): 2-bit codes, and nvfp4 / 8-bit codes outside clustered tiles, and int8 /
+float8 activations keep the permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192,
+where the issue asks <= 1 MB); no persistent tile loop or warp-specialized producer.
 """
 from __future__ import annotations
 
@@ -673,8 +676,8 @@ def _natural_where_clustered(plan) -> bool:
     'Default(permute=true,pdl=false);Default(permute=true)'``), us natural / permuted: N = K = 4096 at
     128 rows (clustered) nvfp4 13.84 / 16.01 (float16 activations; bfloat16 13.78 / 15.82), int8
     per channel 17.56 / 20.08, float8_e4m3 per channel 18.51 / 21.23 (1.14-1.16x; cuBLAS 13.77); at
-    256 rows 1.00-1.06x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-1.00x, 8-bit
-    0.90-0.97x (against the faster of the two permuted tiles): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
+    256 rows 1.00-1.04x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-0.99x, 8-bit
+    0.90-0.93x (each against the faster of the two permuted tiles; docs/tuning.md): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
     the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there)."""
     return f8_scales(plan) or plan.w.bits == 8
 

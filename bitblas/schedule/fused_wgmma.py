@@ -512,7 +512,8 @@ def _natural_unsupported(plan) -> Optional[str]:
                 f"codes (nf4, fp4_e2m1, nvfp4) and 8-bit int / uint / float8 codes")
     if plan.w_order not in NATURAL_ORDERS:
         return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
-    if plan.groups > 1 and c.group_size % slab_codes(w.bits) and not (f8_scales(plan) and c.group_size == 16):
+    nvfp4_blocks = f8_scales(plan) and w.bits == 4 and c.group_size == 16     # gathered per quad
+    if plan.groups > 1 and c.group_size % slab_codes(w.bits) and not nvfp4_blocks:
         return (f"permute=False: group_size={c.group_size}; each lane decodes codes of the whole slab, so a group "
                 f"must hold whole slabs of {slab_codes(w.bits)} K values (or be nvfp4's 16-value float8 blocks)")
     return None

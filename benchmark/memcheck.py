@@ -107,6 +107,11 @@ FAMILIES = {
                     (C(M=None, N=1000, K=1536, A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True,
                        out_dtype="bfloat16"), 130,
                      lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True,
+                                                 permute=False, k_ctas=2)),
+                    # 2-bit codes in natural order, groups of half a slab (scales and offsets per half), clustered
+                    (C(M=None, N=1000, K=2048, W_dtype="uint2", group_size=G, with_scaling=True, with_zeros=True,
+                       zeros_mode="quantized"), 100,
+                     lambda p, t: FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, w_smem=True,
                                                  permute=False, k_ctas=2))],
     "gemv_table": [(C(M=1, N=1000, K=1536, W_dtype="nf4", group_size=G, with_scaling=True), 1, None),
                    (C(M=3, N=1000, K=1536, A_dtype="bfloat16", W_dtype="fp4_e2m1", group_size=G, with_scaling=True,

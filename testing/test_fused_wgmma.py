@@ -30,6 +30,7 @@ from c_interp import run_permute
 from kernel_helpers import HOST_WARP, TARGETS, choose, run_fdec
 
 SM90 = cuda_target(TARGETS["sm_90"])
+FAST2 = (0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)      # BitBLAS's fast-decoding order of 2-bit codes
 SM80 = cuda_target(TARGETS["sm_80"])
 
 FORMATS = {
@@ -37,6 +38,9 @@ FORMATS = {
     "u4-g128-zeros": dict(W_dtype="uint4", group_size=128, with_scaling=True, with_zeros=True),
     "i4-g128": dict(W_dtype="int4", group_size=128, with_scaling=True),
     "u2-g128": dict(W_dtype="uint2", group_size=128, with_scaling=True),
+    "i2-g128-zeros": dict(W_dtype="int2", group_size=128, with_scaling=True, with_zeros=True),
+    "bf16-u2-qzeros": dict(A_dtype="bfloat16", W_dtype="uint2", group_size=128, with_scaling=True, with_zeros=True,
+                           zeros_mode="quantized", out_dtype="bfloat16"),
     "u8-g128-bias": dict(W_dtype="uint8", group_size=128, with_scaling=True, with_bias=True),
     "i8-chan-f32": dict(W_dtype="int8", with_scaling=True, out_dtype="float32"),
     "bf16-u4-qzeros": dict(A_dtype="bfloat16", W_dtype="uint4", group_size=128, with_scaling=True,
@@ -436,13 +440,11 @@ def test_fused_default_tiles():
     # activations with group scales on the 128-row tile only (as measured)
     def few(w, N=1024, **kw):
         return make_plan(MatmulConfig(M=None, N=N, K=8192, A_dtype="float16", W_dtype=w, **kw), "cuda", None)
-    h = fused_default(few("uint2", with_scaling=True, group_size=128), 100)
-    assert (h.permute, h.k_ctas, h.pdl) == (True, 2, False), h
     for w in ("nf4", "fp4_e2m1"):                 # table codes in natural order: clustered with PDL
         h = fused_default(few(w, with_scaling=True, group_size=128), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
     # nvfp4 and 8-bit codes: natural order in clustered tiles only (measured: _natural_where_clustered)
-    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16))):
+    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16)), ("uint2", dict(group_size=128))):
         h = fused_default(few(w, with_scaling=True, **kw), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
@@ -613,6 +615,18 @@ typedef P2<true> __nv_bfloat162;
 template <bool BF> static P2<BF> __hsub2(P2<BF> a, P2<BF> b) {
   return {f2h(h2f(a.x, BF) - h2f(b.x, BF), BF), f2h(h2f(a.y, BF) - h2f(b.y, BF), BF)};
 }
+template <bool BF> static P2<BF> __hfma2(P2<BF> a, P2<BF> b, P2<BF> c) {
+  return {f2h(std::fma(h2f(a.x, BF), h2f(b.x, BF), h2f(c.x, BF)), BF), f2h(std::fma(h2f(a.y, BF), h2f(b.y, BF), h2f(c.y, BF)), BF)};
+}
+// a warp's __shfl_sync with a width: lane src of each group of width lanes
+template <class T> static T __shfl_sync(unsigned, T v, int src, int width) {
+  unsigned u; memcpy(&u, &v, 4);
+  exchange[threadIdx.x] = u;
+  sync_point.arrive_and_wait();
+  unsigned r = exchange[(threadIdx.x & ~(unsigned)(width - 1)) + src];
+  sync_point.arrive_and_wait();
+  T out; memcpy(&out, &r, 4); return out;
+}
 template <bool BF> static P2<BF> __hmul2(P2<BF> a, P2<BF> b) {
   return {f2h(h2f(a.x, BF) * h2f(b.x, BF), BF), f2h(h2f(a.y, BF) * h2f(b.y, BF), BF)};
 }
@@ -651,9 +665,19 @@ int main() {
   static unsigned sc[32];
   for (int l = 0; l < 32; ++l) scanf("%u", &sc[l]);
 #endif
+#ifdef BB_HALVES          // per lane: its group's offset, scale and zero term
+  static int offs[32]; static float ss[32], cc[32];
+  for (int l = 0; l < 32; ++l) scanf("%d %f %f", &offs[l], &ss[l], &cc[l]);
+#endif
   for (unsigned l = 0; l < 32; ++l)
     lanes[l] = std::thread([l, off] {
-      threadIdx.x = l; bb_ndec_t(w[l], off, d[l]);
+      threadIdx.x = l;
+#ifdef BB_HALVES
+      bb_ndec_t(w[l], offs[l], d[l]);
+      bb_scl2_t(d[l], ss[l], cc[l]);
+#else
+      bb_ndec_t(w[l], off, d[l]);
+#endif
 #ifdef BB_SCALES
       bb_sclb_t(d[l], sc[l]);
 #endif
@@ -683,7 +707,8 @@ def _host_asm(src: str) -> str:
 @pytest.mark.parametrize("storage,order,dec,bits", [
     ("plain", None, "int", 4), ("plain", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4), ("offset", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4),
     ("twos", None, "int", 4), ("plain", None, "lut4", 4), ("plain", None, "e2m1", 4),
-    ("plain", None, "int", 8), ("twos", None, "int", 8), ("plain", None, "e4m3", 8), ("plain", None, "e5m2", 8)])
+    ("plain", None, "int", 8), ("twos", None, "int", 8), ("plain", None, "e4m3", 8), ("plain", None, "e5m2", 8),
+    ("plain", None, "int", 2), ("plain", FAST2, "int", 2), ("offset", FAST2, "int", 2), ("twos", None, "int", 2)])
 def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
     """``bb_ndec`` (permute=False), its very source compiled for the host with a warp of 32 threads
     emulating __shfl_xor_sync (``lop3``, ``prmt`` and the 16-bit pairs emulated exactly): lane q of
@@ -691,7 +716,8 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
     quad's slab (lane p holds K 32 p .. 32 p + 31 in its 4 words, code j of a word in slot
     ``order[j]``), each field (``storage`` "twos": its sign bit XOR-ed) minus ``off``; table codes
     (nf4's table for "lut4", fp4_e2m1 for "e2m1") their table value. 8-bit codes: lane p holds K
-    16 p .. 16 p + 15 (float8 codes their e4m3 / e5m2 value, NaN and inf excluded)."""
+    16 p .. 16 p + 15 (float8 codes their e4m3 / e5m2 value, NaN and inf excluded); 2-bit codes K
+    64 p .. 64 p + 63, in the plain or BitBLAS's fast-decoding order."""
     import random
     import shutil
     import subprocess
@@ -711,7 +737,7 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
     rng = random.Random(f"{act}-{storage}-{order}-{dec}-{bits}")    # a str seed: the same data in every process
     slot = order or tuple(range(n))
     finite = [c for c in range(1 << bits) if table is None or math.isfinite(table[c])]
-    offs = ((0, 8, 15) if bits == 4 else (0, 128, 255)) if dec == "int" else (0,)
+    offs = {2: (0, 2, 3), 4: (0, 8, 15), 8: (0, 128, 255)}[bits] if dec == "int" else (0,)
     for off in offs:
         codes = [[rng.choice(finite) for _ in range(V)] for _ in range(32)]      # lane -> its V codes (K order)
         words = [[sum(codes[l][n * j + i] << (bits * slot[i]) for i in range(n)) for j in range(4)] for l in range(32)]
@@ -728,6 +754,52 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
                     val = [table[f] for f in field] if table else [f - off for f in field]
                     want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
                     assert got[lane][2 * s + t] == want, (lane, s, t, off, hex(got[lane][2 * s + t]), hex(want))
+
+
+@pytest.mark.parametrize("act", ("float16", "bfloat16"))
+@pytest.mark.parametrize("storage,order", [("plain", FAST2), ("offset", None)])
+def test_natural_halves_on_the_host(tmp_path, act, storage, order):
+    """2-bit codes in natural order with groups of 128 (half a slab): ``bb_ndec(halves=True)`` then
+    ``bb_scl2`` (their very source on the host, a warp of 32 threads emulating the shuffles): the
+    pairs of K 0..127 of the quad's slab (lanes 0, 1's codes) are (field - offset) x scale + zero
+    term with lane 0's offset, scale and term, those of K 128..255 with lane 2's, whatever lanes 1
+    and 3 hold (each lane passes its own group's)."""
+    import random
+    import shutil
+    import subprocess
+    from bitblas.schedule.fused_wgmma import natural_dec_helper, natural_scale_halves_helper
+    from bitblas.schedule.gemv.decode import _act_bits
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs a host C++ compiler (g++)")
+    src = _host_asm(natural_dec_helper("t", act, storage, order, "int", None, 2, halves=True)
+                    + natural_scale_halves_helper("t", act, 32))
+    assert "asm" not in src, src
+    (tmp_path / "nh.cpp").write_text("#define NOUT 32\n#define BB_HALVES\n" + _NDEC_HARNESS.replace("HELPER", src))
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "nh"), str(tmp_path / "nh.cpp")],
+                   check=True, capture_output=True)
+    rng = random.Random(f"nh-{act}-{storage}-{order}")
+    slot = order or tuple(range(16))
+    for _ in range(3):
+        codes = [[rng.randrange(4) for _ in range(64)] for _ in range(32)]
+        words = [[sum(codes[l][16 * j + i] << (2 * slot[i]) for i in range(16)) for j in range(4)] for l in range(32)]
+        # per (quad, half): offset, scale, zero term (exact in 16 bits); lanes 1 and 3 carry their group's too
+        grp = [(rng.randrange(4), rng.choice((0.5, 1.0, 2.0, -4.0)), rng.choice((0.0, 1.0, -3.0, 0.25)))
+               for _ in range(16)]
+        lane_g = [grp[2 * (l // 4) + (l % 4) // 2] for l in range(32)]
+        inp = (" ".join(str(x) for lw in words for x in lw) + " 0\n"
+               + " ".join(f"{o} {sv!r} {cv!r}" for o, sv, cv in lane_g) + "\n")
+        out = subprocess.run([str(tmp_path / "nh")], input=inp, check=True, capture_output=True, text=True).stdout
+        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
+        for lane in range(32):
+            q, base = lane % 4, lane - lane % 4
+            for s in range(16):
+                for t in range(2):
+                    k = 16 * s + 2 * q + 8 * t
+                    o, sv, cv = lane_g[base + 2 * (k // 128)]
+                    val = [(codes[base + kk // 64][kk % 64] - o) * sv + cv for kk in (k, k + 1)]
+                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
+                    assert got[lane][2 * s + t] == want, (lane, s, t, hex(got[lane][2 * s + t]), hex(want))
 
 
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
@@ -787,7 +859,10 @@ def test_natural_block_scales_on_the_host(tmp_path, act):
                                        ("u8-g128-bias", (128, 1, 2, "split_k", "w_smem", "s4")),
                                        ("i8-chan-f32", (128, 1, 2, "split_k", "s4r4")),
                                        ("bf16-e4m3-chan", (128, 1, 2, "split_k", "w_smem", "s4")),
-                                       ("e5m2-g128-f32", (256, 1, 2, "split_k"))])
+                                       ("e5m2-g128-f32", (256, 1, 2, "split_k")),
+                                       ("u2-g128", (128, 1, 2, "split_k", "w_smem", "s4")),
+                                       ("i2-g128-zeros", (128, 1, 2, "split_k", "s4")),
+                                       ("bf16-u2-qzeros", (128, 1, 2, "split_k", "w_smem", "s4"))])
 def test_fused_natural_codegen(name, tile):
     """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
     temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
@@ -808,11 +883,17 @@ def test_fused_natural_codegen(name, tile):
 
 
 def test_fused_natural_refusals():
-    """permute=False names what it takes: float activations, 4-bit int / uint / table codes and 8-bit
-    int / uint / float8 codes, groups of whole slabs or nvfp4's 16-value blocks."""
+    """permute=False names what it takes: float activations, 2-bit int / uint codes, 4-bit int / uint /
+    table codes and 8-bit int / uint / float8 codes, groups of whole slabs (2-bit: half slabs) or
+    nvfp4's 16-value blocks."""
     nat = FusedWgmmaHint(row_tile=128, permute=False)
     assert fused_wgmma_unsupported(make_plan(_cfg("u4-g128", K=2048), "cuda", None), nat) is None
-    assert "4-bit int / uint" in fused_wgmma_unsupported(make_plan(_cfg("u2-g128", K=2048), "cuda", None), nat)
+    for name in ("u2-g128", "i2-g128-zeros"):         # 2-bit: groups of half a slab, gathered per quad
+        assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
+    u2g64 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint2", group_size=64, with_scaling=True)
+    assert "multiples of 128" in fused_wgmma_unsupported(make_plan(u2g64, "cuda", None), nat)
+    u1 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint1", group_size=128, with_scaling=True)
+    assert "2-bit int / uint" in fused_wgmma_unsupported(make_plan(u1, "cuda", None), nat)
     for name in ("u8-g128-bias", "i8-chan-f32", "bf16-e4m3-chan", "e5m2-g128-f32"):
         assert fused_wgmma_unsupported(make_plan(_cfg(name, K=2048), "cuda", None), nat) is None
     for name in ("nf4-g128", "bf16-fp4-g128"):

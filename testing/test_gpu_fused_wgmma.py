@@ -348,35 +348,49 @@ NAT_FORMATS = {
     "i8-chan": dict(A_dtype="float16", W_dtype="int8", with_scaling=True),
     "bf16-e4m3-chan": dict(A_dtype="bfloat16", W_dtype="float8_e4m3", with_scaling=True, out_dtype="bfloat16"),
     "e5m2-g128": dict(A_dtype="float16", W_dtype="float8_e5m2", group_size=128, with_scaling=True),
+    # 2-bit codes: groups of half a slab, each half's scale and offset gathered per quad
+    "u2-g128": dict(A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True),
+    "i2-g128-zeros-plain": dict(A_dtype="float16", W_dtype="int2", group_size=128, with_scaling=True, with_zeros=True,
+                                fast_decoding=False),
+    "bf16-u2-qzeros-g384": dict(A_dtype="bfloat16", W_dtype="uint2", group_size=384, with_scaling=True,
+                                with_zeros=True, zeros_mode="quantized", out_dtype="bfloat16"),
+    "i2-chan-bias": dict(A_dtype="float16", W_dtype="int2", with_scaling=True, with_bias=True),
 }
 NAT_HINTS = ("t128", "t256w2", "t128w2k-ov4", "t256w2-ov", "t128w2k-ov4-notail", "t128w2k-ws-kc2")
 
 
-@pytest.mark.parametrize("name,hk", [(n, h) for n in NAT_FORMATS for h in NAT_HINTS])
+_TWO_BIT = [n for n, f in NAT_FORMATS.items() if f["W_dtype"] in ("uint2", "int2")]
+# 2-bit codes with overlap would spill (register_words); they run the split-K tile without it instead
+NAT_CASES = ([(n, h) for n in NAT_FORMATS for h in NAT_HINTS if not (n in _TWO_BIT and "-ov" in h)]
+             + [(n, "t128w2k-ws") for n in _TWO_BIT])
+
+
+@pytest.mark.parametrize("name,hk", NAT_CASES)
 @gpu
 def test_fused_natural(name, hk):
-    """permute=False, N=1000, K=1536 (K=2048 for groups of 256): one kernel per format x tile, run at
-    65..1024 rows."""
+    """permute=False, N=1000, K=1536 (K=2048 for groups of 256, 3072 for 2-bit codes in clusters):
+    one kernel per format x tile, run at 65..1024 rows."""
     from dataclasses import replace
-    cfg = MatmulConfig(N=1000, K=2048 if NAT_FORMATS[name].get("group_size") == 256 else 1536, **NAT_FORMATS[name])
+    K = 3072 if name in _TWO_BIT and "kc2" in hk else 2048 if NAT_FORMATS[name].get("group_size") == 256 else 1536
+    cfg = MatmulConfig(N=1000, K=K, **NAT_FORMATS[name])
     errors = _check(cfg, replace(HINTS[hk], permute=False), ROWS)
     assert not errors, errors
 
 
-@pytest.mark.parametrize("name", ["u4-g128", "nvfp4", "i8-chan"])
+@pytest.mark.parametrize("name", ["u4-g128", "nvfp4", "i8-chan", "u2-g128"])
 @gpu
 def test_fused_natural_8192(name):
     """permute=False at N = K = 8192, 128 and 256 rows (the default split-K tile and a 256-row tile),
     against the reference."""
     from dataclasses import replace
     cfg = MatmulConfig(N=8192, K=8192, **NAT_FORMATS[name])
-    for hk in ("t128w2k-ov4", "t256w2"):
+    for hk in ("t128w2k-ws" if name in _TWO_BIT else "t128w2k-ov4", "t256w2"):
         errors = _check(cfg, replace(HINTS[hk], permute=False), (128, 256))
         assert not errors, errors
 
 
 @pytest.mark.parametrize("name", ["u4-g128", "bf16-u4-qzeros", "nf4-g128", "fp4-g128", "nvfp4", "u8-g128",
-                                  "bf16-e4m3-chan"])
+                                  "bf16-e4m3-chan", "u2-g128", "i2-g128-zeros-plain"])
 @gpu
 def test_natural_default_through_matmul(name):
     """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default; nvfp4 and
@@ -386,7 +400,7 @@ def test_natural_default_through_matmul(name):
     import bitblas
     from kernel_helpers import shifted_view
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    clustered = name in ("nvfp4", "u8-g128", "bf16-e4m3-chan")
+    clustered = name in ("nvfp4", "u8-g128", "bf16-e4m3-chan", "u2-g128", "i2-g128-zeros-plain")
     if clustered and torch.cuda.get_device_properties(0).multi_processor_count < 128:
         pytest.skip("64 tiles run as clusters on >= 128 SMs")
     cfg = MatmulConfig(M=None, N=4096 if clustered else 8192, K=2048, **NAT_FORMATS[name])

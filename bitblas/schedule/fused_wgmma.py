@@ -367,7 +367,7 @@ ACT_HEADERS = {"float16": "#include <cuda_fp16.h>\n", "bfloat16": "#include <cud
 
 
 def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None,
-                       bits: int = 4) -> str:
+                       bits: int = 4, halves: bool = False) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
     in natural K order (4-bit codes, one 16-byte vector per lane).
     Lane q of a quad holds the 32 codes of K 32 q .. 32 q + 31 of the slab, 8 per word, two per byte
@@ -394,9 +394,16 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
     of its words into one word (``prmt``: words 0 and 2 for lanes 0, 1, words 1 and 3 for lanes 2,
     3, interleaved so that the 8-bit pair decoders' slots p, p + 2 hold a pair), the quad's word
     transpose delivers them, and the permuted path's 8-bit pair decoder (the GEMV template's int
-    decoder, :func:`~.gemv.decode.f8_pair_dec`) decodes word p into d[2 p], d[2 p + 1]."""
+    decoder, :func:`~.gemv.decode.f8_pair_dec`) decodes word p into d[2 p], d[2 p + 1].
+
+    ``bits=2`` (int / uint): lane q holds K 64 q .. 64 q + 63, 16 codes per word; k16 step s = 4 p + j
+    needs codes 16 s + 2 q + {0, 1, 8, 9}, one byte's worth of word j of lane p: :func:`_natural_dec2`.
+    ``halves``: groups of 128 (half a slab): the pairs of lanes 0, 1 take lane 0's offset ``off``,
+    those of lanes 2, 3 lane 2's (two shuffles)."""
     if bits == 8:
         return _natural_dec8(tag, act, storage, dec)
+    if bits == 2:
+        return _natural_dec2(tag, act, storage, order, halves)
     if dec not in ("int", "lut4", "e2m1"):
         raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, lut4 or e2m1 codes")
     if order is not None and dec != "int":
@@ -468,6 +475,85 @@ def _natural_dec8(tag: str, act: str, storage: str, dec: str) -> str:
     return ACT_HEADERS[act] + QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
 
 
+# 2-bit code orders the natural-order decoder takes: the plain one and BitBLAS's fast-decoding one,
+# whose byte i holds, in its four fields, codes 2 f + i % 2 + 8 (i // 2) (f = 0..3)
+NATURAL_ORDERS_2 = (None, (0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15))
+
+
+def _natural_dec2(tag: str, act: str, storage: str, order, halves: bool) -> str:
+    """:func:`natural_dec_helper` for 2-bit int / uint codes. Lane q of the quad needs, from word j
+    of lane p, the codes 2 q, 2 q + 1, 2 q + 8, 2 q + 9 of the word (k16 step 4 p + j): one byte.
+    Each lane first makes each word ``t`` whose byte r is that byte for lane r: in the plain order
+    nibbles r and r + 4 of the word (two shifts and masks), in the fast-decoding order field r of
+    its four bytes (a 4x4 transpose of 2-bit fields: two delta swaps). Then the 4x4 byte transpose
+    (``prmt``) puts the bytes for lane r into word r, the quad's word transpose delivers them: word p
+    of lane q holds its bytes from lane p's words j = 0..3, whose fields 0, 1 are A fragment word
+    2 s (s = 4 p + j) and fields 2, 3 word 2 s + 1, decoded as the int decoders do (a field into
+    each half by ``prmt`` of the word and the word shifted by 2 bits, masked onto the magic number
+    by ``lop3``, ``hsub2`` of the offset; ``storage`` "twos": the sign bit XOR-ed)."""
+    if order not in NATURAL_ORDERS_2:
+        raise ValueError(f"order={order}: the natural-order decoder of 2-bit codes undoes {NATURAL_ORDERS_2}")
+    t2, magic = ACT[act][1], ACT[act][2]
+    mask = 0x00030003
+    sign = 0x00020002 if storage == "twos" else 0
+    c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+    lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{",
+             "  unsigned x[4];"]
+    for j in range(4):
+        if order is None:              # byte r: nibble r | nibble r + 4 << 4 (A: r = 0, 2; B: r = 1, 3)
+            lines.append(f"  {{ const unsigned a = (w[{j}] & 0x0f0fu) | ((w[{j}] >> 12) & 0xf0f0u), "
+                         f"b = ((w[{j}] >> 4) & 0x0f0fu) | ((w[{j}] >> 16) & 0xf0f0u);")
+            lines.append(f"    x[{j}] = __byte_perm(a, b, 0x5140u); }}")
+        else:                          # field r of each byte -> byte r: a 4x4 transpose of 2-bit fields
+            lines.append(f"  {{ unsigned v = w[{j}], t = (v ^ (v >> 12)) & 0x0000f0f0u; v ^= t ^ (t << 12);")
+            lines.append("    t = (v ^ (v >> 6)) & 0x00cc00ccu; v ^= t ^ (t << 6);")
+            lines.append(f"    x[{j}] = v; }}")
+    lines += ["  const unsigned a0 = __byte_perm(x[0], x[1], 0x5140u), a1 = __byte_perm(x[0], x[1], 0x7362u);",
+              "  const unsigned a2 = __byte_perm(x[2], x[3], 0x5140u), a3 = __byte_perm(x[2], x[3], 0x7362u);",
+              "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
+              "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
+              "  bb_quad_t(u0, u1, u2, u3);"]
+    if halves:                         # lanes 0, 1 / 2, 3 of the quad: one group each
+        lines += ["  const int o0 = __shfl_sync(0xffffffffu, off, 0, 4), o1 = __shfl_sync(0xffffffffu, off, 2, 4);",
+                  f"  const unsigned z0u = (0x{magic:x}u + (unsigned)o0) * 0x10001u, "
+                  f"z1u = (0x{magic:x}u + (unsigned)o1) * 0x10001u;"]
+    else:
+        lines += [f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u, z1u = z0u;"]
+    lines += [f"  const {t2} z[2] = {{*reinterpret_cast<const {t2}*>(&z0u), *reinterpret_cast<const {t2}*>(&z1u)}};"]
+    for p in range(4):
+        lines.append(f"  {{ const unsigned h[4] = {{u{p}, u{p} >> 2, u{p} >> 4, u{p} >> 6}};")
+        for j in range(4):
+            sel = j | j << 4 | (4 + j) << 8 | (4 + j) << 12
+            for t in range(2):
+                lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
+                             f": \"=r\"(x) : \"r\"(__byte_perm(h[{2 * t}], h[{2 * t + 1}], 0x{sel:04x}u)));")
+                lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z[{p // 2}]);")
+                lines.append(f"      d[{8 * p + 2 * j + t}] = *reinterpret_cast<unsigned*>(&v); }}")
+        lines.append("  }")
+    lines.append("}")
+    return ACT_HEADERS[act] + QUAD_TRANSPOSE + "\n".join(lines) + "\n"
+
+
+def natural_scale_halves_helper(tag: str, act: str, npairs: int) -> str:
+    """``bb_scl2_{tag}(d, s, c)``: :func:`~.gemv.mma.mma_helpers`' ``bb_scl`` (``d = d * s + c`` per
+    pair, ``hfma2``) for 2-bit codes in natural order with groups of 128: the first half of the
+    ``npairs`` pairs (lanes 0, 1's codes) with lane 0's scale and zero term, the second half with
+    lane 2's (four shuffles). Every lane of the warp calls it."""
+    t2 = ACT[act][1]
+    cvt = "__float2half2_rn" if act == "float16" else "__float2bfloat162_rn"
+    lines = [f"__device__ __forceinline__ void bb_scl2_{tag}(unsigned* d, float s, float c) {{",
+             "  const float s0 = __shfl_sync(0xffffffffu, s, 0, 4), s1 = __shfl_sync(0xffffffffu, s, 2, 4);",
+             "  const float c0 = __shfl_sync(0xffffffffu, c, 0, 4), c1 = __shfl_sync(0xffffffffu, c, 2, 4);",
+             f"  const {t2} s2[2] = {{{cvt}(s0), {cvt}(s1)}};",
+             f"  const {t2} c2[2] = {{{cvt}(c0), {cvt}(c1)}};"]
+    for i in range(npairs):
+        k = 2 * i // npairs
+        lines.append(f"  {{ {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&d[{i}]), s2[{k}], c2[{k}]); "
+                     f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
+    lines.append("}")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def natural_block_scale_helper(tag: str, act: str) -> str:
     """``bb_sclb_{tag}(d, s)`` of ``FusedWgmmaHint(permute=False)`` for float8_e4m3 block scales of 16
     codes (nvfp4): the pairs of :func:`natural_dec_helper` times their blocks' scales. Decoded pair
@@ -507,16 +593,25 @@ def _natural_unsupported(plan) -> Optional[str]:
     if c.A_dtype not in ("float16", "bfloat16"):
         return f"permute=False: A_dtype={c.A_dtype!r}; the natural-order decoder takes float16 / bfloat16 activations"
     if not ((decoder(w) in ("int", "lut4", "e2m1") and w.bits == 4)
-            or (decoder(w) in ("int", "e4m3", "e5m2") and w.bits == 8)):
-        return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 4-bit int / uint / table "
-                f"codes (nf4, fp4_e2m1, nvfp4) and 8-bit int / uint / float8 codes")
-    if plan.w_order not in NATURAL_ORDERS:
-        return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(NATURAL_ORDERS, key=str)}"
+            or (decoder(w) in ("int", "e4m3", "e5m2") and w.bits == 8) or (decoder(w) == "int" and w.bits == 2)):
+        return (f"permute=False: W_dtype={c.W_dtype!r}; the natural-order decoder takes 2-bit int / uint codes, "
+                f"4-bit int / uint / table codes (nf4, fp4_e2m1, nvfp4) and 8-bit int / uint / float8 codes")
+    orders = NATURAL_ORDERS_2 if w.bits == 2 else NATURAL_ORDERS
+    if plan.w_order not in orders:
+        return f"permute=False: code order {plan.w_order}; the natural-order decoder undoes {sorted(orders, key=str)}"
     nvfp4_blocks = f8_scales(plan) and w.bits == 4 and c.group_size == 16     # gathered per quad
-    if plan.groups > 1 and c.group_size % slab_codes(w.bits) and not nvfp4_blocks:
+    # 2-bit codes: groups of half a slab (lanes 0, 1 / 2, 3), their scales and offsets gathered
+    span = slab_codes(w.bits) // (2 if w.bits == 2 else 1)
+    if plan.groups > 1 and c.group_size % span and not nvfp4_blocks:
         return (f"permute=False: group_size={c.group_size}; each lane decodes codes of the whole slab, so a group "
-                f"must hold whole slabs of {slab_codes(w.bits)} K values (or be nvfp4's 16-value float8 blocks)")
+                f"must hold multiples of {span} K values (or be nvfp4's 16-value float8 blocks)")
     return None
+
+
+def _natural_halves(plan) -> bool:
+    """2-bit codes in natural order whose groups end inside a slab (e.g. 128): each half of the
+    decoded pairs takes the scale and offset of its own group (gathered by shuffles)."""
+    return plan.w.bits == 2 and plan.groups > 1 and plan.config.group_size % slab_codes(2) != 0
 
 
 def fused_wgmma_unsupported(plan, hint: FusedWgmmaHint) -> Optional[str]:
@@ -680,7 +775,7 @@ def _natural_where_clustered(plan) -> bool:
     256 rows 1.00-1.04x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-0.99x, 8-bit
     0.90-0.93x (each against the faster of the two permuted tiles; docs/tuning.md): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
     the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there)."""
-    return f8_scales(plan) or plan.w.bits == 8
+    return f8_scales(plan) or plan.w.bits in (2, 8)
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:
@@ -868,12 +963,15 @@ def _body(plan, hint: FusedWgmmaHint):
             wsrc = repr(wgmma_helper(tag, c.A_dtype, RT, 4, BOXB))
 
         if not hint.permute:          # the activations as given: the codes move in registers instead
+            halves = _natural_halves(plan)
             nsrc = natural_dec_helper(tag, c.A_dtype, plan.w_storage, plan.w_order, decoder(plan.w), plan.w.table,
-                                      plan.w.bits)
+                                      plan.w.bits, halves)
             e = dict(e, dec_line=lambda ind, wsrc, off, dst: f"{ind}T.cuda.func_call('bb_ndec_{tag}', {wsrc}, "
                                                              f"{off}, {dst}, source_code={nsrc!r})")
             if e["SB"] > 1:                     # nvfp4: each pair's block scale from the lane whose codes it holds
                 e["helpers"] = {**e["helpers"], f"bb_sclb_{tag}": natural_block_scale_helper(tag, c.A_dtype)}
+            if halves:                          # 2-bit, groups of 128: each half's scale from its group
+                e["scl"] = (f"bb_scl2_{tag}", natural_scale_halves_helper(tag, c.A_dtype, NA))
         tensor_map(add, plan.arg("A").dtype, K, RT)
         if hint.tail_box:                       # boxes of the last tile's rows: (mv - 1) % RT + 1
             tensor_map(add, plan.arg("A").dtype, K, RT, name="A_tail", box_rows=f"(mv - 1) % {RT} + 1")

@@ -406,8 +406,9 @@ def decode_vectors(add, plan, e, ind: str, R: int, cidx: str, ws: str, dq: str =
         add(f"{ind1}T.cuda.func_call('bb_sclb_{tag}', {dq}.ptr_to([r, h, 0]), sr[{ws}, r, h], "
             f"source_code={e['helpers'][f'bb_sclb_{tag}']!r})")
     elif (c.with_scaling or e["float_zeros"]) and not at_store:
-        scl = mma_helpers(tag, c.A_dtype, e["NA"])[f"bb_scl_{tag}"]
-        add(f"{ind1}T.cuda.func_call('bb_scl_{tag}', {dq}.ptr_to([r, h, 0]), sv[h], cv[h], "
+        # e["scl"]: another (name, source) of the same signature (the fused GEMM's natural order)
+        name, scl = e.get("scl") or (f"bb_scl_{tag}", mma_helpers(tag, c.A_dtype, e["NA"])[f"bb_scl_{tag}"])
+        add(f"{ind1}T.cuda.func_call({name!r}, {dq}.ptr_to([r, h, 0]), sv[h], cv[h], "
             f"source_code={scl!r})")
 
 

@@ -410,8 +410,9 @@ def test_fused_default_tiles():
     tiles for 4-bit codes where they run in fewer waves than 128-row ones (8192 channels at 256 rows: 128 blocks
     against 256 on 132 SMs; 4096 channels: one wave either way, so 128-row tiles keep every SM
     busy); 256-row tiles side by side where there are many. The split-K tiles read the activations
-    as given where the natural-order decoder takes the plan (4-bit int / uint / table codes, groups of
-    whole slabs; nvfp4 and 8-bit codes only when clustered), else after the permute pass; those without overlap stage their weights in shared memory
+    as given where the natural-order decoder takes the plan (2- and 4-bit int / uint, 4-bit table codes,
+    groups of whole slabs or 2-bit half slabs; nvfp4 and 8-bit codes only when clustered), else after
+    the permute pass; those without overlap stage their weights in shared memory
     (w_smem, 4 weight slots); split-K tiles filling at most half the SMs run as 2-CTA clusters
     splitting K (k_ctas=2)."""
     def cfg(N, **kw):
@@ -432,8 +433,11 @@ def test_fused_default_tiles():
     assert fused_default(small, 256) == split128
     u2 = make_plan(MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
                                 with_scaling=True), "cuda", None)
-    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4,
+    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, permute=False,
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
+    u2few = MatmulConfig(M=None, N=1024, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True)
+    h = fused_default(make_plan(u2few, "cuda", None), 100)                     # clustered, natural order
+    assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), h
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
     # permuted tiles: clustered without PDL (the permute kernel keeps its SMs); int8 / float8
@@ -444,7 +448,7 @@ def test_fused_default_tiles():
         h = fused_default(few(w, with_scaling=True, group_size=128), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
     # nvfp4 and 8-bit codes: natural order in clustered tiles only (measured: _natural_where_clustered)
-    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16)), ("uint2", dict(group_size=128))):
+    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16))):
         h = fused_default(few(w, with_scaling=True, **kw), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)

@@ -400,6 +400,7 @@ def test_natural_default_through_matmul(name):
     import bitblas
     from kernel_helpers import shifted_view
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
+    # nvfp4 / 8-bit codes: natural only in clusters; 2-bit codes (natural in every split-K tile) there too
     clustered = name in ("nvfp4", "u8-g128", "bf16-e4m3-chan", "u2-g128", "i2-g128-zeros-plain")
     if clustered and torch.cuda.get_device_properties(0).multi_processor_count < 128:
         pytest.skip("64 tiles run as clusters on >= 128 SMs")

@@ -181,9 +181,11 @@ N = K = 4096 at 128 rows (clustered) 12.79 / 13.31 us against 16.00 / 15.57 (1.2
 14.05), 256 rows 1.11x / 1.05x; 8192^2 at 128 and 256 rows 0.99-1.03x. nvfp4 (each pair's float8
 block scale gathered from the lane that loaded it: :func:`natural_block_scale_helper`) and 8-bit
 int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural order too, by default
-only in clustered tiles (:func:`_natural_where_clustered`: 1.14-1.16x there, 0.87-0.99x at 8192^2).
-Not done yet (issue 24): 2-bit codes, and nvfp4 / 8-bit codes outside clustered tiles, and int8 /
-float8 activations keep the permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192,
+only in clustered tiles (:func:`_natural_where_clustered`: 1.14-1.16x there, 0.87-0.99x at 8192^2);
+2-bit int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad)
+in every split-K tile (1.19-1.39x at N = K = 4096, 0.95-1.00x at 8192^2). Not done yet (issue 24):
+nvfp4 / 8-bit codes outside clustered tiles, tiles side by side, and int8 / float8 activations keep
+the permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192,
 where the issue asks <= 1 MB); no persistent tile loop or warp-specialized producer.
 """
 from __future__ import annotations
@@ -754,9 +756,9 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 # split over K: the activations as given where the natural-order decoder takes the
-                # plan (4-bit int / uint / nf4 / fp4_e2m1 codes) or, for nvfp4 and 8-bit codes, where
-                # the tiles are clustered (measured: the module docstring); the tiles side by side
-                # keep the permute
+                # plan (2-bit and 4-bit int / uint, nf4 / fp4_e2m1 codes) or, for nvfp4 and 8-bit
+                # codes, where the tiles are clustered (measured: _natural_where_clustered); the
+                # tiles side by side keep the permute
                 nat = replace(h, permute=False)
                 if h.split_k and fused_wgmma_unsupported(plan, nat) is None:
                     chosen = _clustered(plan, _staged(plan, nat), rows, sms)
@@ -774,8 +776,11 @@ def _natural_where_clustered(plan) -> bool:
     per channel 17.56 / 20.08, float8_e4m3 per channel 18.51 / 21.23 (1.14-1.16x; cuBLAS 13.77); at
     256 rows 1.00-1.04x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-0.99x, 8-bit
     0.90-0.93x (each against the faster of the two permuted tiles; docs/tuning.md): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
-    the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there)."""
-    return f8_scales(plan) or plan.w.bits in (2, 8)
+    the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there). 2-bit codes
+    take it in every split-K tile: int2 / uint2 g128, us natural / permuted (PDL as the default /
+    without): N = K = 4096 at 128 rows (clustered) 12.52 / 15.41 (1.23x; cuBLAS 13.93), at 256 rows
+    17.19 / 23.84 / 20.45 (1.39x / 1.19x; cuBLAS 18.31), 8192^2 at 128 rows 0.95-1.00x."""
+    return f8_scales(plan) or plan.w.bits == 8
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

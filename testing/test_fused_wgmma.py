@@ -707,6 +707,41 @@ def _host_asm(src: str) -> str:
     return re.sub(r'asm\("(lop3|prmt)\.b32 %0, ([^"]*);" : "=r"\((\w+)\) : (.*?)\);', call, src)
 
 
+def _host_lanes(tmp_path, src: str, defines: str = ""):
+    """The harness with the decoder source ``src`` (``_host_asm``-ed) and ``defines`` compiled for the
+    host (skips without g++): returns ``run(input text) -> per-lane lists of output words``."""
+    import shutil
+    import subprocess
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs a host C++ compiler (g++)")
+    src = _host_asm(src)
+    assert "asm" not in src, src
+    (tmp_path / "lanes.cpp").write_text(defines + _NDEC_HARNESS.replace("HELPER", src))
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "lanes"), str(tmp_path / "lanes.cpp")],
+                   check=True, capture_output=True)
+
+    def run(inp: str):
+        out = subprocess.run([str(tmp_path / "lanes")], input=inp, check=True, capture_output=True, text=True).stdout
+        return [[int(x) for x in line.split()] for line in out.strip().split("\n")]
+    return run
+
+
+def _check_fragments(got, act: str, steps: int, value):
+    """Lane q of each quad holds A fragment word 2 s + t = the pair of K k, k + 1 of the quad's slab
+    (k = 16 s + 2 q + 8 t) for each of ``steps`` k16 steps: ``value(base, kk)`` is the value of K kk,
+    ``base`` the quad's first lane, rounded to ``act`` as the decoders do."""
+    from bitblas.schedule.gemv.decode import _act_bits
+    for lane in range(32):
+        q, base = lane % 4, lane - lane % 4
+        for s in range(steps):
+            for t in range(2):
+                k = 16 * s + 2 * q + 8 * t
+                val = [value(base, kk) for kk in (k, k + 1)]
+                want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
+                assert got[lane][2 * s + t] == want, (lane, s, t, hex(got[lane][2 * s + t]), hex(want))
+
+
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
 @pytest.mark.parametrize("storage,order,dec,bits", [
     ("plain", None, "int", 4), ("plain", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4), ("offset", (0, 4, 1, 5, 2, 6, 3, 7), "int", 4),
@@ -723,41 +758,24 @@ def test_natural_decoder_on_the_host(tmp_path, act, storage, order, dec, bits):
     16 p .. 16 p + 15 (float8 codes their e4m3 / e5m2 value, NaN and inf excluded); 2-bit codes K
     64 p .. 64 p + 63, in the plain or BitBLAS's fast-decoding order."""
     import random
-    import shutil
-    import subprocess
     from bitblas.formats import E2M1_TABLE, E4M3_TABLE, E5M2_TABLE, NF4_TABLE
     from bitblas.schedule.fused_wgmma import natural_dec_helper
-    from bitblas.schedule.gemv.decode import _act_bits
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs a host C++ compiler (g++)")
     table = {"lut4": NF4_TABLE, "e2m1": E2M1_TABLE, "e4m3": E4M3_TABLE, "e5m2": E5M2_TABLE}.get(dec)
-    src = _host_asm(natural_dec_helper("t", act, storage, order, dec, table, bits))
-    assert "asm" not in src, src
     V, n = 128 // bits, 32 // bits                 # codes per lane, per word
-    (tmp_path / "ndec.cpp").write_text(f"#define NOUT {V // 2}\n" + _NDEC_HARNESS.replace("HELPER", src))
-    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "ndec"), str(tmp_path / "ndec.cpp")],
-                   check=True, capture_output=True)
+    run = _host_lanes(tmp_path, natural_dec_helper("t", act, storage, order, dec, table, bits), f"#define NOUT {V // 2}\n")
     rng = random.Random(f"{act}-{storage}-{order}-{dec}-{bits}")    # a str seed: the same data in every process
     slot = order or tuple(range(n))
     finite = [c for c in range(1 << bits) if table is None or math.isfinite(table[c])]
-    offs = {2: (0, 2, 3), 4: (0, 8, 15), 8: (0, 128, 255)}[bits] if dec == "int" else (0,)
-    for off in offs:
+    flip = 1 << (bits - 1) if storage == "twos" else 0
+    for off in ({2: (0, 2, 3), 4: (0, 8, 15), 8: (0, 128, 255)}[bits] if dec == "int" else (0,)):
         codes = [[rng.choice(finite) for _ in range(V)] for _ in range(32)]      # lane -> its V codes (K order)
         words = [[sum(codes[l][n * j + i] << (bits * slot[i]) for i in range(n)) for j in range(4)] for l in range(32)]
-        inp = " ".join(str(x) for lw in words for x in lw) + f" {off}\n"
-        out = subprocess.run([str(tmp_path / "ndec")], input=inp, check=True, capture_output=True, text=True).stdout
-        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
-        for lane in range(32):
-            q, base = lane % 4, lane - lane % 4
-            for s in range(V // 4):
-                for t in range(2):
-                    k = 16 * s + 2 * q + 8 * t                   # A fragment word 2 s + t: K k, k + 1
-                    field = [codes[base + kk // V][kk % V] ^ (1 << (bits - 1) if storage == "twos" else 0)
-                             for kk in (k, k + 1)]
-                    val = [table[f] for f in field] if table else [f - off for f in field]
-                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
-                    assert got[lane][2 * s + t] == want, (lane, s, t, off, hex(got[lane][2 * s + t]), hex(want))
+        got = run(" ".join(str(x) for lw in words for x in lw) + f" {off}\n")
+
+        def value(base, kk):
+            field = codes[base + kk // V][kk % V] ^ flip
+            return table[field] if table else field - off
+        _check_fragments(got, act, V // 4, value)
 
 
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
@@ -769,19 +787,9 @@ def test_natural_halves_on_the_host(tmp_path, act, storage, order):
     term with lane 0's offset, scale and term, those of K 128..255 with lane 2's, whatever lanes 1
     and 3 hold (each lane passes its own group's)."""
     import random
-    import shutil
-    import subprocess
     from bitblas.schedule.fused_wgmma import natural_dec_helper, natural_scale_halves_helper
-    from bitblas.schedule.gemv.decode import _act_bits
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs a host C++ compiler (g++)")
-    src = _host_asm(natural_dec_helper("t", act, storage, order, "int", None, 2, halves=True)
-                    + natural_scale_halves_helper("t", act, 32))
-    assert "asm" not in src, src
-    (tmp_path / "nh.cpp").write_text("#define NOUT 32\n#define BB_HALVES\n" + _NDEC_HARNESS.replace("HELPER", src))
-    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "nh"), str(tmp_path / "nh.cpp")],
-                   check=True, capture_output=True)
+    run = _host_lanes(tmp_path, natural_dec_helper("t", act, storage, order, "int", None, 2, halves=True)
+                      + natural_scale_halves_helper("t", act, 32), "#define NOUT 32\n#define BB_HALVES\n")
     rng = random.Random(f"nh-{act}-{storage}-{order}")
     slot = order or tuple(range(16))
     for _ in range(3):
@@ -791,19 +799,13 @@ def test_natural_halves_on_the_host(tmp_path, act, storage, order):
         grp = [(rng.randrange(4), rng.choice((0.5, 1.0, 2.0, -4.0)), rng.choice((0.0, 1.0, -3.0, 0.25)))
                for _ in range(16)]
         lane_g = [grp[2 * (l // 4) + (l % 4) // 2] for l in range(32)]
-        inp = (" ".join(str(x) for lw in words for x in lw) + " 0\n"
-               + " ".join(f"{o} {sv!r} {cv!r}" for o, sv, cv in lane_g) + "\n")
-        out = subprocess.run([str(tmp_path / "nh")], input=inp, check=True, capture_output=True, text=True).stdout
-        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
-        for lane in range(32):
-            q, base = lane % 4, lane - lane % 4
-            for s in range(16):
-                for t in range(2):
-                    k = 16 * s + 2 * q + 8 * t
-                    o, sv, cv = lane_g[base + 2 * (k // 128)]
-                    val = [(codes[base + kk // 64][kk % 64] - o) * sv + cv for kk in (k, k + 1)]
-                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
-                    assert got[lane][2 * s + t] == want, (lane, s, t, hex(got[lane][2 * s + t]), hex(want))
+        got = run(" ".join(str(x) for lw in words for x in lw) + " 0\n"
+                  + " ".join(f"{o} {sv!r} {cv!r}" for o, sv, cv in lane_g) + "\n")
+
+        def value(base, kk):
+            o, sv, cv = lane_g[base + 2 * (kk // 128)]
+            return (codes[base + kk // 64][kk % 64] - o) * sv + cv
+        _check_fragments(got, act, 16, value)
 
 
 @pytest.mark.parametrize("act", ("float16", "bfloat16"))
@@ -815,38 +817,22 @@ def test_natural_block_scales_on_the_host(tmp_path, act):
     block, which lane (16 s) // 32 of the quad loaded (its two scale bytes, the first block low).
     Scale bytes over the whole e4m3 range (subnormal, negative, 448) but NaN."""
     import random
-    import shutil
-    import subprocess
     from bitblas.formats import E2M1_TABLE, E4M3_TABLE
     from bitblas.schedule.fused_wgmma import natural_block_scale_helper, natural_dec_helper
-    from bitblas.schedule.gemv.decode import _act_bits
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs a host C++ compiler (g++)")
-    src = _host_asm(natural_dec_helper("t", act, "plain", None, "e2m1", E2M1_TABLE) + natural_block_scale_helper("t", act))
-    assert "asm" not in src, src
-    (tmp_path / "nsclb.cpp").write_text("#define BB_SCALES\n" + _NDEC_HARNESS.replace("HELPER", src))
-    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-o", str(tmp_path / "nsclb"), str(tmp_path / "nsclb.cpp")],
-                   check=True, capture_output=True)
+    run = _host_lanes(tmp_path, natural_dec_helper("t", act, "plain", None, "e2m1", E2M1_TABLE)
+                      + natural_block_scale_helper("t", act), "#define BB_SCALES\n")
     rng = random.Random(f"nsclb-{act}")
     finite = [b for b in range(256) if b not in (0x7F, 0xFF)]
     for _ in range(3):
         codes = [[rng.randrange(16) for _ in range(32)] for _ in range(32)]      # lane -> its 32 codes (K order)
         scales = [[rng.choice(finite) for _ in range(2)] for _ in range(32)]    # lane -> its two blocks' bytes
         words = [[sum(codes[l][8 * j + i] << (4 * i) for i in range(8)) for j in range(4)] for l in range(32)]
-        inp = (" ".join(str(x) for lw in words for x in lw) + " 0\n"
-               + " ".join(str(sc[0] | sc[1] << 8) for sc in scales) + "\n")
-        out = subprocess.run([str(tmp_path / "nsclb")], input=inp, check=True, capture_output=True, text=True).stdout
-        got = [[int(x) for x in line.split()] for line in out.strip().split("\n")]
-        for lane in range(32):
-            q, base = lane % 4, lane - lane % 4
-            for s in range(8):
-                for t in range(2):
-                    k = 16 * s + 2 * q + 8 * t
-                    sc = E4M3_TABLE[scales[base + k // 32][k % 32 // 16]]
-                    val = [E2M1_TABLE[codes[base + kk // 32][kk % 32]] * sc for kk in (k, k + 1)]
-                    want = _act_bits(val[0], act) | _act_bits(val[1], act) << 16
-                    assert got[lane][2 * s + t] == want, (lane, s, t, hex(got[lane][2 * s + t]), hex(want))
+        got = run(" ".join(str(x) for lw in words for x in lw) + " 0\n"
+                  + " ".join(str(sc[0] | sc[1] << 8) for sc in scales) + "\n")
+
+        def value(base, kk):
+            return E2M1_TABLE[codes[base + kk // 32][kk % 32]] * E4M3_TABLE[scales[base + kk // 32][kk % 32 // 16]]
+        _check_fragments(got, act, 8, value)
 
 
 @pytest.mark.nvcc

@@ -433,11 +433,8 @@ def test_fused_default_tiles():
     assert fused_default(small, 256) == split128
     u2 = make_plan(MatmulConfig(M=None, N=8192, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128,
                                 with_scaling=True), "cuda", None)
-    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, permute=False,
+    assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4,
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
-    u2few = MatmulConfig(M=None, N=1024, K=8192, A_dtype="float16", W_dtype="uint2", group_size=128, with_scaling=True)
-    h = fused_default(make_plan(u2few, "cuda", None), 100)                     # clustered, natural order
-    assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), h
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
     # permuted tiles: clustered without PDL (the permute kernel keeps its SMs); int8 / float8
@@ -447,10 +444,13 @@ def test_fused_default_tiles():
     for w in ("nf4", "fp4_e2m1"):                 # table codes in natural order: clustered with PDL
         h = fused_default(few(w, with_scaling=True, group_size=128), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
-    # nvfp4 and 8-bit codes: natural order in clustered tiles only (measured: _natural_where_clustered)
-    for w, kw in (("uint8", {}), ("float8_e4m3", {}), ("nvfp4", dict(group_size=16))):
+    # nvfp4, 2- and 8-bit codes: natural order up to the channels measured faster (_natural_max_n)
+    for w, kw, n_max in (("uint8", {}, 4096), ("float8_e4m3", {}, 4096), ("nvfp4", dict(group_size=16), 4096),
+                         ("uint2", dict(group_size=128), 6144)):
         h = fused_default(few(w, with_scaling=True, **kw), 100)
         assert (h.permute, h.k_ctas, h.pdl) == (False, 2, True), (w, h)
+        h = fused_default(few(w, N=n_max, with_scaling=True, **kw), 256)
+        assert (h.permute, h.split_k) == (False, True), (w, h)
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
         assert (h.permute, h.k_ctas, h.split_k) == (True, 1, True), (w, h)
     i8 = lambda **kw: make_plan(_i8cfg("int4", N=4096, K=8192, **kw), "cuda", None)   # noqa: E731

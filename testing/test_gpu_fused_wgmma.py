@@ -393,14 +393,14 @@ def test_fused_natural_8192(name):
                                   "bf16-e4m3-chan", "u2-g128", "i2-g128-zeros-plain"])
 @gpu
 def test_natural_default_through_matmul(name):
-    """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default; nvfp4 and
-    8-bit codes where they are clustered: 4096 channels): correct across the GEMV / fused boundary and
+    """An untuned dynamic-M operator takes permute=False in its split-K tiles (fused_default; nvfp4, 2-
+    and 8-bit codes up to the channels measured faster: run at 4096): correct across the GEMV / fused boundary and
     past the split-K rows, with activations off the 16-byte boundary too (the operator realigns them:
     TMA reads them as given), and its 128-row kernel is the natural-order one."""
     import bitblas
     from kernel_helpers import shifted_view
     from bitblas.reference import random_inputs, reference_matmul, relative_error, tolerance
-    # nvfp4 / 8-bit codes: natural only in clusters; 2-bit codes (natural in every split-K tile) there too
+    # nvfp4 / 2- / 8-bit codes: natural up to N = 4096 / 6144 / 4096 (_natural_max_n); run at 4096 channels
     clustered = name in ("nvfp4", "u8-g128", "bf16-e4m3-chan", "u2-g128", "i2-g128-zeros-plain")
     if clustered and torch.cuda.get_device_properties(0).multi_processor_count < 128:
         pytest.skip("64 tiles run as clusters on >= 128 SMs")

@@ -180,13 +180,13 @@ permuted, cuBLAS fp16 in the same run (``benchmark.matmul --hints 'Default(permu
 N = K = 4096 at 128 rows (clustered) 12.79 / 13.31 us against 16.00 / 15.57 (1.25x / 1.17x; cuBLAS
 14.05), 256 rows 1.11x / 1.05x; 8192^2 at 128 and 256 rows 0.99-1.03x. nvfp4 (each pair's float8
 block scale gathered from the lane that loaded it: :func:`natural_block_scale_helper`) and 8-bit
-int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural order too, by default
-only in clustered tiles (:func:`_natural_where_clustered`: 1.14-1.16x there, 0.87-0.99x at 8192^2);
-2-bit int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad)
-in every split-K tile (1.19-1.39x at N = K = 4096, 0.95-1.00x at 8192^2). Not done yet (issue 24):
-nvfp4 / 8-bit codes outside clustered tiles, tiles side by side, and int8 / float8 activations keep
-the permute pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192,
-where the issue asks <= 1 MB); no persistent tile loop or warp-specialized producer.
+int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural order too, and 2-bit
+int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad), by
+default up to the channels where they measured faster (:func:`_natural_max_n`: N <= 4096, 2-bit
+6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). Not done yet (issue 24):
+those codes at more channels, tiles side by side, and int8 / float8 activations keep the permute
+pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no
+persistent tile loop or warp-specialized producer.
 """
 from __future__ import annotations
 
@@ -756,31 +756,40 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 # split over K: the activations as given where the natural-order decoder takes the
-                # plan (2-bit and 4-bit int / uint, nf4 / fp4_e2m1 codes) or, for nvfp4 and 8-bit
-                # codes, where the tiles are clustered (measured: _natural_where_clustered); the
-                # tiles side by side keep the permute
+                # plan (4-bit int / uint, nf4 / fp4_e2m1 codes) or, for nvfp4, 2- and 8-bit codes, up
+                # to the channels measured faster (_natural_max_n); the tiles side by side keep the
+                # permute
                 nat = replace(h, permute=False)
-                if h.split_k and fused_wgmma_unsupported(plan, nat) is None:
-                    chosen = _clustered(plan, _staged(plan, nat), rows, sms)
-                    if chosen.k_ctas > 1 or not _natural_where_clustered(plan):
-                        return chosen
+                limit = _natural_max_n(plan)
+                if (h.split_k and fused_wgmma_unsupported(plan, nat) is None
+                        and (limit is None or plan.config.N <= limit)):
+                    return _clustered(plan, _staged(plan, nat), rows, sms)
                 return _clustered(plan, _staged(plan, h), rows, sms)
     return None
 
 
-def _natural_where_clustered(plan) -> bool:
-    """nvfp4 and 8-bit codes take natural K order only in clustered tiles: H200, the defaults
-    against the same tiles permuted, cuBLAS fp16 in the same run (``benchmark.matmul --hints
-    'Default(permute=true,pdl=false);Default(permute=true)'``), us natural / permuted: N = K = 4096 at
-    128 rows (clustered) nvfp4 13.84 / 16.01 (float16 activations; bfloat16 13.78 / 15.82), int8
-    per channel 17.56 / 20.08, float8_e4m3 per channel 18.51 / 21.23 (1.14-1.16x; cuBLAS 13.77); at
-    256 rows 1.00-1.04x; N = K = 8192 (one CTA per tile) at 128 and 256 rows nvfp4 0.87-0.99x, 8-bit
-    0.90-0.93x (each against the faster of the two permuted tiles; docs/tuning.md): the shuffles and ``prmt`` of the codes cost more than the permute pass saves where
-    the tiles are long in K (the 4-bit int and table codes' decoders: within 2% there). 2-bit codes
-    take it in every split-K tile: int2 / uint2 g128, us natural / permuted (PDL as the default /
-    without): N = K = 4096 at 128 rows (clustered) 12.52 / 15.41 (1.23x; cuBLAS 13.93), at 256 rows
-    17.19 / 23.84 / 20.45 (1.39x / 1.19x; cuBLAS 18.31), 8192^2 at 128 rows 0.95-1.00x."""
-    return f8_scales(plan) or plan.w.bits == 8
+# nvfp4, 2- and 8-bit codes: the most channels (N) at which natural K order measured faster than
+# the permute pass (the 4-bit int / uint and table codes: every N, None)
+NATURAL_MAX_N = {"nvfp4": 4096, 2: 6144, 8: 4096}
+
+
+def _natural_max_n(plan) -> Optional[int]:
+    """The most output channels at which the defaults take natural K order for ``plan`` (None: any).
+    H200, the defaults against the same tiles permuted (with and without PDL), cuBLAS fp16 in the
+    same run (``benchmark.matmul --hints 'Default(permute=true,pdl=false);Default(permute=false,
+    pdl=true)'``; docs/tuning.md has the rows), natural over the faster permuted tile: N = K = 4096
+    at 128 rows (clustered) nvfp4 1.15-1.16x (13.84 / 16.01 us, cuBLAS 13.77), int8 / float8_e4m3
+    per channel 1.14x / 1.15x, int2 / uint2 g128 1.23x (12.52 / 15.41, cuBLAS 13.93); at 256 rows
+    nvfp4 1.00-1.02x, 8-bit 1.03-1.04x, 2-bit 1.19x (17.19 / 20.45, cuBLAS 18.31; 1.39x over the
+    permuted default with PDL); N = K = 8192 at 128 and 256 rows nvfp4 0.87-0.99x, 8-bit 0.90-0.93x,
+    2-bit 0.95-1.00x at 128 rows and 0.92-0.94x at 256. Llama-3-8B layers, int2 g128 at 128 rows:
+    qkv (N = 6144, K = 4096) 1.09x, o (4096 x 4096) 1.22x, down (4096 x 14336) 1.05x, gate_up
+    (28672 x 4096) 0.93x. So the channels decide, not K: the shuffles and ``prmt`` of the codes cost
+    per weight and row tile (a share of the main loop at any N), while the permute pass costs per
+    activation (its share shrinks as N grows). nvfp4 and 8-bit codes are not measured at N = 6144."""
+    if f8_scales(plan):
+        return NATURAL_MAX_N["nvfp4"]
+    return NATURAL_MAX_N.get(plan.w.bits)
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

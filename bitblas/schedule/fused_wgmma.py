@@ -458,14 +458,10 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
 
 def _natural_dec8(tag: str, act: str, storage: str, dec: str) -> str:
     """:func:`natural_dec_helper` for 8-bit codes."""
-    from .gemv.decode import f8_pair_dec
-    from .gemv.emit import _int_helpers
-    if dec == "int":
-        head = _int_helpers(f"n{tag}", act, 8, storage == "twos", 4, half_pairs=True)[f"bb_dec_n{tag}"]
-    elif dec in ("e4m3", "e5m2"):
-        head = f8_pair_dec(f"n{tag}", act, 4, dec)
-    else:
+    from .gemv.emit import format_helpers
+    if dec not in ("int", "e4m3", "e5m2"):
         raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, e4m3 or e5m2 codes of 8 bits")
+    head = format_helpers(f"n{tag}", act, 8, storage, 4, dec=dec, half_pairs=True)[f"bb_dec_n{tag}"]
     lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{",
              # word for lane r: bytes 2 (r % 2), 2 (r % 2) + 1 of words r // 2 and 2 + r // 2, interleaved
              "  unsigned u0 = __byte_perm(w[0], w[2], 0x5140u), u1 = __byte_perm(w[0], w[2], 0x7362u);",

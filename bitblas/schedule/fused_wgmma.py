@@ -368,6 +368,43 @@ NATURAL_ORDERS = {None: (0, 1, 2, 3), (0, 4, 1, 5, 2, 6, 3, 7): (0, 2, 1, 3)}
 ACT_HEADERS = {"float16": "#include <cuda_fp16.h>\n", "bfloat16": "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"}
 
 
+def _quad_delivery(x, sigma=(0, 1, 2, 3)) -> list:
+    """Lines of the natural-order decoders: the 4x4 byte transpose of the words ``x`` (4 expressions;
+    natural byte j of a word is its byte ``sigma[j]``) into ``u0`` .. ``u3`` (word r: byte r of each
+    word), then the quad's word transpose (:data:`~.cuda_wgmma.QUAD_TRANSPOSE`): word p of lane q
+    holds byte q of lane p's words."""
+    lo = sigma[0] | (4 + sigma[0]) << 4 | sigma[1] << 8 | (4 + sigma[1]) << 12
+    hi = sigma[2] | (4 + sigma[2]) << 4 | sigma[3] << 8 | (4 + sigma[3]) << 12
+    return [f"  const unsigned a0 = __byte_perm({x[0]}, {x[1]}, 0x{lo:04x}u), a1 = __byte_perm({x[0]}, {x[1]}, 0x{hi:04x}u);",
+            f"  const unsigned a2 = __byte_perm({x[2]}, {x[3]}, 0x{lo:04x}u), a3 = __byte_perm({x[2]}, {x[3]}, 0x{hi:04x}u);",
+            "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
+            "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
+            "  bb_quad_t(u0, u1, u2, u3);"]
+
+
+def _field_pairs(act: str, bits: int, storage: str):
+    """The int decoders' pair of fields, for the natural-order decoders: ``(offset(name, off),
+    pair(ind, src, z, dst))``. ``offset``: the line defining the 16-bit pair ``name`` of magic + ``off``;
+    ``pair``: the lines decoding ``src`` (an expression holding one field of ``bits`` in the low bits
+    of each half) to ``dst`` = field - off (``lop3`` onto the magic number, ``hsub2`` of ``z``;
+    ``storage`` "twos": the field's sign bit XOR-ed)."""
+    t2, magic = ACT[act][1], ACT[act][2]
+    mask = ((1 << bits) - 1) * 0x10001
+    sign = (1 << (bits - 1)) * 0x10001 if storage == "twos" else 0
+    c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+
+    def offset(name: str, off: str) -> str:
+        return (f"  const unsigned {name}u = (0x{magic:x}u + (unsigned)({off})) * 0x10001u; "
+                f"const {t2} {name} = *reinterpret_cast<const {t2}*>(&{name}u);")
+
+    def pair(ind: str, src: str, z: str, dst: str) -> list:
+        return [f"{ind}{{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
+                f": \"=r\"(x) : \"r\"({src}));",
+                f"{ind}  {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), {z});",
+                f"{ind}  {dst} = *reinterpret_cast<unsigned*>(&v); }}"]
+    return offset, pair
+
+
 def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = "int", table=None,
                        bits: int = 4, halves: bool = False) -> str:
     """``bb_ndec_{tag}(w, off, d)``: the decoder of ``FusedWgmmaHint(permute=False)``, the activations
@@ -410,9 +447,6 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
         raise ValueError(f"dec={dec!r}: the natural-order decoder takes int, lut4 or e2m1 codes")
     if order is not None and dec != "int":
         raise ValueError(f"order={order}: only int / uint codes take a code order")
-    sigma = NATURAL_ORDERS[order]         # natural byte j of a word is its byte sigma[j] (after the nibble swap)
-    lo = sigma[0] | (4 + sigma[0]) << 4 | sigma[1] << 8 | (4 + sigma[1]) << 12
-    hi = sigma[2] | (4 + sigma[2]) << 4 | sigma[3] << 8 | (4 + sigma[3]) << 12
     head = table_dec(f"n{tag}", act, 4, dec, table) if dec != "int" else ""
     lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{"]
     if order is None:
@@ -421,11 +455,8 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
         for j in range(4):
             lines.append(f"  const unsigned t{j} = (w[{j}] ^ (w[{j}] >> 12)) & 0x0000f0f0u, "
                          f"x{j} = w[{j}] ^ t{j} ^ (t{j} << 12);")
-    lines += [f"  const unsigned a0 = __byte_perm(x0, x1, 0x{lo:04x}u), a1 = __byte_perm(x0, x1, 0x{hi:04x}u);",
-              f"  const unsigned a2 = __byte_perm(x2, x3, 0x{lo:04x}u), a3 = __byte_perm(x2, x3, 0x{hi:04x}u);",
-             "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
-             "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
-             "  bb_quad_t(u0, u1, u2, u3);"]
+    # natural byte j of a word is its byte NATURAL_ORDERS[order][j] (after the nibble swap)
+    lines += _quad_delivery(("x0", "x1", "x2", "x3"), NATURAL_ORDERS[order])
     if dec == "lut4":
         lines.append("  const unsigned u[4] = {u0, u1, u2, u3};")
         lines.append(f"  bb_dec_n{tag}(u, off, d);")
@@ -437,20 +468,13 @@ def natural_dec_helper(tag: str, act: str, storage: str, order=None, dec: str = 
             lines.append(f"    y[{p}] = __byte_perm(l | (l >> 4), h | (h >> 4), 0x6420u); }}")
         lines.append(f"  bb_dec_n{tag}(y, off, d);")
     else:
-        t2, magic = ACT[act][1], ACT[act][2]
-        mask = 0x000F000F
-        sign = 0x00080008 if storage == "twos" else 0
-        c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
-        lines += [f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u;",
-                  f"  const {t2} z0 = *reinterpret_cast<const {t2}*>(&z0u);"]
+        offset, pair = _field_pairs(act, 4, storage)
+        lines.append(offset("z0", "off"))
         for p in range(4):
             lines.append(f"  {{ const unsigned h = u{p} >> 4;")
             for b in range(4):
                 sel = b | b << 4 | (4 + b) << 8 | (4 + b) << 12
-                lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
-                             f": \"=r\"(x) : \"r\"(__byte_perm(u{p}, h, 0x{sel:04x}u)));")
-                lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z0);")
-                lines.append(f"      d[{4 * p + b}] = *reinterpret_cast<unsigned*>(&v); }}")
+                lines += pair("    ", f"__byte_perm(u{p}, h, 0x{sel:04x}u)", "z0", f"d[{4 * p + b}]")
             lines.append("  }")
     lines.append("}")
     return ACT_HEADERS[act] + QUAD_TRANSPOSE + head + "\n".join(lines) + "\n"
@@ -491,10 +515,7 @@ def _natural_dec2(tag: str, act: str, storage: str, order, halves: bool) -> str:
     by ``lop3``, ``hsub2`` of the offset; ``storage`` "twos": the sign bit XOR-ed)."""
     if order not in NATURAL_ORDERS_2:
         raise ValueError(f"order={order}: the natural-order decoder of 2-bit codes undoes {NATURAL_ORDERS_2}")
-    t2, magic = ACT[act][1], ACT[act][2]
-    mask = 0x00030003
-    sign = 0x00020002 if storage == "twos" else 0
-    c_const = sign | ((magic * 0x10001) & ~mask & 0xFFFFFFFF)
+    offset, pair = _field_pairs(act, 2, storage)
     lines = [f"__device__ __forceinline__ void bb_ndec_{tag}(const unsigned* w, int off, unsigned* d) {{",
              "  unsigned x[4];"]
     for j in range(4):
@@ -506,27 +527,17 @@ def _natural_dec2(tag: str, act: str, storage: str, order, halves: bool) -> str:
             lines.append(f"  {{ unsigned v = w[{j}], t = (v ^ (v >> 12)) & 0x0000f0f0u; v ^= t ^ (t << 12);")
             lines.append("    t = (v ^ (v >> 6)) & 0x00cc00ccu; v ^= t ^ (t << 6);")
             lines.append(f"    x[{j}] = v; }}")
-    lines += ["  const unsigned a0 = __byte_perm(x[0], x[1], 0x5140u), a1 = __byte_perm(x[0], x[1], 0x7362u);",
-              "  const unsigned a2 = __byte_perm(x[2], x[3], 0x5140u), a3 = __byte_perm(x[2], x[3], 0x7362u);",
-              "  unsigned u0 = __byte_perm(a0, a2, 0x5410u), u1 = __byte_perm(a0, a2, 0x7632u);",
-              "  unsigned u2 = __byte_perm(a1, a3, 0x5410u), u3 = __byte_perm(a1, a3, 0x7632u);",
-              "  bb_quad_t(u0, u1, u2, u3);"]
-    if halves:                         # lanes 0, 1 / 2, 3 of the quad: one group each
-        lines += ["  const int o0 = __shfl_sync(0xffffffffu, off, 0, 4), o1 = __shfl_sync(0xffffffffu, off, 2, 4);",
-                  f"  const unsigned z0u = (0x{magic:x}u + (unsigned)o0) * 0x10001u, "
-                  f"z1u = (0x{magic:x}u + (unsigned)o1) * 0x10001u;"]
-    else:
-        lines += [f"  const unsigned z0u = (0x{magic:x}u + (unsigned)off) * 0x10001u, z1u = z0u;"]
-    lines += [f"  const {t2} z[2] = {{*reinterpret_cast<const {t2}*>(&z0u), *reinterpret_cast<const {t2}*>(&z1u)}};"]
+    lines += _quad_delivery(("x[0]", "x[1]", "x[2]", "x[3]"))
+    # lanes 0, 1 / 2, 3 of the quad: one group each (halves), else the lane's own offset for both
+    lines += [offset("z0", "__shfl_sync(0xffffffffu, off, 0, 4)" if halves else "off"),
+              offset("z1", "__shfl_sync(0xffffffffu, off, 2, 4)" if halves else "off")]
     for p in range(4):
         lines.append(f"  {{ const unsigned h[4] = {{u{p}, u{p} >> 2, u{p} >> 4, u{p} >> 6}};")
         for j in range(4):
             sel = j | j << 4 | (4 + j) << 8 | (4 + j) << 12
             for t in range(2):
-                lines.append(f"    {{ unsigned x; asm(\"lop3.b32 %0, %1, 0x{mask:08x}, 0x{c_const:08x}, 0x{LUT_FIELD:02x};\" "
-                             f": \"=r\"(x) : \"r\"(__byte_perm(h[{2 * t}], h[{2 * t + 1}], 0x{sel:04x}u)));")
-                lines.append(f"      {t2} v = __hsub2(*reinterpret_cast<{t2}*>(&x), z[{p // 2}]);")
-                lines.append(f"      d[{8 * p + 2 * j + t}] = *reinterpret_cast<unsigned*>(&v); }}")
+                lines += pair("    ", f"__byte_perm(h[{2 * t}], h[{2 * t + 1}], 0x{sel:04x}u)", f"z{p // 2}",
+                              f"d[{8 * p + 2 * j + t}]")
         lines.append("  }")
     lines.append("}")
     return ACT_HEADERS[act] + QUAD_TRANSPOSE + "\n".join(lines) + "\n"

@@ -453,6 +453,15 @@ def test_fused_default_tiles():
         assert (h.permute, h.split_k) == (False, True), (w, h)
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
         assert (h.permute, h.k_ctas, h.split_k) == (True, 1, True), (w, h)
+    # tiles side by side (1024 rows): natural order up to the channels measured faster
+    # (_natural_wide_max_n): nf4 / 2-bit codes to 8192, fp4_e2m1 / 8-bit to 4096, uint4 / nvfp4 never
+    for w, kw, n_max in (("nf4", dict(group_size=128), 8192), ("uint2", dict(group_size=128), 8192),
+                         ("fp4_e2m1", dict(group_size=128), 4096), ("int8", {}, 4096),
+                         ("uint4", dict(group_size=128), 0), ("nvfp4", dict(group_size=16), 0)):
+        for N in (4096, 8192, 16384):
+            h = fused_default(few(w, N=N, with_scaling=True, **kw), 1024)
+            assert (h.row_tile, h.warpgroups, h.split_k) == (256, 2, False), (w, N, h)
+            assert h.permute == (N > n_max), (w, N, h)
     i8 = lambda **kw: make_plan(_i8cfg("int4", N=4096, K=8192, **kw), "cuda", None)   # noqa: E731
     h = fused_default(i8(group_size=128), 128)
     assert (h.k_ctas, h.pdl) == (2, False), h

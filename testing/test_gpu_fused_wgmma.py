@@ -414,6 +414,20 @@ def test_natural_default_through_matmul(name):
     assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)
 
 
+@pytest.mark.parametrize("name,N", [("nf4-g128", 8192), ("u2-g128", 8192), ("fp4-g128", 4096), ("i8-chan", 4096)])
+@gpu
+def test_wide_natural_default_through_matmul(name, N):
+    """Past the split-K rows, the tiles side by side of an untuned dynamic-M operator take natural K
+    order up to the channels measured faster (_natural_wide_max_n): its 1024-row kernel is the natural
+    one, correct from 257 to 1024 rows."""
+    import bitblas
+    cfg = MatmulConfig(M=None, N=N, K=2048, **NAT_FORMATS[name])
+    op = bitblas.Matmul(cfg)
+    h = op.choice("cuda", 1024).hint
+    assert (h.split_k, h.permute) == (False, False), h
+    _check_operator(op, cfg, (257, 700, 1024), name)
+
+
 CLUSTER_CASES = ["u4-g128", "u4-g128-zeros", "u8-g128", "u2-g128", "nvfp4", "nf4-g128", "w4a8-g128", "w4afp8-g128",
                  "w4a8-chan"]
 

@@ -41,8 +41,8 @@ rows, and 2048 where N >= 8192 (:func:`fused_default`, from H100 sweeps of W4A16
 shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``split_k`` 128-row
 tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks (past 128
 rows, for 4-bit codes, ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles
-with two warpgroups side by side; the split-K tiles without the permute pass where the natural-order
-decoder takes the plan (below). The tuner searches the rest (:func:`fused_space`). Above that,
+with two warpgroups side by side; without the permute pass where the natural-order decoder takes the
+plan and measured faster (below: :func:`_natural_max_n`, :func:`_natural_wide_max_n`). The tuner searches the rest (:func:`fused_space`). Above that,
 decode-then-GEMM stays faster: each 256-row tile decodes the weights again, and the permute pass
 reads and writes the activations.
 
@@ -183,10 +183,14 @@ block scale gathered from the lane that loaded it: :func:`natural_block_scale_he
 int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural order too, and 2-bit
 int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad), by
 default up to the channels where they measured faster (:func:`_natural_max_n`: N <= 4096, 2-bit
-6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). Not done yet (issue 24):
-those codes at more channels, tiles side by side, and int8 / float8 activations keep the permute
-pass (a rows x K x 2-byte temporary, 64 MB at 4096 x 8192, where the issue asks <= 1 MB); no
-persistent tile loop or warp-specialized producer.
+6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). The tiles side by side
+(past the split-K rows) take natural order up to the channels where it measured faster
+(:func:`_natural_wide_max_n`: nf4 and 2-bit codes N <= 8192, fp4_e2m1 and 8-bit N <= 4096; uint4 and
+nvfp4 lose 1-6% at every N measured). Not done yet (issue 24): the other tiles and int8 / float8
+activations keep the permute pass (a rows x K x 2-byte temporary, 16 MB at 1024 x 8192, where the
+issue asks <= 1 MB), and past 1024 / 2048 rows decode-then-GEMM (an N x K x 2-byte temporary) stays
+the default: the fused 256-row tiles measured 0.89-0.97x of it at 4096 rows (H200, W4A16 / nf4 /
+uint2 g128, 8192^2 and 28672 x 8192); no persistent tile loop or warp-specialized producer.
 """
 from __future__ import annotations
 
@@ -762,13 +766,12 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         ov = replace(hint, overlap=True, **(dict(stages=4, ring=4) if hint.split_k else {}))
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
-                # split over K: the activations as given where the natural-order decoder takes the
-                # plan (4-bit int / uint, nf4 / fp4_e2m1 codes) or, for nvfp4, 2- and 8-bit codes, up
-                # to the channels measured faster (_natural_max_n); the tiles side by side keep the
-                # permute
+                # the activations as given where the natural-order decoder takes the plan, up to the
+                # channels measured faster: split over K _natural_max_n (4-bit int / uint, nf4 /
+                # fp4_e2m1 codes at any N), tiles side by side _natural_wide_max_n
                 nat = replace(h, permute=False)
-                limit = _natural_max_n(plan)
-                if (h.split_k and fused_wgmma_unsupported(plan, nat) is None
+                limit = _natural_max_n(plan) if h.split_k else _natural_wide_max_n(plan)
+                if (fused_wgmma_unsupported(plan, nat) is None
                         and (limit is None or plan.config.N <= limit)):
                     return _clustered(plan, _staged(plan, nat), rows, sms)
                 return _clustered(plan, _staged(plan, h), rows, sms)
@@ -797,6 +800,31 @@ def _natural_max_n(plan) -> Optional[int]:
     if f8_scales(plan):
         return NATURAL_MAX_N["nvfp4"]
     return NATURAL_MAX_N.get(plan.w.bits)
+
+
+# tiles side by side (no split over K): the most channels at which natural K order measured faster
+# than the permute pass (0: never): 4-bit tables (nf4), fp4_e2m1, nvfp4, or int codes by bits
+NATURAL_WIDE_MAX_N = {"lut4": 8192, "e2m1": 4096, "nvfp4": 0, 2: 8192, 4: 0, 8: 4096}
+
+
+def _natural_wide_max_n(plan) -> int:
+    """The most output channels at which the tiles side by side (256-row tiles, two warpgroups in N;
+    the defaults past the split-K rows) take natural K order for ``plan``. H200, the defaults against
+    ``Default(permute=false)`` in the same run (``benchmark.matmul --shapes square8k --m 512,1024,2048``
+    two rounds, ``--shapes llama3-8b --m 1024`` one; docs/tuning.md has the rows), natural over
+    permuted: nf4 g128 at 8192^2 1.011-1.017x, Llama-3-8B o / down (N = 4096) 1.05x / 1.06x, qkv (6144)
+    1.03x, gate_up (28672) 0.98x; uint2 g128 1.00-1.02x at 8192^2, o / down 1.10x / 1.09x, qkv 1.00x,
+    gate_up 0.94x; int8 per channel 0.98-0.99x at 8192^2, o / down 1.05x / 1.03x, qkv 0.99x; fp4_e2m1
+    g128 0.96-0.98x at 8192^2, o / down 1.02x / 1.01x, qkv 0.97x; nvfp4 0.95-0.97x at 8192^2, o / down
+    0.99x / 1.00x; uint4 g128 0.94-0.95x at 8192^2, o / down 0.98x / 0.99x. The split-K tiles' pattern
+    (:func:`_natural_max_n`): the permute pass costs per activation, so its share of the call falls
+    as N grows, while the natural decoder's shuffles cost per weight and 256-row tile. float8 weights
+    take the 8-bit rule (not measured in these tiles)."""
+    w = plan.w
+    if f8_scales(plan):
+        return NATURAL_WIDE_MAX_N["nvfp4"]
+    dec = decoder(w)
+    return NATURAL_WIDE_MAX_N.get(dec if dec in ("lut4", "e2m1") else w.bits, 0)
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

@@ -6,9 +6,10 @@ Every nvcc compile of a generated kernel is timed (``_nvcc_time_bound``): a kern
 compile takes more than ``NVCC_CPU_SECONDS`` of compiler CPU time fails the test that built it,
 and the slowest compiles are listed at the end of the run.
 
-Under pytest-xdist each worker gets its share of the cores for torch's and TVM's thread pools
-(``pytest_configure``) unless OMP_NUM_THREADS / TVM_NUM_THREADS say otherwise: every worker
-taking every core oversubscribed a GPU host's CPU several times over.
+Under pytest-xdist (the README's command: ``-n 2``) each worker gets its share of the cores for
+torch's and TVM's thread pools (``pytest_configure``) unless OMP_NUM_THREADS / TVM_NUM_THREADS say
+otherwise: every worker taking every core oversubscribed a GPU host's CPU several times over. The
+workers' nvcc times reach the controller's summary (``pytest_testnodedown``).
 """
 from __future__ import annotations
 
@@ -107,6 +108,19 @@ def _nvcc_time_bound(request, monkeypatch):
     yield
     if slow:
         pytest.fail(f"generated kernels compile too slowly (limit {NVCC_CPU_SECONDS:g} s): {'; '.join(slow)}")
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its nvcc times to the controller, which prints the summary."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["nvcc_times"] = [list(t) for t in _NVCC_TIMES]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(pytest-xdist, in the controller) a worker's nvcc times, for the summary."""
+    _NVCC_TIMES.extend(tuple(t) for t in getattr(node, "workeroutput", {}).get("nvcc_times", ()))
 
 
 def pytest_terminal_summary(terminalreporter):

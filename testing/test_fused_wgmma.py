@@ -435,6 +435,13 @@ def test_fused_default_tiles():
                                 with_scaling=True), "cuda", None)
     assert fused_default(u2, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4,
                                                     w_smem=True)   # uint2: 256-row tiles measured slower
+    # 8-bit codes: 256-row split-K tiles where they run in fewer waves (8192^2 at 256 rows: one, not two)
+    for w in ("int8", "float8_e4m3"):
+        p8 = lambda N: make_plan(MatmulConfig(M=None, N=N, K=N, A_dtype="float16", W_dtype=w,  # noqa: E731
+                                              with_scaling=True), "cuda", None)
+        assert fused_default(p8(8192), 256, sms=132) == FusedWgmmaHint(row_tile=256, warpgroups=2, split_k=True,
+                                                                       stages=4, w_smem=True), w
+        assert fused_default(p8(4096), 256, sms=132).row_tile == 128, w     # one wave either way
     assert fused_default(big, 1024) == FusedWgmmaHint(row_tile=256, warpgroups=2, overlap=True)
     assert fused_default(big, 4096) is None
     # permuted tiles: clustered without PDL (the permute kernel keeps its SMs); int8 / float8

@@ -428,6 +428,21 @@ def test_wide_natural_default_through_matmul(name, N):
     _check_operator(op, cfg, (257, 700, 1024), name)
 
 
+@pytest.mark.parametrize("name,N,rows", [("i8-chan", 8192, (129, 200, 256)), ("bf16-e4m3-chan", 8192, (256,)),
+                                         ("i8-chan", 4096, (300, 512))])
+@gpu
+def test_8bit_split256_default_through_matmul(name, N, rows):
+    """8-bit codes take 256-row split-K tiles where these run in fewer waves than 128-row ones
+    (fused_default: 8192 channels at 129-256 rows, 4096 at 257-512, there in natural order): correct
+    through an untuned dynamic-M operator."""
+    import bitblas
+    cfg = MatmulConfig(M=None, N=N, K=2048, **NAT_FORMATS[name])
+    op = bitblas.Matmul(cfg)
+    h = op.choice("cuda", rows[-1]).hint
+    assert (h.row_tile, h.split_k, h.permute) == (256, True, N > 4096), h
+    _check_operator(op, cfg, rows, name)
+
+
 CLUSTER_CASES = ["u4-g128", "u4-g128-zeros", "u8-g128", "u2-g128", "nvfp4", "nf4-g128", "w4a8-g128", "w4afp8-g128",
                  "w4a8-chan"]
 

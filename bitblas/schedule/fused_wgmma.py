@@ -204,6 +204,7 @@ from ..arch import GENERIC_SM_COUNT, arch_of
 from .cuda_wgmma import QUAD_TRANSPOSE
 from .gemv.decode import ACT, decoder, table_dec
 from .gemv.emit import LUT_FIELD, e4m3_acts, f8_scales
+from .gemv.mma import scale_helper
 from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs_barriers, load_vectors, reduce_warpgroups,
                          scales_at_store, slab_codes, slab_locals, store_accs, tensor_map, vector_channel,
                          wgmma_helper, wgmma_slot, wgmma_wait)
@@ -551,20 +552,9 @@ def natural_scale_halves_helper(tag: str, act: str, npairs: int) -> str:
     """``bb_scl2_{tag}(d, s, c)``: :func:`~.gemv.mma.mma_helpers`' ``bb_scl`` (``d = d * s + c`` per
     pair, ``hfma2``) for 2-bit codes in natural order with groups of 128: the first half of the
     ``npairs`` pairs (lanes 0, 1's codes) with lane 0's scale and zero term, the second half with
-    lane 2's (four shuffles). Every lane of the warp calls it."""
-    t2 = ACT[act][1]
-    cvt = "__float2half2_rn" if act == "float16" else "__float2bfloat162_rn"
-    lines = [f"__device__ __forceinline__ void bb_scl2_{tag}(unsigned* d, float s, float c) {{",
-             "  const float s0 = __shfl_sync(0xffffffffu, s, 0, 4), s1 = __shfl_sync(0xffffffffu, s, 2, 4);",
-             "  const float c0 = __shfl_sync(0xffffffffu, c, 0, 4), c1 = __shfl_sync(0xffffffffu, c, 2, 4);",
-             f"  const {t2} s2[2] = {{{cvt}(s0), {cvt}(s1)}};",
-             f"  const {t2} c2[2] = {{{cvt}(c0), {cvt}(c1)}};"]
-    for i in range(npairs):
-        k = 2 * i // npairs
-        lines.append(f"  {{ {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&d[{i}]), s2[{k}], c2[{k}]); "
-                     f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
-    lines.append("}")
-    return "\n" + "\n".join(lines) + "\n"
+    lane 2's (four shuffles; :func:`~.gemv.mma.scale_helper` with ``halves``). Every lane of the
+    warp calls it."""
+    return scale_helper(f"bb_scl2_{tag}", act, npairs, halves=True)
 
 
 def natural_block_scale_helper(tag: str, act: str) -> str:
@@ -817,9 +807,9 @@ def _natural_wide_max_n(plan) -> int:
     two rounds, ``--shapes llama3-8b --m 1024`` one; docs/tuning.md has the rows), natural over
     permuted: nf4 g128 at 8192^2 1.011-1.017x, Llama-3-8B o / down (N = 4096) 1.05x / 1.06x, qkv (6144)
     1.03x, gate_up (28672) 0.98x; uint2 g128 1.00-1.02x at 8192^2, o / down 1.10x / 1.09x, qkv 1.00x,
-    gate_up 0.94x; int8 per channel 0.98-0.99x at 8192^2, o / down 1.05x / 1.03x, qkv 0.99x; fp4_e2m1
+    gate_up 0.94x; int8 per channel 0.98-1.00x at 8192^2, o / down 1.05x / 1.03x, qkv 0.99x; fp4_e2m1
     g128 0.96-0.98x at 8192^2, o / down 1.02x / 1.01x, qkv 0.97x; nvfp4 0.95-0.97x at 8192^2, o / down
-    0.99x / 1.00x; uint4 g128 0.94-0.95x at 8192^2, o / down 0.98x / 0.99x. The split-K tiles' pattern
+    0.99x / 1.00x; uint4 g128 0.94-0.96x at 8192^2, o / down 0.98x / 0.99x. The split-K tiles' pattern
     (:func:`_natural_max_n`): the permute pass costs per activation, so its share of the call falls
     as N grows, while the natural decoder's shuffles cost per weight and 256-row tile. float8 weights
     take the 8-bit rule (not measured in these tiles)."""

@@ -18,20 +18,35 @@ from .decode import ACT
 from .emit import device_entry, mma_decodable, pdl_trigger, reduce_k_warps, split_steps, step_loop
 
 
-def mma_helpers(tag: str, act: str, NP: int):
-    """CUDA helpers of the tensor-core kernel: scale the decoded pairs in place (one ``hfma2`` per
-    pair) and run the ``NP // 2`` mma steps of one 16-byte weight vector per lane."""
-    ctype, t2 = ACT[act][:2]
+def scale_helper(name: str, act: str, NP: int, halves: bool = False) -> str:
+    """``name(d, s, c)``: the ``NP`` decoded pairs ``d`` scaled in place, ``d = d * s + c`` per pair
+    (one ``hfma2``). ``halves``: the first half of the pairs with the scale and zero term of quad
+    lane 0, the second half with lane 2's (four shuffles; every lane of the warp calls it): 2-bit
+    codes in natural order with groups of half a slab (fused_wgmma)."""
+    t2 = ACT[act][1]
     cvt = "__float2half2_rn" if act == "float16" else "__float2bfloat162_rn"
-    ab = "f16" if act == "float16" else "bf16"
-    src = {}
-    lines = [f"__device__ __forceinline__ void bb_scl_{tag}(unsigned* d, float s, float c) {{",
-             f"  const {t2} s2 = {cvt}(s);", f"  const {t2} c2 = {cvt}(c);"]
+    lines = [f"__device__ __forceinline__ void {name}(unsigned* d, float s, float c) {{"]
+    if halves:
+        lines += ["  const float s0 = __shfl_sync(0xffffffffu, s, 0, 4), s1 = __shfl_sync(0xffffffffu, s, 2, 4);",
+                  "  const float c0 = __shfl_sync(0xffffffffu, c, 0, 4), c1 = __shfl_sync(0xffffffffu, c, 2, 4);",
+                  f"  const {t2} s2[2] = {{{cvt}(s0), {cvt}(s1)}};",
+                  f"  const {t2} c2[2] = {{{cvt}(c0), {cvt}(c1)}};"]
+    else:
+        lines += [f"  const {t2} s2 = {cvt}(s);", f"  const {t2} c2 = {cvt}(c);"]
     for i in range(NP):
-        lines.append(f"  {{ {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&d[{i}]), s2, c2); "
+        sc, cc = (f"s2[{2 * i // NP}]", f"c2[{2 * i // NP}]") if halves else ("s2", "c2")
+        lines.append(f"  {{ {t2} v = __hfma2(*reinterpret_cast<{t2}*>(&d[{i}]), {sc}, {cc}); "
                      f"d[{i}] = *reinterpret_cast<unsigned*>(&v); }}")
     lines.append("}")
-    src[f"bb_scl_{tag}"] = "\n" + "\n".join(lines) + "\n"
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def mma_helpers(tag: str, act: str, NP: int):
+    """CUDA helpers of the tensor-core kernel: scale the decoded pairs in place (``bb_scl``, one
+    ``hfma2`` per pair: :func:`scale_helper`) and run the ``NP // 2`` mma steps of one 16-byte weight
+    vector per lane."""
+    ab = "f16" if act == "float16" else "bf16"
+    src = {f"bb_scl_{tag}": scale_helper(f"bb_scl_{tag}", act, NP)}
     src.update(mma_chains(tag, NP // 2, f"m16n8k16.row.col.f32.{ab}.{ab}.f32", "float", "f"))
     return src
 

@@ -129,6 +129,7 @@ def test_fused_codegen(name, m, tile):
 @pytest.mark.parametrize("name,m,tile", [
     ("u4-g128", None, (128, 1, 2, "split_k", "overlap", "s4r4")), ("u4-g128-zeros", 257, (256, 1, 2, "overlap")),
     ("nvfp4", None, (128, 1, 2, "split_k")), ("u2-g128", 100, (128, 1, 1)),
+    ("i8-chan-f32", None, (256, 1, 2, "split_k", "s4")),     # 8-bit codes' 256-row split-K default
 ])
 def test_fused_w_smem_codegen(name, m, tile):
     """``w_smem``: the weight vectors (and 2-byte scales) staged by cp.async, one commit group per
@@ -138,7 +139,7 @@ def test_fused_w_smem_codegen(name, m, tile):
     RT, R, CW, *flags = tile
     hint = FusedWgmmaHint(row_tile=RT, channel_tiles=R, warpgroups=CW, split_k="split_k" in flags,
                           overlap="overlap" in flags, w_smem=True,
-                          **(dict(stages=4, ring=4) if "s4r4" in flags else {}))
+                          **(dict(stages=4, ring=4) if "s4r4" in flags else dict(stages=4) if "s4" in flags else {}))
     src = cuda_source(make_plan(_cfg(name), "cuda", m), SM90, hint)
     assert "cp.async.cg.shared.global" in src and "cp.async.commit_group" in src
     assert "cp.async.wait_group" in src and "ld.global.nc.L1::no_allocate.v4" not in src.split("main_kernel(")[-1]
@@ -461,9 +462,10 @@ def test_fused_default_tiles():
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
         assert (h.permute, h.k_ctas, h.split_k) == (True, 1, True), (w, h)
     # tiles side by side (1024 rows): natural order up to the channels measured faster
-    # (_natural_wide_max_n): nf4 / 2-bit codes to 8192, fp4_e2m1 / 8-bit to 4096, uint4 / nvfp4 never
-    for w, kw, n_max in (("nf4", dict(group_size=128), 8192), ("uint2", dict(group_size=128), 8192),
-                         ("fp4_e2m1", dict(group_size=128), 4096), ("int8", {}, 4096),
+    # (_natural_wide_max_n): 2-bit codes to 8192, 8-bit to 4096; uint4 / nvfp4 never, nor nf4 /
+    # fp4_e2m1 (their overlap tile spills in natural order at many K)
+    for w, kw, n_max in (("uint2", dict(group_size=128), 8192), ("int8", {}, 4096), ("float8_e4m3", {}, 4096),
+                         ("nf4", dict(group_size=128), 0), ("fp4_e2m1", dict(group_size=128), 0),
                          ("uint4", dict(group_size=128), 0), ("nvfp4", dict(group_size=16), 0)):
         for N in (4096, 8192, 16384):
             h = fused_default(few(w, N=N, with_scaling=True, **kw), 1024)
@@ -868,14 +870,17 @@ def test_natural_block_scales_on_the_host(tmp_path, act):
                                        ("e5m2-g128-f32", (256, 1, 2, "split_k")),
                                        ("u2-g128", (128, 1, 2, "split_k", "w_smem", "s4")),
                                        ("i2-g128-zeros", (128, 1, 2, "split_k", "s4")),
-                                       ("bf16-u2-qzeros", (128, 1, 2, "split_k", "w_smem", "s4"))])
+                                       ("bf16-u2-qzeros", (128, 1, 2, "split_k", "w_smem", "s4")),
+                                       # the tiles side by side the defaults take in natural order
+                                       ("u2-g128", (256, 1, 2)), ("i8-chan-f32", (256, 1, 2)),
+                                       ("bf16-e4m3-chan", (256, 1, 2))])
 def test_fused_natural_codegen(name, tile):
     """permute=False in the split-K tiles the defaults give it: one kernel (no permute kernel, no
     temporary), TMA boxes of the activations as given, the codes moved in registers (shuffles);
     compiles clean for sm_90a within 60 s, also where nothing but the decoder uses 16-bit floats
-    (float32 output, no scales: the decoder's source includes their headers). (256-row tiles side
-    by side with ``overlap`` spill a few words with it for some formats: the defaults keep the
-    permute there.)"""
+    (float32 output, no scales: the decoder's source includes their headers). Also the 256-row
+    tiles side by side the defaults take in natural order (2- and 8-bit codes, no ``overlap``; with
+    ``overlap`` ptxas spills them at many K, K=2048 among them: the defaults keep the permute there)."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     RT, R, CW, *flags = tile

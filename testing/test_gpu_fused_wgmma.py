@@ -414,7 +414,8 @@ def test_natural_default_through_matmul(name):
     assert relative_error(out, reference_matmul(cfg, **inp)) <= tolerance(cfg)
 
 
-@pytest.mark.parametrize("name,N", [("nf4-g128", 8192), ("u2-g128", 8192), ("fp4-g128", 4096), ("i8-chan", 4096)])
+@pytest.mark.parametrize("name,N", [("u2-g128", 8192), ("i2-g128-zeros-plain", 4096), ("i8-chan", 4096),
+                                    ("bf16-e4m3-chan", 4096)])
 @gpu
 def test_wide_natural_default_through_matmul(name, N):
     """Past the split-K rows, the tiles side by side of an untuned dynamic-M operator take natural K

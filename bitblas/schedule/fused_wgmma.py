@@ -184,9 +184,10 @@ int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural ord
 int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad), by
 default up to the channels where they measured faster (:func:`_natural_max_n`: N <= 4096, 2-bit
 6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). The tiles side by side
-(past the split-K rows) take natural order up to the channels where it measured faster
-(:func:`_natural_wide_max_n`: nf4 and 2-bit codes N <= 8192, fp4_e2m1 and 8-bit N <= 4096; uint4 and
-nvfp4 lose 1-6% at every N measured). Not done yet (issue 24): the other tiles and int8 / float8
+(past the split-K rows) take natural order for 2-bit codes up to N = 8192 and 8-bit codes up to 4096,
+where it measured faster (:func:`_natural_wide_max_n`; uint4 and nvfp4 lose 1-6% at every N
+measured; nf4 and fp4_e2m1 gain up to 6% at N <= 4096, but their ``overlap`` tile spills at many K
+in natural order). Not done yet (issue 24): the other tiles and int8 / float8
 activations keep the permute pass (a rows x K x 2-byte temporary, 16 MB at 1024 x 8192, where the
 issue asks <= 1 MB), and past 1024 / 2048 rows decode-then-GEMM (an N x K x 2-byte temporary) stays
 the default: the fused 256-row tiles measured 0.89-0.97x of it at 4096 rows (H200, W4A16 / nf4 /
@@ -797,7 +798,7 @@ def _natural_max_n(plan) -> Optional[int]:
 
 # tiles side by side (no split over K): the most channels at which natural K order measured faster
 # than the permute pass (0: never): 4-bit tables (nf4), fp4_e2m1, nvfp4, or int codes by bits
-NATURAL_WIDE_MAX_N = {"lut4": 8192, "e2m1": 4096, "nvfp4": 0, 2: 8192, 4: 0, 8: 4096}
+NATURAL_WIDE_MAX_N = {"lut4": 0, "e2m1": 0, "nvfp4": 0, 2: 8192, 4: 0, 8: 4096}
 
 
 def _natural_wide_max_n(plan) -> int:
@@ -812,7 +813,11 @@ def _natural_wide_max_n(plan) -> int:
     0.99x / 1.00x; uint4 g128 0.94-0.96x at 8192^2, o / down 0.98x / 0.99x. The split-K tiles' pattern
     (:func:`_natural_max_n`): the permute pass costs per activation, so its share of the call falls
     as N grows, while the natural decoder's shuffles cost per weight and 256-row tile. float8 weights
-    take the 8-bit rule (not measured in these tiles)."""
+    take the 8-bit rule (not measured in these tiles). nf4 and fp4_e2m1 keep the permute although
+    they measured faster in natural order: their tiles side by side run with ``overlap``, and in
+    natural order ptxas (nvcc 13.0) spills that kernel at many K (40-304 bytes of spill stores at K =
+    1536, 2048, 2560, 3584, 4608, 11008; none at 3072, 4096, 5120, 6144, 8192, 14336, where it was
+    measured), while the permuted one and the 2- and 8-bit tiles (no ``overlap``) compile clean."""
     w = plan.w
     if f8_scales(plan):
         return NATURAL_WIDE_MAX_N["nvfp4"]

@@ -462,7 +462,7 @@ def test_fused_default_tiles():
         h = fused_default(few(w, N=8192, with_scaling=True, **kw), 128)
         assert (h.permute, h.k_ctas, h.split_k) == (True, 1, True), (w, h)
     # tiles side by side (1024 rows): natural order up to the channels measured faster
-    # (_natural_wide_max_n): 2-bit codes to 8192, 8-bit to 4096; uint4 / nvfp4 never, nor nf4 /
+    # (_natural_max_n, side by side): 2-bit codes to 8192, 8-bit to 4096; uint4 / nvfp4 never, nor nf4 /
     # fp4_e2m1 (their overlap tile spills in natural order at many K)
     for w, kw, n_max in (("uint2", dict(group_size=128), 8192), ("int8", {}, 4096), ("float8_e4m3", {}, 4096),
                          ("nf4", dict(group_size=128), 0), ("fp4_e2m1", dict(group_size=128), 0),

@@ -419,7 +419,7 @@ def test_natural_default_through_matmul(name):
 @gpu
 def test_wide_natural_default_through_matmul(name, N):
     """Past the split-K rows, the tiles side by side of an untuned dynamic-M operator take natural K
-    order up to the channels measured faster (_natural_wide_max_n): its 1024-row kernel is the natural
+    order up to the channels measured faster (_natural_max_n, side by side): its 1024-row kernel is the natural
     one, correct from 257 to 1024 rows."""
     import bitblas
     cfg = MatmulConfig(M=None, N=N, K=2048, **NAT_FORMATS[name])

@@ -42,7 +42,7 @@ shapes and of the other int / uint formats at 8192^2, docs/performance.md): ``sp
 tiles up to 128 rows and where 256-row tiles of 128 channels would make at most 64 blocks (past 128
 rows, for 4-bit codes, ``split_k`` 256-row tiles where they need fewer waves), else 256-row tiles
 with two warpgroups side by side; without the permute pass where the natural-order decoder takes the
-plan and measured faster (below: :func:`_natural_max_n`, :func:`_natural_wide_max_n`). The tuner searches the rest (:func:`fused_space`). Above that,
+plan and measured faster (below: :func:`_natural_max_n`). The tuner searches the rest (:func:`fused_space`). Above that,
 decode-then-GEMM stays faster: each 256-row tile decodes the weights again, and the permute pass
 reads and writes the activations.
 
@@ -185,7 +185,7 @@ int / uint codes (groups of 128: half a slab, each half's scale and offset gathe
 default up to the channels where they measured faster (:func:`_natural_max_n`: N <= 4096, 2-bit
 6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). The tiles side by side
 (past the split-K rows) take natural order for 2-bit codes up to N = 8192 and 8-bit codes up to 4096,
-where it measured faster (:func:`_natural_wide_max_n`; uint4 and nvfp4 lose 1-6% at every N
+where it measured faster (:func:`_natural_max_n`; uint4 and nvfp4 lose 1-6% at every N
 measured; nf4 and fp4_e2m1 gain up to 6% at N <= 4096, but their ``overlap`` tile spills at many K
 in natural order). Not done yet (issue 24): the other tiles and int8 / float8
 activations keep the permute pass (a rows x K x 2-byte temporary, 16 MB at 1024 x 8192, where the
@@ -761,10 +761,9 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
         for h in ((ov,) if plan.w.bits < 8 else ()) + (hint,):
             if fused_wgmma_unsupported(plan, h) is None:
                 # the activations as given where the natural-order decoder takes the plan, up to the
-                # channels measured faster: split over K _natural_max_n (4-bit int / uint, nf4 /
-                # fp4_e2m1 codes at any N), tiles side by side _natural_wide_max_n
+                # channels measured faster in this kind of tile (_natural_max_n)
                 nat = replace(h, permute=False)
-                limit = _natural_max_n(plan) if h.split_k else _natural_wide_max_n(plan)
+                limit = _natural_max_n(plan, h.split_k)
                 if (fused_wgmma_unsupported(plan, nat) is None
                         and (limit is None or plan.config.N <= limit)):
                     return _clustered(plan, _staged(plan, nat), rows, sms)
@@ -772,15 +771,20 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     return None
 
 
-# nvfp4, 2- and 8-bit codes: the most channels (N) at which natural K order measured faster than
-# the permute pass (the 4-bit int / uint and table codes: every N, None)
-NATURAL_MAX_N = {"nvfp4": 4096, 2: 6144, 8: 4096}
+# the most output channels (N) at which natural K order measured faster than the permute pass, per
+# code family (nvfp4; 4-bit tables "lut4", e.g. nf4; fp4_e2m1 "e2m1"; else int / float8 codes by bits)
+# and tile: (split over K, side by side); None: any N, 0: never
+NATURAL_MAX_N = {"nvfp4": (4096, 0), "lut4": (None, 0), "e2m1": (None, 0), 2: (6144, 8192), 4: (None, 0),
+                 8: (4096, 4096)}
 
 
-def _natural_max_n(plan) -> Optional[int]:
-    """The most output channels at which the defaults take natural K order for ``plan`` (None: any).
-    H200, the defaults against the same tiles permuted (with and without PDL), cuBLAS fp16 in the
-    same run (``benchmark.matmul --hints 'Default(permute=true,pdl=false);Default(permute=false,
+def _natural_max_n(plan, split_k: bool) -> Optional[int]:
+    """The most output channels at which the defaults take natural K order for ``plan`` in split-K
+    tiles (``split_k``) or in the tiles side by side (256-row tiles, two warpgroups in N: the defaults
+    past the split-K rows); None: any, 0: never (:data:`NATURAL_MAX_N`).
+
+    Split over K: H200, the defaults against the same tiles permuted (with and without PDL), cuBLAS
+    fp16 in the same run (``benchmark.matmul --hints 'Default(permute=true,pdl=false);Default(permute=false,
     pdl=true)'``; docs/tuning.md has the rows), natural over the faster permuted tile: N = K = 4096
     at 128 rows (clustered) nvfp4 1.15-1.16x (13.84 / 16.01 us, cuBLAS 13.77), int8 / float8_e4m3
     per channel 1.14x / 1.15x, int2 / uint2 g128 1.23x (12.52 / 15.41, cuBLAS 13.93); at 256 rows
@@ -790,39 +794,24 @@ def _natural_max_n(plan) -> Optional[int]:
     qkv (N = 6144, K = 4096) 1.09x, o (4096 x 4096) 1.22x, down (4096 x 14336) 1.05x, gate_up
     (28672 x 4096) 0.93x. So the channels decide, not K: the shuffles and ``prmt`` of the codes cost
     per weight and row tile (a share of the main loop at any N), while the permute pass costs per
-    activation (its share shrinks as N grows). nvfp4 and 8-bit codes are not measured at N = 6144."""
-    if f8_scales(plan):
-        return NATURAL_MAX_N["nvfp4"]
-    return NATURAL_MAX_N.get(plan.w.bits)
+    activation (its share shrinks as N grows). nvfp4 and 8-bit codes are not measured at N = 6144.
 
-
-# tiles side by side (no split over K): the most channels at which natural K order measured faster
-# than the permute pass (0: never): 4-bit tables (nf4), fp4_e2m1, nvfp4, or int codes by bits
-NATURAL_WIDE_MAX_N = {"lut4": 0, "e2m1": 0, "nvfp4": 0, 2: 8192, 4: 0, 8: 4096}
-
-
-def _natural_wide_max_n(plan) -> int:
-    """The most output channels at which the tiles side by side (256-row tiles, two warpgroups in N;
-    the defaults past the split-K rows) take natural K order for ``plan``. H200, the defaults against
-    ``Default(permute=false)`` in the same run (``benchmark.matmul --shapes square8k --m 512,1024,2048``
+    Side by side: H200, the defaults against ``Default(permute=false)`` in the same run (``benchmark.matmul --shapes square8k --m 512,1024,2048``
     two rounds, ``--shapes llama3-8b --m 1024`` one; docs/tuning.md has the rows), natural over
     permuted: nf4 g128 at 8192^2 1.011-1.017x, Llama-3-8B o / down (N = 4096) 1.05x / 1.06x, qkv (6144)
     1.03x, gate_up (28672) 0.98x; uint2 g128 1.00-1.02x at 8192^2, o / down 1.10x / 1.09x, qkv 1.00x,
     gate_up 0.94x; int8 per channel 0.98-1.00x at 8192^2, o / down 1.05x / 1.03x, qkv 0.99x; fp4_e2m1
     g128 0.96-0.98x at 8192^2, o / down 1.02x / 1.01x, qkv 0.97x; nvfp4 0.95-0.97x at 8192^2, o / down
-    0.99x / 1.00x; uint4 g128 0.94-0.96x at 8192^2, o / down 0.98x / 0.99x. The split-K tiles' pattern
-    (:func:`_natural_max_n`): the permute pass costs per activation, so its share of the call falls
-    as N grows, while the natural decoder's shuffles cost per weight and 256-row tile. float8 weights
+    0.99x / 1.00x; uint4 g128 0.94-0.96x at 8192^2, o / down 0.98x / 0.99x: the split-K tiles'
+    pattern. float8 weights
     take the 8-bit rule (not measured in these tiles). nf4 and fp4_e2m1 keep the permute although
     they measured faster in natural order: their tiles side by side run with ``overlap``, and in
     natural order ptxas (nvcc 13.0) spills that kernel at many K (40-304 bytes of spill stores at K =
     1536, 2048, 2560, 3584, 4608, 11008; none at 3072, 4096, 5120, 6144, 8192, 14336, where it was
     measured), while the permuted one and the 2- and 8-bit tiles (no ``overlap``) compile clean."""
-    w = plan.w
-    if f8_scales(plan):
-        return NATURAL_WIDE_MAX_N["nvfp4"]
-    dec = decoder(w)
-    return NATURAL_WIDE_MAX_N.get(dec if dec in ("lut4", "e2m1") else w.bits, 0)
+    dec = decoder(plan.w)
+    family = "nvfp4" if f8_scales(plan) else dec if dec in ("lut4", "e2m1") else plan.w.bits
+    return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

@@ -767,14 +767,14 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
                 if (fused_wgmma_unsupported(plan, nat) is None
                         and (limit is None or plan.config.N <= limit)):
                     return _clustered(plan, _staged(plan, nat), rows, sms)
-                return _clustered(plan, _staged(plan, h), rows, sms)
+                return _clustered(plan, _staged(plan, _pdl(plan, h, rows, sms)), rows, sms)
     return None
 
 
 # the most output channels (N) at which natural K order measured faster than the permute pass, per
 # code family (nvfp4; 4-bit tables "lut4", e.g. nf4; fp4_e2m1 "e2m1"; else int / float8 codes by bits)
 # and tile: (split over K, side by side); None: any N, 0: never
-NATURAL_MAX_N = {"nvfp4": (4096, 0), "lut4": (None, 0), "e2m1": (None, 0), 2: (6144, 8192), 4: (None, 0),
+NATURAL_MAX_N = {"nvfp4": (4096, 0), "lut4": (8192, 0), "e2m1": (8192, 0), 2: (6144, 8192), 4: (8192, 0),
                  8: (4096, 4096)}
 
 
@@ -795,6 +795,13 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     (28672 x 4096) 0.93x. So the channels decide, not K: the shuffles and ``prmt`` of the codes cost
     per weight and row tile (a share of the main loop at any N), while the permute pass costs per
     activation (its share shrinks as N grows). nvfp4 and 8-bit codes are not measured at N = 6144.
+    4-bit int / uint and table codes (H200, 128 rows, the default natural tile against
+    ``Default(permute=true)`` and ``Default(permute=true,pdl=false)``, one run, ``--shapes
+    llama3-8b,n-sweep,up70b``), natural over the faster permuted tile, uint4 / nf4 g128: N = 4096 (down,
+    K = 14336) 1.13x / 1.10x, 6144 0.97x / 1.03x, 8192 within the spread of two runs (above), 10240
+    0.89x / 0.97x, 14336 0.91x / 0.95x, 20480 0.91x / 0.95x, 28672 0.88x / 0.95x (K = 4096) and 0.89x /
+    0.95x (K = 8192); fp4_e2m1 g128 at 10240 / 14336 / 20480 0.89x / 0.94x / 0.90x. So 4-bit codes
+    keep natural order (and no temporary) up to N = 8192.
 
     Side by side: H200, the defaults against ``Default(permute=false)`` in the same run (``benchmark.matmul --shapes square8k --m 512,1024,2048``
     two rounds, ``--shapes llama3-8b --m 1024`` one; docs/tuning.md has the rows), natural over
@@ -812,6 +819,20 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     dec = decoder(plan.w)
     family = "nvfp4" if f8_scales(plan) else dec if dec in ("lut4", "e2m1") else plan.w.bits
     return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]
+
+
+def _pdl(plan, hint: FusedWgmmaHint, rows: int, sms: int) -> FusedWgmmaHint:
+    """``hint`` (a permuted tile) without programmatic dependent launch for nvfp4's split-K tiles
+    that run in one wave, where it measured faster behind the permute kernel (H200, 8192^2, the
+    default 128-row tile against ``Default(pdl=false)`` in the same run, three runs: 41.36 / 41.65 /
+    41.31 -> 39.80 / 39.98 / 37.97 us, 1.04-1.09x; 256 rows 64.22 -> 63.59). The other permuted
+    split-K defaults in one wave measured the same or slower without it (8192^2 at 128 rows: int8 /
+    float8 weights per channel 0.96x / 0.98x, uint2 g128 1.01x, W4A8 g128 / per channel 0.96x /
+    0.97x, W4A-fp8 g128 0.94x), and so did the permuted 4-bit tiles in more waves (uint4 / nf4 /
+    fp4_e2m1 g128 at N = 10240, 14336, 20480, K = 4096, 128 rows: 0.90-0.96x)."""
+    if f8_scales(plan) and hint.split_k and hint.permute and tile_count(plan, hint, rows) <= sms:
+        return replace(hint, pdl=False)
+    return hint
 
 
 def tile_count(plan, hint: FusedWgmmaHint, rows: int) -> int:

@@ -415,7 +415,7 @@ def test_natural_default_through_matmul(name):
 
 
 @pytest.mark.parametrize("name,N", [("u2-g128", 8192), ("i2-g128-zeros-plain", 4096), ("i8-chan", 4096),
-                                    ("bf16-e4m3-chan", 4096)])
+                                    ("bf16-e4m3-chan", 4096), ("nf4-g128", 8192), ("fp4-g128", 4096)])
 @gpu
 def test_wide_natural_default_through_matmul(name, N):
     """Past the split-K rows, the tiles side by side of an untuned dynamic-M operator take natural K

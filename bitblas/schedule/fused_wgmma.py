@@ -184,10 +184,9 @@ int / uint / float8 codes (:func:`natural_dec_helper` ``bits=8``) in natural ord
 int / uint codes (groups of 128: half a slab, each half's scale and offset gathered per quad), by
 default up to the channels where they measured faster (:func:`_natural_max_n`: N <= 4096, 2-bit
 6144; 1.14-1.23x at N = K = 4096 and 128 rows, 0.87-1.00x at 8192^2). The tiles side by side
-(past the split-K rows) take natural order for 2-bit codes up to N = 8192 and 8-bit codes up to 4096,
-where it measured faster (:func:`_natural_max_n`; uint4 and nvfp4 lose 1-6% at every N
-measured; nf4 and fp4_e2m1 gain up to 6% at N <= 4096, but their ``overlap`` tile spills at many K
-in natural order). Not done yet (issue 24): the other tiles and int8 / float8
+(past the split-K rows) take natural order for 2-bit codes and nf4 up to N = 8192, 8-bit codes and
+fp4_e2m1 up to 4096, where it measured faster (:func:`_natural_max_n`; uint4 and nvfp4 lose 1-6% at
+every N measured). The 4-bit codes' split-K tiles take it up to N = 8192. Not done yet (issue 24): the other tiles and int8 / float8
 activations keep the permute pass (a rows x K x 2-byte temporary, 16 MB at 1024 x 8192, where the
 issue asks <= 1 MB), and past 1024 / 2048 rows decode-then-GEMM (an N x K x 2-byte temporary) stays
 the default: the fused 256-row tiles measured 0.89-0.97x of it at 4096 rows (H200, W4A16 / nf4 /
@@ -774,7 +773,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
 # the most output channels (N) at which natural K order measured faster than the permute pass, per
 # code family (nvfp4; 4-bit tables "lut4", e.g. nf4; fp4_e2m1 "e2m1"; else int / float8 codes by bits)
 # and tile: (split over K, side by side); None: any N, 0: never
-NATURAL_MAX_N = {"nvfp4": (4096, 0), "lut4": (8192, 0), "e2m1": (8192, 0), 2: (6144, 8192), 4: (8192, 0),
+NATURAL_MAX_N = {"nvfp4": (4096, 0), "lut4": (8192, 8192), "e2m1": (8192, 4096), 2: (6144, 8192), 4: (8192, 0),
                  8: (4096, 4096)}
 
 
@@ -811,11 +810,14 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     g128 0.96-0.98x at 8192^2, o / down 1.02x / 1.01x, qkv 0.97x; nvfp4 0.95-0.97x at 8192^2, o / down
     0.99x / 1.00x; uint4 g128 0.94-0.96x at 8192^2, o / down 0.98x / 0.99x: the split-K tiles'
     pattern. float8 weights
-    take the 8-bit rule (not measured in these tiles). nf4 and fp4_e2m1 keep the permute although
-    they measured faster in natural order: their tiles side by side run with ``overlap``, and in
-    natural order ptxas (nvcc 13.0) spills that kernel at many K (40-304 bytes of spill stores at K =
-    1536, 2048, 2560, 3584, 4608, 11008; none at 3072, 4096, 5120, 6144, 8192, 14336, where it was
-    measured), while the permuted one and the 2- and 8-bit tiles (no ``overlap``) compile clean."""
+    take the 8-bit rule (not measured in these tiles). nf4 and fp4_e2m1 run these tiles with
+    ``overlap``; in natural order ptxas (nvcc 13.0) spilled them at K = 1536, 2048, 2560, 3584, 4608,
+    11008 (40-304 bytes of spill stores) while the loop's last body was a guarded iteration; with the
+    last body after the loop (:func:`~.gemv.emit.step_loop`) they compile clean at those K, and the
+    defaults take them (H200, Llama-3-8B at 1024 rows, the new defaults against
+    ``Default(permute=true)`` in one run: nf4 g128 qkv / o / down 1.04x / 1.07x / 1.05x, fp4_e2m1 g128
+    o / down 1.01x / 1.01x). The peeled body did not change the permuted ``overlap`` defaults' times
+    (W4A16 g128 / nvfp4 at 8192^2, 128 and 1024 rows, within 1% of the previous call's)."""
     dec = decoder(plan.w)
     family = "nvfp4" if f8_scales(plan) else dec if dec in ("lut4", "e2m1") else plan.w.bits
     return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]

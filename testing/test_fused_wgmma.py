@@ -498,8 +498,12 @@ def test_int8_default_tiles():
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True, stages=4, ring=4, w_smem=True)
     assert fused_default(g128, 65) == split and fused_default(chan, 128) == split
     assert fused_default(g128, 1024) == FusedWgmmaHint(row_tile=128, stages=4)
-    assert fused_default(chan, 256) == FusedWgmmaHint(row_tile=128, warpgroups=2, stages=4)
-    assert fused_default(chan, 257) == FusedWgmmaHint(row_tile=256, warpgroups=2, stages=4)
+    # per channel, tiles side by side in one wave of more than half the SMs: without PDL (measured faster)
+    assert fused_default(chan, 256, sms=132) == FusedWgmmaHint(row_tile=128, warpgroups=2, stages=4, pdl=False)
+    assert fused_default(chan, 257, sms=132) == FusedWgmmaHint(row_tile=256, warpgroups=2, stages=4, pdl=False)
+    assert fused_default(chan, 1024, sms=132) == FusedWgmmaHint(row_tile=256, warpgroups=2, stages=4)  # 4 waves
+    small = make_plan(_i8cfg("int4", N=4096, K=4096), "cuda", None)          # 64 tiles: with PDL
+    assert fused_default(small, 256, sms=132) == FusedWgmmaHint(row_tile=128, warpgroups=2, stages=4)
     assert fused_default(g128, 1025) is None and fused_default(chan, 1025) is None
     op = bitblas.Matmul(_i8cfg("int4", N=8192, K=8192, group_size=128), target=TARGETS["sm_90"])
     assert choose(op, "cuda", 300) == (None, FusedWgmmaHint(row_tile=128, stages=4))

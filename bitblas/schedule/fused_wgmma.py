@@ -742,7 +742,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     N = plan.config.N
     sms = sms or GENERIC_SM_COUNT
     if _byte_acts(plan):
-        return _clustered(plan, _staged(plan, _byte_acts_default(plan, rows)), rows, sms)
+        return _clustered(plan, _staged(plan, _pdl(plan, _byte_acts_default(plan, rows), rows, sms)), rows, sms)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
@@ -823,16 +823,25 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]
 
 
-def _pdl(plan, hint: FusedWgmmaHint, rows: int, sms: int) -> FusedWgmmaHint:
-    """``hint`` (a permuted tile) without programmatic dependent launch for nvfp4's split-K tiles
-    that run in one wave, where it measured faster behind the permute kernel (H200, 8192^2, the
-    default 128-row tile against ``Default(pdl=false)`` in the same run, three runs: 41.36 / 41.65 /
-    41.31 -> 39.80 / 39.98 / 37.97 us, 1.04-1.09x; 256 rows 64.22 -> 63.59). The other permuted
-    split-K defaults in one wave measured the same or slower without it (8192^2 at 128 rows: int8 /
-    float8 weights per channel 0.96x / 0.98x, uint2 g128 1.01x, W4A8 g128 / per channel 0.96x /
-    0.97x, W4A-fp8 g128 0.94x), and so did the permuted 4-bit tiles in more waves (uint4 / nf4 /
-    fp4_e2m1 g128 at N = 10240, 14336, 20480, K = 4096, 128 rows: 0.90-0.96x)."""
-    if f8_scales(plan) and hint.split_k and hint.permute and tile_count(plan, hint, rows) <= sms:
+def _pdl(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
+    """``hint`` (a permuted tile) without programmatic dependent launch where that measured faster
+    behind the permute kernel: nvfp4's split-K tiles in one wave, and int8 activations' per-channel
+    tiles side by side in one wave of more than half the SMs. H200, ``Default(pdl=false)`` against
+    the default in the same run (docs/tuning.md has the rows): nvfp4 at 8192^2 and 128 rows, three
+    runs, 41.36 / 41.65 / 41.31 -> 39.80 / 39.98 / 37.97 us (1.04-1.09x), 256 rows 64.22 -> 63.59;
+    W4A8 / W2A8 per channel at 8192^2 (128 tiles) 1.09-1.10x / 1.12x at 200 and 256 rows (W4A8 at 256
+    rows in three runs: 48.71 / 48.67 / 48.85 -> 44.79 / 44.56 / 44.67 us), 1.03x / 1.07x at 512,
+    while at N = K = 4096 (64 tiles) 0.97-1.00x. The other permuted split-K defaults in one wave
+    measured the same or slower without it (8192^2 at 128 rows: int8 / float8 weights per channel
+    0.96x / 0.98x, uint2 g128 1.01x, W4A8 g128 / per channel 0.96x / 0.97x, W4A-fp8 g128 0.94x),
+    and so did the permuted 4-bit tiles in more waves (uint4 / nf4 / fp4_e2m1 g128 at N = 10240,
+    14336, 20480, K = 4096, 128 rows: 0.90-0.96x)."""
+    if hint is None or not hint.permute:
+        return hint
+    tiles = tile_count(plan, hint, rows)
+    if f8_scales(plan) and hint.split_k and tiles <= sms:
+        return replace(hint, pdl=False)
+    if _int8(plan) and plan.groups == 1 and not hint.split_k and sms // 2 < tiles <= sms:
         return replace(hint, pdl=False)
     return hint
 

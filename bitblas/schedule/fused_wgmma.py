@@ -831,7 +831,7 @@ def _pdl(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[
     runs, 41.36 / 41.65 / 41.31 -> 39.80 / 39.98 / 37.97 us (1.04-1.09x), 256 rows 64.22 -> 63.59;
     W4A8 / W2A8 per channel at 8192^2 (128 tiles) 1.09-1.10x / 1.12x at 200 and 256 rows (W4A8 at 256
     rows in three runs: 48.71 / 48.67 / 48.85 -> 44.79 / 44.56 / 44.67 us), 1.03x / 1.07x at 512,
-    while at N = K = 4096 (64 tiles) 0.97-1.00x. The other permuted split-K defaults in one wave
+    while at N = K = 4096 (64 tiles) 0.96-1.00x. The other permuted split-K defaults in one wave
     measured the same or slower without it (8192^2 at 128 rows: int8 / float8 weights per channel
     0.96x / 0.98x, uint2 g128 1.01x, W4A8 g128 / per channel 0.96x / 0.97x, W4A-fp8 g128 0.94x),
     and so did the permuted 4-bit tiles in more waves (uint4 / nf4 / fp4_e2m1 g128 at N = 10240,

@@ -623,36 +623,6 @@ def reduce_k_warps(add, KW: int, idx: str, extents: str, acc: str, slot, loops=N
     return "        "
 
 
-def _peeled_loop(add, NS, ST, G, load, process, loop):
-    """:func:`step_loop` with ``group=G`` where ``NS`` is not a multiple of ``G``: ``NS // G`` whole
-    bodies in the loop, then the last ``NS % G`` steps at constant indices (slot ``j % ST`` as in
-    the loop: ``G`` is a multiple of ``ST``)."""
-    NF = (NS - 1) // G
-    if NF:
-        add(f"    for s2 in {loop}({NF}):")
-        for j in range(G):
-            cur = f"s2 * {G} + {j}" if j else f"s2 * {G}"
-            ind = "        "
-            if ST > 1:
-                nxt = f"s2 * {G} + {j + ST - 1}"
-                if (NF - 1) * G + j + ST - 1 >= NS:
-                    add(f"{ind}if {nxt} < {NS}:")
-                    load(ind + "    ", nxt, (j + ST - 1) % ST)
-                else:
-                    load(ind, nxt, (j + ST - 1) % ST)
-            else:
-                load(ind, cur, 0)
-            process(ind, cur, j % ST, j)
-    for j in range(NS - NF * G):
-        cur = NF * G + j
-        if ST > 1:
-            if cur + ST - 1 < NS:
-                load("    ", str(cur + ST - 1), (j + ST - 1) % ST)
-        else:
-            load("    ", str(cur), 0)
-        process("    ", str(cur), j % ST, j)
-
-
 def split_steps(nit: int, unroll: int):
     """(vectors per lane and step, steps): the largest unroll <= ``unroll`` that divides ``nit``."""
     u = max(x for x in range(1, max(1, min(unroll, nit)) + 1) if nit % x == 0)
@@ -667,10 +637,11 @@ def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, gro
     ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop.
     ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source).
     ``group``: unroll by this multiple of ``ST`` instead, and call ``process(ind, step, slot, j)``
-    with the step's place ``j`` in the unrolled body; the steps past the last whole body follow the
-    loop, unguarded, as a shorter body (``j`` from 0 again), rather than as guarded steps of one more
-    iteration (the fused GEMM's ``overlap`` tile: ptxas spilled the guarded form of nf4's natural-order
-    side-by-side tile at K = 1536, 2560, 3584, 4608, 11008)."""
+    with the step's place ``j`` in the unrolled body; the last body (whole or partial) follows the
+    loop at constant step indices, unguarded (``j`` from 0 again), rather than running as one more
+    iteration with guarded steps (the fused GEMM's ``overlap`` tile: ptxas spilled the guarded form of
+    nf4's natural-order side-by-side tile at K = 1536, 2048, 2560, 3584, 4608, 11008). Without it the
+    last iteration may be partial, its steps past ``NS`` guarded."""
     loop = "T.unroll" if unroll else "T.serial"
     if ST == 1 and not group:
         if after_prologue:
@@ -685,28 +656,32 @@ def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, gro
         load("    ", str(s0), s0)
     if after_prologue:
         after_prologue()
-    NO = -(-NS // G)                          # outer iterations; the last one may be partial
-    if group:
-        _peeled_loop(add, NS, ST, G, load, process, loop)
-        return
-    add(f"    for s2 in {loop}({NO}):")
-    for j in range(G):
-        ind = "        "
-        cur = f"s2 * {G} + {j}" if j else f"s2 * {G}"
-        if (NO - 1) * G + j >= NS:            # step s2*G+j runs past NS in the last iteration
-            add(f"{ind}if {cur} < {NS}:")
-            ind += "    "
-        if ST > 1:
-            nxt = f"s2 * {G} + {j + ST - 1}"
-            if (NO - 1) * G + j + ST - 1 >= NS:
-                add(f"{ind}if {nxt} < {NS}:")
-                load(ind + "    ", nxt, (j + ST - 1) % ST)
-            else:
-                load(ind, nxt, (j + ST - 1) % ST)
-        else:
+
+    def step(ind, cur, nxt, nxt_past, j):
+        """Step ``cur``: the loads of step ``nxt`` (None: none left; ``nxt_past``: guarded, it may
+        run past NS), then its processing."""
+        if ST == 1:
             load(ind, cur, 0)
+        elif nxt_past:
+            add(f"{ind}if {nxt} < {NS}:")
+            load(ind + "    ", nxt, (j + ST - 1) % ST)
+        elif nxt is not None:
+            load(ind, nxt, (j + ST - 1) % ST)
         if group:
             process(ind, cur, j % ST, j)
         else:
             process(ind, cur, j)
 
+    NO = (NS - 1) // G if group else -(-NS // G)     # loop iterations (group: the last body after them)
+    if NO:
+        add(f"    for s2 in {loop}({NO}):")
+        for j in range(G):
+            ind = "        "
+            cur = f"s2 * {G} + {j}" if j else f"s2 * {G}"
+            if (NO - 1) * G + j >= NS:        # step s2*G+j runs past NS in the last iteration
+                add(f"{ind}if {cur} < {NS}:")
+                ind += "    "
+            step(ind, cur, f"s2 * {G} + {j + ST - 1}", (NO - 1) * G + j + ST - 1 >= NS, j)
+    for j in range(NS - NO * G if group else 0):
+        cur = NO * G + j
+        step("    ", str(cur), str(cur + ST - 1) if cur + ST - 1 < NS else None, False, j)

@@ -816,8 +816,11 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     last body after the loop (:func:`~.gemv.emit.step_loop`) they compile clean at those K, and the
     defaults take them (H200, Llama-3-8B at 1024 rows, the new defaults against
     ``Default(permute=true)`` in one run: nf4 g128 qkv / o / down 1.04x / 1.07x / 1.05x, fp4_e2m1 g128
-    o / down 1.01x / 1.01x). The peeled body did not change the permuted ``overlap`` defaults' times
-    (W4A16 g128 / nvfp4 at 8192^2, 128 and 1024 rows, within 1% of the previous call's)."""
+    o / down 1.01x / 1.01x). The peeled body was not timed against the guarded one in one run (the
+    old code's run in that call failed to import); across calls the ``overlap`` defaults at 8192^2
+    stayed within the run-to-run spread: 1024 rows W4A16 g128 / nvfp4 226.92 / 232.60 us before, 227.88 /
+    231.93 after; 128 rows W4A16 40.11 (docs/performance.md run 17) before, 40.73 and 37.40 in two
+    calls after."""
     dec = decoder(plan.w)
     family = "nvfp4" if f8_scales(plan) else dec if dec in ("lut4", "e2m1") else plan.w.bits
     return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]

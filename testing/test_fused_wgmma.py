@@ -930,3 +930,27 @@ def test_fused_natural_refusals():
     g64 = MatmulConfig(N=1000, K=2048, A_dtype="float16", W_dtype="uint4", group_size=64, with_scaling=True)
     assert "group_size=64" in fused_wgmma_unsupported(make_plan(g64, "cuda", None), nat)
     assert "A_dtype='int8'" in fused_wgmma_unsupported(make_plan(_i8cfg("int4", K=2048), "cuda", None), nat)
+
+
+@pytest.mark.parametrize("NS,peel", [(12, False), (12, True), (16, False), (16, True), (5, True), (8, True)])
+def test_step_loop_last_body(NS, peel):
+    """step_loop with group=8 over 2 register slots: every step processed once, in order, each step's
+    loads issued once, one step ahead, into the slot it is processed from; with ``peel`` the last body
+    (whole or partial) follows the loop at constant indices without guards, without it the last
+    iteration's steps past NS are guarded. Checked by running the emitted lines as Python."""
+    from bitblas.schedule.gemv.emit import step_loop
+    lines, G, ST = [], 8, 2
+    step_loop(lines.append, NS, ST, lambda ind, step, slot: lines.append(f"{ind}ev.append(('load', {step}, {slot}))"),
+              lambda ind, step, slot, j: lines.append(f"{ind}ev.append(('proc', {step}, {slot}))"), group=G, peel=peel)
+    src = "\n".join(ln.replace("T.serial", "range") for ln in lines)
+    ev = []
+    scope = {}
+    exec("def run(ev):\n" + src, scope)
+    scope["run"](ev)
+    assert [e[1] for e in ev if e[0] == "proc"] == list(range(NS))
+    assert [e[1] for e in ev if e[0] == "load"] == list(range(NS))
+    for s in range(NS):                      # loaded before processed, into its slot
+        assert ev.index(("load", s, s % ST)) < ev.index(("proc", s, s % ST))
+    # the guarded form guards at least the last iteration's look-ahead load (and its steps past NS)
+    assert any(ln.lstrip().startswith("if ") for ln in lines) == (not peel)
+    assert sum("range(" in ln for ln in src.splitlines()) == (((NS - 1) // G > 0) if peel else 1)

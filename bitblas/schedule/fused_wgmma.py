@@ -211,7 +211,7 @@ from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "W_SMEM_MAX", "ring_slots", "register_words",
-           "w_smem_words", "tile_count"]
+           "w_smem_words", "tile_count", "peel_last_body"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
 W_SMEM_MAX = 224 * 1024            # w_smem: both rings (sm_90 gives a block 227 KB)
@@ -974,6 +974,18 @@ def fused_space(plan) -> list:
     return out
 
 
+def peel_last_body(plan) -> bool:
+    """Whether the ``overlap`` loop's last body follows the loop (unguarded, constant indices) rather
+    than running as a guarded iteration (:func:`~.gemv.emit.step_loop`): both are correct, and which
+    one ptxas (nvcc 13.0) allocates in 255 registers without spills depends on the kernel. Bytes of
+    spill stores, guarded / peeled, of the 256-row tiles side by side (N = 4096; none in either form
+    at the K not listed among 1536, 2048, 4096, 14336): nf4 g128 in natural order K = 1536 304 / 0,
+    2048 56 / 0; permuted fp4_e2m1 g128 and nvfp4 (float16) at 2048 32 / 0; uint4 g128 with zeros at
+    2048 20 / 36; with quantized zeros 2048 80 / 4, 4096 0 / 20, 14336 0 / 12. So the codes without
+    zero points peel it, those with them keep the guarded form."""
+    return not plan.config.with_zeros
+
+
 def _gemv_stand_in(hint: FusedWgmmaHint):
     """The GEMV hint whose load / decode / scale / store lines the kernel shares (gemv.template)."""
     from .gemv.hints import GEMVWgmmaHint
@@ -1212,7 +1224,7 @@ def _body(plan, hint: FusedWgmmaHint):
 
         GRP = STW * -(-OVERLAP_STEPS // STW)
         step_loop(add, NS, STW, load, process, after_prologue=first_activations,
-                  group=GRP if OV else 0)
+                  group=GRP if OV else 0, peel=peel_last_body(plan))
         wgmma_wait(add, "    ", R, NACC, unroll=True, acc=SUMS)
         if GS:
             promote("    ")

@@ -629,7 +629,7 @@ def split_steps(nit: int, unroll: int):
     return u, nit // u
 
 
-def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, group=0):
+def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, group=0, peel=False):
     """The main loop over ``NS`` steps: ``load(ind, step, slot)`` issues a step's loads into
     register slot ``slot``, ``process(ind, step, slot)`` consumes them. ``ST >= 2``: a ring of
     ``ST`` register slots; steps 0 .. ST-2 are issued first, and step s+ST-1 is issued before step
@@ -637,11 +637,11 @@ def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, gro
     ``after_prologue()`` emits its lines after the loads of steps 0 .. ST-2, before the loop.
     ``unroll``: the loop is unrolled (ptxas may then issue a step's loads earlier than the source).
     ``group``: unroll by this multiple of ``ST`` instead, and call ``process(ind, step, slot, j)``
-    with the step's place ``j`` in the unrolled body; the last body (whole or partial) follows the
-    loop at constant step indices, unguarded (``j`` from 0 again), rather than running as one more
-    iteration with guarded steps (the fused GEMM's ``overlap`` tile: ptxas spilled the guarded form of
-    nf4's natural-order side-by-side tile at K = 1536, 2048, 2560, 3584, 4608, 11008). Without it the
-    last iteration may be partial, its steps past ``NS`` guarded."""
+    with the step's place ``j`` in the unrolled body. The last iteration may be partial, its steps
+    past ``NS`` guarded; with ``peel`` (and ``group``) the last body (whole or partial) follows the
+    loop instead, at constant step indices, unguarded (``j`` from 0 again). Which of the two ptxas
+    allocates without spills depends on the kernel (the fused GEMM's ``overlap`` tiles:
+    :func:`~..fused_wgmma.peel_last_body`)."""
     loop = "T.unroll" if unroll else "T.serial"
     if ST == 1 and not group:
         if after_prologue:
@@ -672,7 +672,8 @@ def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, gro
         else:
             process(ind, cur, j)
 
-    NO = (NS - 1) // G if group else -(-NS // G)     # loop iterations (group: the last body after them)
+    peel = bool(group and peel)
+    NO = (NS - 1) // G if peel else -(-NS // G)      # loop iterations (peel: the last body after them)
     if NO:
         add(f"    for s2 in {loop}({NO}):")
         for j in range(G):
@@ -682,6 +683,6 @@ def step_loop(add, NS, ST, load, process, after_prologue=None, unroll=False, gro
                 add(f"{ind}if {cur} < {NS}:")
                 ind += "    "
             step(ind, cur, f"s2 * {G} + {j + ST - 1}", (NO - 1) * G + j + ST - 1 >= NS, j)
-    for j in range(NS - NO * G if group else 0):
+    for j in range(NS - NO * G if peel else 0):
         cur = NO * G + j
         step("    ", str(cur), str(cur + ST - 1) if cur + ST - 1 < NS else None, False, j)

@@ -211,7 +211,7 @@ from .gemv.wgmma import (TMA_2D, box_values, decode_vectors, for_accs, init_accs
 
 __all__ = ["FusedWgmmaHint", "fused_wgmma_unsupported", "fused_default", "fused_space", "FUSED_DEFAULT_MAX_ROWS",
            "schedule_fused_wgmma", "main_script", "FUSED_SMEM_MAX", "W_SMEM_MAX", "ring_slots", "register_words",
-           "w_smem_words", "tile_count", "peel_last_body"]
+           "w_smem_words", "tile_count"]
 
 FUSED_SMEM_MAX = 200 * 1024        # the activation ring of a block, within sm_90's 227 KB
 W_SMEM_MAX = 224 * 1024            # w_smem: both rings (sm_90 gives a block 227 KB)
@@ -742,7 +742,7 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
     N = plan.config.N
     sms = sms or GENERIC_SM_COUNT
     if _byte_acts(plan):
-        return _clustered(plan, _staged(plan, _pdl(plan, _byte_acts_default(plan, rows), rows, sms)), rows, sms)
+        return _finish(plan, _byte_acts_default(plan, rows), rows, sms)
     if rows > FUSED_DEFAULT_MAX_ROWS or (rows > 1024 and N < 8192):
         return None
     split = FusedWgmmaHint(row_tile=128, warpgroups=2, split_k=True)
@@ -765,9 +765,15 @@ def fused_default(plan, rows: int, sms: Optional[int] = None) -> Optional[FusedW
                 limit = _natural_max_n(plan, h.split_k)
                 if (fused_wgmma_unsupported(plan, nat) is None
                         and (limit is None or plan.config.N <= limit)):
-                    return _clustered(plan, _staged(plan, nat), rows, sms)
-                return _clustered(plan, _staged(plan, _pdl(plan, h, rows, sms)), rows, sms)
+                    h = nat
+                return _finish(plan, h, rows, sms)
     return None
+
+
+def _finish(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[FusedWgmmaHint]:
+    """The default tile ``hint`` with the launch choices measured for it: PDL (:func:`_pdl`), the
+    weights staged in shared memory (:func:`_staged`), a 2-CTA cluster (:func:`_clustered`)."""
+    return _clustered(plan, _staged(plan, _pdl(plan, hint, rows, sms)), rows, sms)
 
 
 # the most output channels (N) at which natural K order measured faster than the permute pass, per
@@ -813,14 +819,10 @@ def _natural_max_n(plan, split_k: bool) -> Optional[int]:
     take the 8-bit rule (not measured in these tiles). nf4 and fp4_e2m1 run these tiles with
     ``overlap``; in natural order ptxas (nvcc 13.0) spilled them at K = 1536, 2048, 2560, 3584, 4608,
     11008 (40-304 bytes of spill stores) while the loop's last body was a guarded iteration; with the
-    last body after the loop (:func:`~.gemv.emit.step_loop`) they compile clean at those K, and the
+    last body after the loop (:func:`peel_last_body`) they compile clean at those K, and the
     defaults take them (H200, Llama-3-8B at 1024 rows, the new defaults against
     ``Default(permute=true)`` in one run: nf4 g128 qkv / o / down 1.04x / 1.07x / 1.05x, fp4_e2m1 g128
-    o / down 1.01x / 1.01x). The peeled body was not timed against the guarded one in one run (the
-    old code's run in that call failed to import); across calls the ``overlap`` defaults at 8192^2
-    stayed within the run-to-run spread: 1024 rows W4A16 g128 / nvfp4 226.92 / 232.60 us before, 227.88 /
-    231.93 after; 128 rows W4A16 40.11 (docs/performance.md run 17) before, 40.73 and 37.40 in two
-    calls after."""
+    o / down 1.01x / 1.01x)."""
     dec = decoder(plan.w)
     family = "nvfp4" if f8_scales(plan) else dec if dec in ("lut4", "e2m1") else plan.w.bits
     return NATURAL_MAX_N.get(family, (None, 0))[0 if split_k else 1]
@@ -839,7 +841,7 @@ def _pdl(plan, hint: Optional[FusedWgmmaHint], rows: int, sms: int) -> Optional[
     0.96x / 0.98x, uint2 g128 1.01x, W4A8 g128 / per channel 0.96x / 0.97x, W4A-fp8 g128 0.94x),
     and so did the permuted 4-bit tiles in more waves (uint4 / nf4 / fp4_e2m1 g128 at N = 10240,
     14336, 20480, K = 4096, 128 rows: 0.90-0.96x)."""
-    if hint is None or not hint.permute:
+    if hint is None or not hint.permute:     # (a permuted cluster drops PDL itself: _cluster_pair)
         return hint
     tiles = tile_count(plan, hint, rows)
     if f8_scales(plan) and hint.split_k and tiles <= sms:
@@ -982,7 +984,11 @@ def peel_last_body(plan) -> bool:
     at the K not listed among 1536, 2048, 4096, 14336): nf4 g128 in natural order K = 1536 304 / 0,
     2048 56 / 0; permuted fp4_e2m1 g128 and nvfp4 (float16) at 2048 32 / 0; uint4 g128 with zeros at
     2048 20 / 36; with quantized zeros 2048 80 / 4, 4096 0 / 20, 14336 0 / 12. So the codes without
-    zero points peel it, those with them keep the guarded form."""
+    zero points peel it, those with them keep the guarded form. The peeled body was not timed against
+    the guarded one in one run (the old code's run in that call failed to import); across H200 calls
+    the ``overlap`` defaults at 8192^2 stayed within the run-to-run spread: 1024 rows W4A16 g128 /
+    nvfp4 226.92 / 232.60 us before, 227.88 / 231.93 after; 128 rows W4A16 40.11 (docs/performance.md
+    run 17) before, 40.73 and 37.40 in two calls after."""
     return not plan.config.with_zeros
 
 
